@@ -1,0 +1,32 @@
+//! Measurements of the cipher core, as `sectorcrypt benchmark` prints them.
+//!
+//! - [`speed`]: bytes per second of a sector cipher for a spec, key size, sector size, request size
+//!   and thread count (the table and the `--json` lines of `../shared/design/CLI.md`).
+//! - [`breakdown`]: the dm-crypt paper's Tables 1 and 2: time per XTS phase (tweak, first XOR, ECB,
+//!   second XOR, other) over a large buffer cut into one-sector requests vs 4 KiB requests.
+//! - [`tcrypt`]: cycles per 4096-byte operation for ECB/CBC/CTR/XTS, as the Linux `tcrypt` speed
+//!   test reports them (the LEA kernel patch's table).
+//!
+//! Numbers are medians over several timed slices after a warm-up, so one descheduled slice on a
+//! shared machine does not move them much. Cycles use the TSC rate ([`sectorcrypt_cipher::tsc`]).
+
+#![forbid(unsafe_code)]
+
+pub mod breakdown;
+pub mod speed;
+pub mod tcrypt;
+
+use rand::RngCore;
+
+/// A buffer of random bytes (random so that no backend can take a shortcut on zeros).
+pub(crate) fn random_buffer(len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    rand::thread_rng().fill_bytes(&mut v);
+    v
+}
+
+/// Median of a non-empty list.
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}

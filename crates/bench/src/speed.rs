@@ -1,0 +1,161 @@
+//! Throughput of the sector data path.
+//!
+//! `threads` means: for requests of at least [`PARALLEL_MIN`] bytes, one submitter and a cipher
+//! with that many workers (the extended request is split across them, as a volume would); for
+//! smaller requests, that many submitter threads sharing one cipher, each with its own buffer
+//! (small requests always run inline on the submitting thread).
+
+use std::time::{Duration, Instant};
+
+use sectorcrypt_cipher::sector::PARALLEL_MIN;
+use sectorcrypt_cipher::spec::CipherSpec;
+use sectorcrypt_cipher::{tsc, BackendChoice, Direction, Error, SectorCipher, SectorOptions};
+use serde::Serialize;
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct SpeedCase {
+    /// The dm-crypt cipher spec.
+    pub spec: CipherSpec,
+    /// The whole key size in bits.
+    pub key_bits: usize,
+    /// Encryption sector size.
+    pub sector_size: usize,
+    /// Bytes per request (a multiple of the sector size).
+    pub request_size: usize,
+    /// Threads (see the module documentation).
+    pub threads: usize,
+    /// Backend choice.
+    pub backend: BackendChoice,
+}
+
+/// One measured line, the JSON object of CLI.md.
+#[derive(Clone, Debug, Serialize)]
+pub struct Measurement {
+    pub cipher: String,
+    pub key_bits: usize,
+    pub sector_size: usize,
+    pub request_size: usize,
+    pub threads: usize,
+    pub op: &'static str,
+    pub backend: String,
+    pub bytes_per_sec: f64,
+    pub cycles_per_byte: f64,
+}
+
+/// Why a case cannot be measured.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SpeedError {
+    /// The cipher layer refused the parameters.
+    Cipher(Error),
+    /// The request size is not a positive multiple of the sector size.
+    RequestSize {
+        request_size: usize,
+        sector_size: usize,
+    },
+}
+
+impl std::fmt::Display for SpeedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SpeedError::Cipher(e) => e.fmt(f),
+            SpeedError::RequestSize {
+                request_size,
+                sector_size,
+            } => {
+                write!(f, "request size {request_size} is not a positive multiple of the sector size {sector_size}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for SpeedError {}
+
+impl From<Error> for SpeedError {
+    fn from(e: Error) -> Self {
+        SpeedError::Cipher(e)
+    }
+}
+
+/// Slices per measurement; the median slice is reported.
+const SLICES: u32 = 5;
+
+/// Measure `case` in direction `dir` for about `seconds`.
+pub fn measure(case: &SpeedCase, dir: Direction, seconds: f64) -> Result<Measurement, SpeedError> {
+    if case.request_size == 0 || !case.request_size.is_multiple_of(case.sector_size) {
+        return Err(SpeedError::RequestSize {
+            request_size: case.request_size,
+            sector_size: case.sector_size,
+        });
+    }
+    let threads = case.threads.max(1);
+    let split = case.request_size >= PARALLEL_MIN;
+    let opts = SectorOptions {
+        sector_size: case.sector_size,
+        backend: case.backend,
+        threads: if split { threads } else { 1 },
+        ..Default::default()
+    };
+    let key = crate::random_buffer(case.key_bits / 8);
+    let cipher = SectorCipher::new(case.spec, &key, &opts)?;
+    let submitters = if split { 1 } else { threads };
+    let slice = Duration::from_secs_f64((seconds / f64::from(SLICES + 1)).max(0.01));
+
+    let mut rates = Vec::new();
+    // The first slice warms caches, the thread pool and the CPU clock; it is not counted.
+    for round in 0..=SLICES {
+        let bytes: u64 = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..submitters)
+                .map(|_| {
+                    let cipher = &cipher;
+                    s.spawn(move || run_for(cipher, case.request_size, dir, slice))
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().expect("benchmark thread"))
+                .sum()
+        });
+        if round > 0 {
+            rates.push(bytes as f64 / slice.as_secs_f64());
+        }
+    }
+    let bytes_per_sec = crate::median(rates);
+    Ok(Measurement {
+        cipher: case.spec.to_string(),
+        key_bits: case.key_bits,
+        sector_size: case.sector_size,
+        request_size: case.request_size,
+        threads,
+        op: match dir {
+            Direction::Encrypt => "encrypt",
+            Direction::Decrypt => "decrypt",
+        },
+        backend: cipher.backend().to_string(),
+        bytes_per_sec,
+        cycles_per_byte: tsc::ticks_per_second() / bytes_per_sec,
+    })
+}
+
+/// Process requests back to back for `slice`; return the bytes processed (whole requests only,
+/// timed so that the count matches the slice).
+fn run_for(cipher: &SectorCipher, request_size: usize, dir: Direction, slice: Duration) -> u64 {
+    let mut buf = crate::random_buffer(request_size);
+    let sectors = (request_size / cipher.sector_size()) as u64;
+    let start = Instant::now();
+    let mut sector = 0u64;
+    let mut bytes = 0u64;
+    while start.elapsed() < slice {
+        // Several requests between clock reads keep the clock out of the measurement.
+        for _ in 0..8 {
+            cipher
+                .process(&mut buf, sector, dir)
+                .expect("validated request");
+            sector = (sector + sectors) % (1 << 40);
+            bytes += request_size as u64;
+        }
+    }
+    // Scale to the nominal slice so that the overshoot of the last batch is not counted as free.
+    (bytes as f64 * slice.as_secs_f64() / start.elapsed().as_secs_f64()) as u64
+}

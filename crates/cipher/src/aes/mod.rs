@@ -1,0 +1,35 @@
+//! AES (FIPS 197) on three backends:
+//!
+//! - [`soft`]: portable, constant-time bitsliced code (no table lookups, no secret branches). The
+//!   `aes` crate's own software path cannot be chosen at run time (it is a build-time `cfg`), and
+//!   the project must be able to run every backend in one test run, so the portable AES lives here.
+//! - `ni`: AES-NI with eight blocks in flight, fused XTS and parallel CBC-decrypt kernels.
+//! - `vaes512`: VAES on 512-bit registers (four blocks each) with VPCLMULQDQ tweak generation.
+//!
+//! The backend is chosen once, when the key is set up ([`new_engine`]).
+
+pub(crate) mod soft;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod ni;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod vaes512;
+#[cfg(target_arch = "x86_64")]
+mod x86_key;
+
+use crate::backend::Backend;
+use crate::engine::BlockEngine;
+
+/// A keyed AES engine on `backend`. `key` is 16, 24 or 32 bytes (checked by the caller); the
+/// backend has been checked to run on this CPU.
+pub(crate) fn new_engine(key: &[u8], backend: Backend) -> Option<Box<dyn BlockEngine>> {
+    debug_assert!(matches!(key.len(), 16 | 24 | 32));
+    match backend {
+        Backend::Portable => Some(Box::new(soft::AesSoft::new(key))),
+        #[cfg(target_arch = "x86_64")]
+        Backend::AesNi => ni::AesNi::new(key).map(|e| Box::new(e) as Box<dyn BlockEngine>),
+        #[cfg(target_arch = "x86_64")]
+        Backend::Vaes512 => vaes512::Vaes512::new(key).map(|e| Box::new(e) as Box<dyn BlockEngine>),
+        _ => None,
+    }
+}

@@ -1,0 +1,560 @@
+//! AES-NI backend on 128-bit registers.
+//!
+//! `aesenc` has a latency of several cycles but issues every cycle (or two per cycle), so every
+//! kernel keeps eight independent blocks in flight: ECB and CBC decryption on eight consecutive
+//! blocks, XTS with the eight tweaks generated in registers (multiplication by alpha, no tweak
+//! buffer), and CBC encryption on eight *different* units, whose chains are independent.
+//! Groups run straight across unit boundaries; a short tail is padded to a full group in a stack
+//! buffer rather than run one block at a time.
+//!
+//! Only SSE2 + AES + SSE4.1 are assumed, so the code runs on every AES-NI CPU (16 xmm registers,
+//! no VEX).
+
+use core::arch::x86_64::*;
+
+use zeroize::Zeroize;
+
+use super::x86_key::{load_rk, RoundKeys};
+use crate::backend::Backend;
+use crate::engine::{Block, BlockEngine, BLOCK};
+
+/// Blocks in flight.
+const LANES: usize = 8;
+/// Bytes per group of `LANES` blocks.
+const GROUP: usize = LANES * BLOCK;
+
+/// Proof that the CPU runs AES-NI and SSE4.1: only [`AesNi::new`] creates one, after detection.
+#[derive(Clone, Copy)]
+struct CpuHasAesNi(());
+
+/// AES on AES-NI.
+pub(crate) struct AesNi {
+    keys: RoundKeys,
+    _cpu: CpuHasAesNi,
+}
+
+impl AesNi {
+    /// Expand `key` (16, 24 or 32 bytes); `None` if the CPU lacks AES-NI or SSE4.1.
+    pub(crate) fn new(key: &[u8]) -> Option<Self> {
+        if !(std::is_x86_feature_detected!("aes") && std::is_x86_feature_detected!("sse4.1")) {
+            return None;
+        }
+        // SAFETY: `aes` was detected just above.
+        let keys = unsafe { RoundKeys::expand(key) };
+        Some(AesNi {
+            keys,
+            _cpu: CpuHasAesNi(()),
+        })
+    }
+}
+
+/// Clamp a units request to whole units that have a tweak/IV (the kernels index by these
+/// lengths, so memory safety never depends on the caller's preconditions).
+fn units_region(buf: &mut [u8], unit_len: usize, n: usize) -> &mut [u8] {
+    assert!(
+        unit_len > 0 && unit_len.is_multiple_of(BLOCK),
+        "unit length must be a non-zero multiple of 16"
+    );
+    debug_assert_eq!(buf.len(), unit_len * n);
+    let units = n.min(buf.len() / unit_len);
+    &mut buf[..units * unit_len]
+}
+
+/// Whole blocks of `buf`.
+fn whole_blocks(buf: &mut [u8]) -> &mut [u8] {
+    debug_assert_eq!(buf.len() % BLOCK, 0);
+    let n = buf.len() / BLOCK * BLOCK;
+    &mut buf[..n]
+}
+
+impl BlockEngine for AesNi {
+    fn backend(&self) -> Backend {
+        Backend::AesNi
+    }
+
+    fn encrypt_ecb(&self, buf: &mut [u8]) {
+        // SAFETY: `self._cpu` proves aes and sse4.1 were detected (see `new`).
+        unsafe { ecb::<false>(&self.keys, whole_blocks(buf)) }
+    }
+
+    fn decrypt_ecb(&self, buf: &mut [u8]) {
+        // SAFETY: `self._cpu` proves aes and sse4.1 were detected (see `new`).
+        unsafe { ecb::<true>(&self.keys, whole_blocks(buf)) }
+    }
+
+    fn xts_encrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
+        let buf = units_region(buf, unit_len, tweaks.len());
+        // SAFETY: `self._cpu` proves aes and sse4.1 were detected (see `new`).
+        unsafe { xts::<false>(&self.keys, buf, unit_len, tweaks) }
+    }
+
+    fn xts_decrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
+        let buf = units_region(buf, unit_len, tweaks.len());
+        // SAFETY: `self._cpu` proves aes and sse4.1 were detected (see `new`).
+        unsafe { xts::<true>(&self.keys, buf, unit_len, tweaks) }
+    }
+
+    fn cbc_encrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
+        let buf = units_region(buf, unit_len, ivs.len());
+        // SAFETY: `self._cpu` proves aes and sse4.1 were detected (see `new`).
+        unsafe { cbc_encrypt(&self.keys, buf, unit_len, ivs) }
+    }
+
+    fn cbc_decrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
+        let buf = units_region(buf, unit_len, ivs.len());
+        // SAFETY: `self._cpu` proves aes and sse4.1 were detected (see `new`).
+        unsafe { cbc_decrypt(&self.keys, buf, unit_len, ivs) }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Leaf helpers. All are `#[inline]` with the same features, so they melt into the kernels.
+
+/// Unaligned load of block `i` of `s`.
+#[inline]
+#[target_feature(enable = "aes,sse4.1")]
+fn load(s: &[u8], i: usize) -> __m128i {
+    let b: &[u8; 16] = s[i * BLOCK..(i + 1) * BLOCK].try_into().unwrap();
+    // SAFETY: `b` is 16 readable bytes; the load is unaligned.
+    unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
+}
+
+/// Unaligned store of block `i` of `s`.
+#[inline]
+#[target_feature(enable = "aes,sse4.1")]
+fn store(s: &mut [u8], i: usize, v: __m128i) {
+    let b: &mut [u8; 16] = (&mut s[i * BLOCK..(i + 1) * BLOCK]).try_into().unwrap();
+    // SAFETY: `b` is 16 writable bytes; the store is unaligned.
+    unsafe { _mm_storeu_si128(b.as_mut_ptr().cast(), v) }
+}
+
+#[inline]
+#[target_feature(enable = "aes,sse4.1")]
+fn load_block(b: &Block) -> __m128i {
+    load(b, 0)
+}
+
+/// `t * alpha` in the XTS field, IEEE 1619 (little-endian) order, without branches: the sign
+/// bits of the two 64-bit halves become the carry into the high half and the 0x87 reduction.
+#[inline]
+#[target_feature(enable = "aes,sse4.1")]
+fn mul_alpha(t: __m128i) -> __m128i {
+    let signs = _mm_srai_epi32(t, 31);
+    // dword 0 <- sign of dword 3 (bit 127), dword 2 <- sign of dword 1 (bit 63).
+    let carries = _mm_shuffle_epi32(signs, 0x13);
+    let carries = _mm_and_si128(carries, _mm_set_epi32(0, 1, 0, 0x87));
+    _mm_xor_si128(_mm_add_epi64(t, t), carries)
+}
+
+/// Encrypt (or, with `DEC`, decrypt) `N` independent blocks; `last` is XORed into each result
+/// for free by folding it into the final round key (aes*last ends with the key XOR).
+#[inline]
+#[target_feature(enable = "aes,sse4.1")]
+fn cipher<const N: usize, const DEC: bool>(
+    k: &RoundKeys,
+    x: &mut [__m128i; N],
+    last: &[__m128i; N],
+) {
+    cipher_then::<N, DEC, ()>(k, x, last, || ());
+}
+
+/// [`cipher`], running `mid` after the first round-key XOR: independent work (the next group's
+/// tweaks) placed there overlaps the rounds instead of delaying the next group.
+#[inline]
+#[target_feature(enable = "aes,sse4.1")]
+fn cipher_then<const N: usize, const DEC: bool, R>(
+    k: &RoundKeys,
+    x: &mut [__m128i; N],
+    last: &[__m128i; N],
+    mid: impl FnOnce() -> R,
+) -> R {
+    // One branch on the (public) round count, then straight-line rounds.
+    match k.rounds {
+        10 => cipher_nr::<N, DEC, 10, R>(k, x, last, mid),
+        12 => cipher_nr::<N, DEC, 12, R>(k, x, last, mid),
+        _ => cipher_nr::<N, DEC, 14, R>(k, x, last, mid),
+    }
+}
+
+#[inline]
+#[target_feature(enable = "aes,sse4.1")]
+fn cipher_nr<const N: usize, const DEC: bool, const NR: usize, R>(
+    k: &RoundKeys,
+    x: &mut [__m128i; N],
+    last: &[__m128i; N],
+    mid: impl FnOnce() -> R,
+) -> R {
+    let keys = if DEC { &k.dec } else { &k.enc };
+    let k0 = load_rk(&keys[0]);
+    for v in x.iter_mut() {
+        *v = _mm_xor_si128(*v, k0);
+    }
+    let r = mid();
+    for rk in &keys[1..NR] {
+        let rk = load_rk(rk);
+        for v in x.iter_mut() {
+            *v = if DEC {
+                _mm_aesdec_si128(*v, rk)
+            } else {
+                _mm_aesenc_si128(*v, rk)
+            };
+        }
+    }
+    let kl = load_rk(&keys[NR]);
+    for (v, l) in x.iter_mut().zip(last) {
+        let kl = _mm_xor_si128(kl, *l);
+        *v = if DEC {
+            _mm_aesdeclast_si128(*v, kl)
+        } else {
+            _mm_aesenclast_si128(*v, kl)
+        };
+    }
+    r
+}
+
+/// Run `group` on every full group of `buf`, then on the tail padded to a full group in a
+/// zeroized stack buffer (`group` gets the number of real blocks).
+#[inline]
+#[target_feature(enable = "aes,sse4.1")]
+fn for_groups(buf: &mut [u8], mut group: impl FnMut(&mut [u8; GROUP], usize)) {
+    let mut chunks = buf.chunks_exact_mut(GROUP);
+    for c in &mut chunks {
+        group(c.try_into().unwrap(), LANES);
+    }
+    let tail = chunks.into_remainder();
+    if !tail.is_empty() {
+        let mut pad = [0u8; GROUP];
+        pad[..tail.len()].copy_from_slice(tail);
+        group(&mut pad, tail.len() / BLOCK);
+        tail.copy_from_slice(&pad[..tail.len()]);
+        pad.zeroize();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels.
+
+#[target_feature(enable = "aes,sse4.1")]
+fn ecb<const DEC: bool>(k: &RoundKeys, buf: &mut [u8]) {
+    let zero = [_mm_setzero_si128(); LANES];
+    for_groups(buf, |g, _| {
+        let mut x = [_mm_setzero_si128(); LANES];
+        for (i, v) in x.iter_mut().enumerate() {
+            *v = load(g, i);
+        }
+        cipher::<LANES, DEC>(k, &mut x, &zero);
+        for (i, v) in x.iter().enumerate() {
+            store(g, i, *v);
+        }
+    });
+}
+
+/// The XTS tweak sequence across units: unit `u` starts at `tweaks[u]`, each following block
+/// multiplies by alpha.
+struct TweakStream<'a> {
+    tweaks: &'a [Block],
+    blocks_per_unit: usize,
+    unit: usize,
+    pos: usize,
+    next: __m128i,
+}
+
+impl TweakStream<'_> {
+    /// The tweaks of the next `LANES` blocks (past the last unit: unused zeros).
+    #[inline]
+    #[target_feature(enable = "aes,sse4.1")]
+    fn take(&mut self) -> [__m128i; LANES] {
+        let mut out = [_mm_setzero_si128(); LANES];
+        if self.pos + LANES <= self.blocks_per_unit {
+            // The whole group is in one unit (the usual case): a plain chain of alpha steps.
+            for o in out.iter_mut() {
+                *o = self.next;
+                self.next = mul_alpha(self.next);
+            }
+            self.pos += LANES;
+            if self.pos == self.blocks_per_unit {
+                self.start_next_unit();
+            }
+        } else {
+            for o in out.iter_mut() {
+                *o = self.next;
+                self.pos += 1;
+                if self.pos == self.blocks_per_unit {
+                    self.start_next_unit();
+                } else {
+                    self.next = mul_alpha(self.next);
+                }
+            }
+        }
+        out
+    }
+
+    #[inline]
+    #[target_feature(enable = "aes,sse4.1")]
+    fn start_next_unit(&mut self) {
+        self.pos = 0;
+        self.unit += 1;
+        self.next = match self.tweaks.get(self.unit) {
+            Some(t) => load_block(t),
+            None => _mm_setzero_si128(),
+        };
+    }
+}
+
+/// `LANES` consecutive tweaks starting at `t`.
+#[inline]
+#[target_feature(enable = "aes,sse4.1")]
+fn tweak_run(mut t: __m128i) -> [__m128i; LANES] {
+    let mut out = [t; LANES];
+    for o in out.iter_mut().skip(1) {
+        t = mul_alpha(t);
+        *o = t;
+    }
+    out
+}
+
+/// XTS on one group of `LANES` blocks with tweaks `t`; returns `next()`, which runs while the
+/// rounds are in flight.
+#[inline]
+#[target_feature(enable = "aes,sse4.1")]
+fn xts_group<const DEC: bool>(
+    k: &RoundKeys,
+    g: &mut [u8; GROUP],
+    t: &[__m128i; LANES],
+    next: impl FnOnce() -> [__m128i; LANES],
+) -> [__m128i; LANES] {
+    let mut x = [_mm_setzero_si128(); LANES];
+    for (i, v) in x.iter_mut().enumerate() {
+        *v = _mm_xor_si128(load(g, i), t[i]);
+    }
+    let next = cipher_then::<LANES, DEC, _>(k, &mut x, t, next);
+    for (i, v) in x.iter().enumerate() {
+        store(g, i, *v);
+    }
+    next
+}
+
+/// Fused XTS: tweak, XOR, AES, XOR, eight blocks at a time across unit boundaries.
+#[target_feature(enable = "aes,sse4.1")]
+fn xts<const DEC: bool>(k: &RoundKeys, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
+    if buf.is_empty() {
+        return;
+    }
+    if unit_len.is_multiple_of(GROUP) {
+        // Units of whole groups (all sector sizes): the next group's tweaks are a plain alpha
+        // chain, or the next unit's start, computed during this group's rounds.
+        let groups_per_unit = unit_len / GROUP;
+        let mut t = tweak_run(load_block(&tweaks[0]));
+        for (u, unit) in buf.chunks_exact_mut(unit_len).enumerate() {
+            // Past the last unit this recomputes tweaks nobody uses, to keep the loop simple.
+            let next_unit = tweaks.get(u + 1).unwrap_or(&tweaks[u]);
+            for (gi, g) in unit.chunks_exact_mut(GROUP).enumerate() {
+                let last = t[LANES - 1];
+                t = xts_group::<DEC>(k, g.try_into().unwrap(), &t, || {
+                    if gi + 1 < groups_per_unit {
+                        tweak_run(mul_alpha(last))
+                    } else {
+                        tweak_run(load_block(next_unit))
+                    }
+                });
+            }
+        }
+        return;
+    }
+    let mut stream = TweakStream {
+        tweaks,
+        blocks_per_unit: unit_len / BLOCK,
+        unit: 0,
+        pos: 0,
+        next: load_block(&tweaks[0]),
+    };
+    for_groups(buf, |g, _| {
+        let t = stream.take();
+        xts_group::<DEC>(k, g, &t, || t);
+    });
+}
+
+/// CBC decryption, eight blocks in flight across unit boundaries: block `i` of a unit is
+/// `D(C_i) ^ C_{i-1}`, with the unit's IV for `i = 0`.
+#[target_feature(enable = "aes,sse4.1")]
+fn cbc_decrypt(k: &RoundKeys, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
+    let blocks_per_unit = unit_len / BLOCK;
+    let mut pos = 0; // block index inside the current unit
+    let mut unit = 0;
+    let mut prev_c = _mm_setzero_si128(); // last ciphertext block of the previous group
+    for_groups(buf, |g, n| {
+        let mut c = [_mm_setzero_si128(); LANES];
+        for (i, v) in c.iter_mut().enumerate() {
+            *v = load(g, i);
+        }
+        let mut chain = [_mm_setzero_si128(); LANES];
+        if pos + LANES <= blocks_per_unit {
+            // Inside one unit: the chaining values are the ciphertext shifted by one block.
+            chain[0] = if pos == 0 {
+                load_block(&ivs[unit])
+            } else {
+                prev_c
+            };
+            chain[1..].copy_from_slice(&c[..LANES - 1]);
+            pos += LANES;
+            if pos == blocks_per_unit {
+                pos = 0;
+                unit += 1;
+            }
+        } else {
+            for i in 0..n {
+                chain[i] = if pos == 0 {
+                    load_block(&ivs[unit])
+                } else if i == 0 {
+                    prev_c
+                } else {
+                    c[i - 1]
+                };
+                pos += 1;
+                if pos == blocks_per_unit {
+                    pos = 0;
+                    unit += 1;
+                }
+            }
+        }
+        prev_c = c[LANES - 1];
+        cipher::<LANES, true>(k, &mut c, &chain);
+        for (i, v) in c.iter().enumerate() {
+            store(g, i, *v);
+        }
+    });
+}
+
+/// CBC encryption: each unit is a serial chain, so up to eight units run side by side.
+#[target_feature(enable = "aes,sse4.1")]
+fn cbc_encrypt(k: &RoundKeys, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
+    for (batch, ivs) in buf.chunks_mut(LANES * unit_len).zip(ivs.chunks(LANES)) {
+        match batch.len() / unit_len {
+            8 => cbc_encrypt_batch::<8>(k, batch, unit_len, ivs),
+            7 => cbc_encrypt_batch::<7>(k, batch, unit_len, ivs),
+            6 => cbc_encrypt_batch::<6>(k, batch, unit_len, ivs),
+            5 => cbc_encrypt_batch::<5>(k, batch, unit_len, ivs),
+            4 => cbc_encrypt_batch::<4>(k, batch, unit_len, ivs),
+            3 => cbc_encrypt_batch::<3>(k, batch, unit_len, ivs),
+            2 => cbc_encrypt_batch::<2>(k, batch, unit_len, ivs),
+            _ => cbc_encrypt_batch::<1>(k, batch, unit_len, ivs),
+        }
+    }
+}
+
+/// `N` units (`batch.len() == N * unit_len`) encrypted in lockstep, one block of each per step.
+#[inline]
+#[target_feature(enable = "aes,sse4.1")]
+fn cbc_encrypt_batch<const N: usize>(
+    k: &RoundKeys,
+    batch: &mut [u8],
+    unit_len: usize,
+    ivs: &[Block],
+) {
+    // Raw unit pointers: slice bounds checks on every access would cost as much front-end
+    // bandwidth as the rounds themselves.
+    assert!(ivs.len() >= N && N * unit_len <= batch.len());
+    let base = batch.as_mut_ptr();
+    let mut units = [base; N];
+    let mut chain = [_mm_setzero_si128(); N];
+    for (u, (p, c)) in units.iter_mut().zip(chain.iter_mut()).enumerate() {
+        *p = base.wrapping_add(u * unit_len);
+        *c = load_block(&ivs[u]);
+    }
+    let zero = [_mm_setzero_si128(); N];
+    for off in (0..unit_len).step_by(BLOCK) {
+        let mut x = chain;
+        for (v, p) in x.iter_mut().zip(&units) {
+            // SAFETY: `p` is the start of unit `u < N` of `batch` (in bounds by the assert) and
+            // `off + 16 <= unit_len`.
+            *v = _mm_xor_si128(*v, unsafe { _mm_loadu_si128(p.add(off).cast()) });
+        }
+        cipher::<N, false>(k, &mut x, &zero);
+        for (v, p) in x.iter().zip(&units) {
+            // SAFETY: as for the load.
+            unsafe { _mm_storeu_si128(p.add(off).cast(), *v) };
+        }
+        chain = x;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::x86_key::testing;
+    use super::*;
+
+    fn make(key: &[u8]) -> Box<dyn BlockEngine> {
+        Box::new(AesNi::new(key).expect("this test needs AES-NI"))
+    }
+
+    fn available() -> bool {
+        let ok = Backend::AesNi.is_available();
+        if !ok {
+            eprintln!("AES-NI not available: skipped");
+        }
+        ok
+    }
+
+    #[test]
+    fn fips197_appendix_c() {
+        if available() {
+            testing::check_fips197(make);
+        }
+    }
+
+    #[test]
+    fn key_schedule_matches_fips197_appendix_a() {
+        if !available() {
+            return;
+        }
+        // Last round keys of the FIPS-197 Appendix A expansions.
+        let cases: [(&str, &str); 3] = [
+            (
+                "2b7e151628aed2a6abf7158809cf4f3c",
+                "d014f9a8c9ee2589e13f0cc8b6630ca6",
+            ),
+            (
+                "8e73b0f7da0e6452c810f32b809079e562f8ead2522c6b7b",
+                "e98ba06f448c773c8ecc720401002202",
+            ),
+            (
+                "603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914dff4",
+                "fe4890d1e6188d0b046df344706c631e",
+            ),
+        ];
+        for (key, last) in cases {
+            let e = AesNi::new(&hex::decode(key).unwrap()).unwrap();
+            assert_eq!(hex::encode(e.keys.enc[e.keys.rounds].0), last);
+            assert_eq!(e.keys.dec[0].0, e.keys.enc[e.keys.rounds].0);
+            assert_eq!(e.keys.dec[e.keys.rounds].0, e.keys.enc[0].0);
+        }
+    }
+
+    #[test]
+    fn xts_ieee1619_vectors() {
+        if available() {
+            testing::check_ieee1619(make);
+        }
+    }
+
+    #[test]
+    fn matches_generic_modes() {
+        if available() {
+            testing::compare_with_generic(make, make, 0x5eed_0001, 120);
+        }
+    }
+
+    #[test]
+    fn matches_generic_modes_on_portable_aes() {
+        if available() {
+            // The reference modes on the portable (bitsliced) AES: an independent key schedule
+            // and round implementation.
+            testing::compare_with_generic(
+                make,
+                |k| Box::new(super::super::soft::AesSoft::new(k)),
+                0x5eed_0004,
+                25,
+            );
+        }
+    }
+}

@@ -1,0 +1,919 @@
+//! VAES backend on 512-bit registers: four AES blocks per `zmm`, eight registers (32 blocks,
+//! one 512-byte sector) in flight so that the one-per-cycle `vaesenc` never waits on its own
+//! latency.
+//!
+//! - Round keys are stored pre-broadcast to 64 bytes, so every round is one `vaesenc` with a
+//!   memory (or register) operand and nothing is re-broadcast per call.
+//! - XTS: the 32 tweaks of a group are made in registers. For a unit start `T`, two registers
+//!   `[T, Ta, Ta^2, Ta^3]` and `[Ta^4..Ta^7]` come from variable 64-bit shifts; the other six are
+//!   those times `a^8` / `a^16`, and the next group of a long unit is the current one times
+//!   `a^32`. Multiplying by `a^(8m)` is a byte shift of each 128-bit lane plus a carry-less
+//!   multiply of the `m` carried-out bytes by 0x87, which keeps the work off the port that runs
+//!   `vaesenc`. The whitening XORs are folded into the first round (`vpternlogq`) and the last
+//!   round key (`aesenclast(x, k ^ t) = aesenclast(x, k) ^ t`).
+//! - CBC decryption shifts the ciphertext registers by one block with `valignq`.
+//! - CBC encryption runs one unit per 128-bit lane: up to 32 independent chains. Units over
+//!   1 KiB go a cache line at a time with a 4x4 block transpose (see `cbc_encrypt_lines`).
+//! - Unit sizes that are not a multiple of 512 bytes run 32-block groups across unit boundaries
+//!   (tweaks from integer arithmetic one group ahead; CBC chaining values patched with the IV at
+//!   unit starts). Lengths that are not a multiple of 64 bytes use masked loads and stores.
+
+use core::arch::x86_64::*;
+use core::marker::PhantomData;
+
+use zeroize::Zeroize;
+
+use super::x86_key::RoundKeys;
+use crate::backend::Backend;
+use crate::engine::{Block, BlockEngine, BLOCK};
+
+/// Registers in flight.
+const REGS: usize = 8;
+/// Bytes per register.
+const REG: usize = 64;
+/// Bytes per group of `REGS` registers (32 blocks).
+const GROUP: usize = REGS * REG;
+/// Blocks per group.
+const GROUP_BLOCKS: usize = GROUP / BLOCK;
+
+/// One round key repeated in all four 128-bit lanes.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Rk512([u8; 64]);
+
+/// Encryption and decryption round keys, pre-broadcast; zeroized on drop.
+struct WideKeys {
+    enc: [Rk512; 15],
+    dec: [Rk512; 15],
+    rounds: usize,
+}
+
+impl Drop for WideKeys {
+    fn drop(&mut self) {
+        for k in self.enc.iter_mut().chain(self.dec.iter_mut()) {
+            k.0.zeroize();
+        }
+    }
+}
+
+/// Proof that the CPU runs every feature the kernels enable: only [`Vaes512::new`] makes one.
+#[derive(Clone, Copy)]
+struct CpuHasVaes512(());
+
+/// AES on VAES + AVX-512.
+pub(crate) struct Vaes512 {
+    keys: WideKeys,
+    _cpu: CpuHasVaes512,
+}
+
+impl Vaes512 {
+    /// Expand `key` (16, 24 or 32 bytes); `None` unless vaes, vpclmulqdq, avx512f, avx512bw,
+    /// avx512vl and aes are all present.
+    pub(crate) fn new(key: &[u8]) -> Option<Self> {
+        // Exactly the features the kernels enable.
+        let cpu_ok = std::is_x86_feature_detected!("vaes")
+            && std::is_x86_feature_detected!("vpclmulqdq")
+            && std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("aes");
+        if !cpu_ok {
+            return None;
+        }
+        // SAFETY: `aes` was detected just above.
+        let narrow = unsafe { RoundKeys::expand(key) };
+        let mut keys = WideKeys {
+            enc: [Rk512([0; 64]); 15],
+            dec: [Rk512([0; 64]); 15],
+            rounds: narrow.rounds,
+        };
+        for (wide, k) in keys
+            .enc
+            .iter_mut()
+            .zip(&narrow.enc)
+            .chain(keys.dec.iter_mut().zip(&narrow.dec))
+        {
+            for lane in wide.0.chunks_exact_mut(16) {
+                lane.copy_from_slice(&k.0);
+            }
+        }
+        Some(Vaes512 {
+            keys,
+            _cpu: CpuHasVaes512(()),
+        })
+    }
+}
+
+/// Clamp a units request to whole units that have a tweak/IV (the kernels index by these
+/// lengths, so memory safety never depends on the caller's preconditions).
+fn units_region(buf: &mut [u8], unit_len: usize, n: usize) -> &mut [u8] {
+    assert!(
+        unit_len > 0 && unit_len.is_multiple_of(BLOCK),
+        "unit length must be a non-zero multiple of 16"
+    );
+    debug_assert_eq!(buf.len(), unit_len * n);
+    let units = n.min(buf.len() / unit_len);
+    &mut buf[..units * unit_len]
+}
+
+/// Whole blocks of `buf`.
+fn whole_blocks(buf: &mut [u8]) -> &mut [u8] {
+    debug_assert_eq!(buf.len() % BLOCK, 0);
+    let n = buf.len() / BLOCK * BLOCK;
+    &mut buf[..n]
+}
+
+impl BlockEngine for Vaes512 {
+    fn backend(&self) -> Backend {
+        Backend::Vaes512
+    }
+
+    fn encrypt_ecb(&self, buf: &mut [u8]) {
+        // SAFETY: `self._cpu` proves the kernel's target features were detected (see `new`).
+        unsafe { ecb::<false>(&self.keys, whole_blocks(buf)) }
+    }
+
+    fn decrypt_ecb(&self, buf: &mut [u8]) {
+        // SAFETY: `self._cpu` proves the kernel's target features were detected (see `new`).
+        unsafe { ecb::<true>(&self.keys, whole_blocks(buf)) }
+    }
+
+    fn xts_encrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
+        let buf = units_region(buf, unit_len, tweaks.len());
+        // SAFETY: `self._cpu` proves the kernel's target features were detected (see `new`).
+        unsafe { xts::<false>(&self.keys, buf, unit_len, tweaks) }
+    }
+
+    fn xts_decrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
+        let buf = units_region(buf, unit_len, tweaks.len());
+        // SAFETY: `self._cpu` proves the kernel's target features were detected (see `new`).
+        unsafe { xts::<true>(&self.keys, buf, unit_len, tweaks) }
+    }
+
+    fn cbc_encrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
+        let buf = units_region(buf, unit_len, ivs.len());
+        // SAFETY: `self._cpu` proves the kernel's target features were detected (see `new`).
+        unsafe { cbc_encrypt(&self.keys, buf, unit_len, ivs) }
+    }
+
+    fn cbc_decrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
+        let buf = units_region(buf, unit_len, ivs.len());
+        // SAFETY: `self._cpu` proves the kernel's target features were detected (see `new`).
+        unsafe { cbc_decrypt(&self.keys, buf, unit_len, ivs) }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Leaf helpers, inlined into the kernels (same target features).
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn rk(k: &Rk512) -> __m512i {
+    // SAFETY: `Rk512` is 64 bytes with 64-byte alignment.
+    unsafe { _mm512_load_si512(k.0.as_ptr().cast()) }
+}
+
+/// 64-bit-lane mask for the bytes of register `i` that lie inside `len` bytes.
+#[inline]
+fn reg_mask(len: usize, i: usize) -> __mmask8 {
+    let qwords = (len.saturating_sub(i * REG) / 8).min(8);
+    (0xffu16 >> (8 - qwords)) as __mmask8
+}
+
+/// Register `i` of `s` (bytes `64 i ..`), zero-filled past the end of `s`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn load_reg(s: &[u8], i: usize) -> __m512i {
+    if s.len() >= (i + 1) * REG {
+        let r: &[u8; REG] = s[i * REG..(i + 1) * REG].try_into().unwrap();
+        // SAFETY: `r` is 64 readable bytes; the load is unaligned.
+        unsafe { _mm512_loadu_si512(r.as_ptr().cast()) }
+    } else {
+        let mask = reg_mask(s.len(), i);
+        // SAFETY: only the qwords selected by `mask` are read, and they lie inside `s`; masked-off
+        // elements are never accessed (AVX-512 fault suppression), so the pointer may run past
+        // the end (`wrapping_add` keeps the arithmetic defined).
+        unsafe { _mm512_maskz_loadu_epi64(mask, s.as_ptr().wrapping_add(i * REG).cast()) }
+    }
+}
+
+/// Store register `i` of `s`, dropping the bytes past the end of `s`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn store_reg(s: &mut [u8], i: usize, v: __m512i) {
+    if s.len() >= (i + 1) * REG {
+        let r: &mut [u8; REG] = (&mut s[i * REG..(i + 1) * REG]).try_into().unwrap();
+        // SAFETY: `r` is 64 writable bytes; the store is unaligned.
+        unsafe { _mm512_storeu_si512(r.as_mut_ptr().cast(), v) }
+    } else {
+        let mask = reg_mask(s.len(), i);
+        // SAFETY: only the qwords selected by `mask` are written, and they lie inside `s`;
+        // masked-off elements are never accessed.
+        unsafe { _mm512_mask_storeu_epi64(s.as_mut_ptr().wrapping_add(i * REG).cast(), mask, v) }
+    }
+}
+
+/// Block `i` of `s`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn load_block(s: &[u8], i: usize) -> __m128i {
+    let b: &[u8; BLOCK] = s[i * BLOCK..(i + 1) * BLOCK].try_into().unwrap();
+    // SAFETY: `b` is 16 readable bytes; the load is unaligned.
+    unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
+}
+
+/// `x ^ y ^ z` in one instruction.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn xor3(x: __m512i, y: __m512i, z: __m512i) -> __m512i {
+    _mm512_ternarylogic_epi64(x, y, z, 0x96)
+}
+
+/// The middle rounds (1 .. rounds-1) on `N` registers. One branch on the (public) round count,
+/// then straight-line code: a runtime round loop gets unrolled by LLVM into a remainder loop
+/// plus an unrolled body, which schedules worse.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn middle_rounds<const N: usize, const DEC: bool>(k: &WideKeys, x: &mut [__m512i; N]) {
+    match k.rounds {
+        10 => rounds_fixed::<N, DEC, 10>(k, x),
+        12 => rounds_fixed::<N, DEC, 12>(k, x),
+        _ => rounds_fixed::<N, DEC, 14>(k, x),
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn rounds_fixed<const N: usize, const DEC: bool, const NR: usize>(
+    k: &WideKeys,
+    x: &mut [__m512i; N],
+) {
+    let keys = if DEC { &k.dec } else { &k.enc };
+    for key in &keys[1..NR] {
+        let key = rk(key);
+        for v in x.iter_mut() {
+            *v = if DEC {
+                _mm512_aesdec_epi128(*v, key)
+            } else {
+                _mm512_aesenc_epi128(*v, key)
+            };
+        }
+    }
+}
+
+/// The last round with key `key` (the last round key, possibly XORed with a whitening value).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn last_round<const DEC: bool>(x: __m512i, key: __m512i) -> __m512i {
+    if DEC {
+        _mm512_aesdeclast_epi128(x, key)
+    } else {
+        _mm512_aesenclast_epi128(x, key)
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn first_key<const DEC: bool>(k: &WideKeys) -> __m512i {
+    rk(if DEC { &k.dec[0] } else { &k.enc[0] })
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn last_key<const DEC: bool>(k: &WideKeys) -> __m512i {
+    rk(if DEC {
+        &k.dec[k.rounds]
+    } else {
+        &k.enc[k.rounds]
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// XTS tweak arithmetic on four 128-bit lanes at once (IEEE 1619 little-endian order: bit 0 of
+// byte 0 is the lowest coefficient, so "times a^s" is a left shift of the 128-bit integer).
+
+/// The reduction constant x^7 + x^2 + x + 1 in the low 64 bits of each lane.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn gf_poly() -> __m512i {
+    _mm512_set1_epi64(0x87)
+}
+
+/// Lane `j` times `a^(s_j)`, with `shifts` = `s_j` in both 64-bit halves of lane `j` (s < 57).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn mul_lanes(t: __m512i, shifts: __m512i) -> __m512i {
+    let shifted = _mm512_sllv_epi64(t, shifts);
+    // The bits pushed out of each half (a count of 64 gives 0 for s = 0).
+    let carries = _mm512_srlv_epi64(t, _mm512_sub_epi64(_mm512_set1_epi64(64), shifts));
+    // Low half's carries go into the high half; the high half's are reduced into the low half.
+    let into_high = _mm512_bslli_epi128(carries, 8);
+    let reduced = _mm512_clmulepi64_epi128(carries, gf_poly(), 0x01);
+    xor3(shifted, into_high, reduced)
+}
+
+/// Every lane times `a^8`: a one-byte shift of the lane, the carried-out byte times 0x87.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn mul_a8(t: __m512i) -> __m512i {
+    let top = _mm512_bsrli_epi128(t, 15);
+    _mm512_xor_si512(
+        _mm512_bslli_epi128(t, 1),
+        _mm512_clmulepi64_epi128(top, gf_poly(), 0x00),
+    )
+}
+
+/// Every lane times `a^16`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn mul_a16(t: __m512i) -> __m512i {
+    let top = _mm512_bsrli_epi128(t, 14);
+    _mm512_xor_si512(
+        _mm512_bslli_epi128(t, 2),
+        _mm512_clmulepi64_epi128(top, gf_poly(), 0x00),
+    )
+}
+
+/// Every lane times `a^32` (the step from one 32-block group to the next).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn mul_a32(t: __m512i) -> __m512i {
+    let top = _mm512_bsrli_epi128(t, 12);
+    _mm512_xor_si512(
+        _mm512_bslli_epi128(t, 4),
+        _mm512_clmulepi64_epi128(top, gf_poly(), 0x00),
+    )
+}
+
+/// The 32 tweaks `T a^0 .. T a^31` of a group starting a unit, four per register.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn unit_tweaks(t: &Block) -> [__m512i; REGS] {
+    let b = _mm512_broadcast_i32x4(load_block(t, 0));
+    let r0 = mul_lanes(b, _mm512_set_epi64(3, 3, 2, 2, 1, 1, 0, 0));
+    let r1 = mul_lanes(b, _mm512_set_epi64(7, 7, 6, 6, 5, 5, 4, 4));
+    let r2 = mul_a8(r0);
+    let r3 = mul_a8(r1);
+    [
+        r0,
+        r1,
+        r2,
+        r3,
+        mul_a16(r0),
+        mul_a16(r1),
+        mul_a16(r2),
+        mul_a16(r3),
+    ]
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels.
+
+/// ECB on `N` registers of `s` (`s.len() <= 64 N`; a partial last register is masked).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn ecb_regs<const N: usize, const DEC: bool>(k: &WideKeys, s: &mut [u8]) {
+    let k0 = first_key::<DEC>(k);
+    let mut x = [_mm512_setzero_si512(); N];
+    for (i, v) in x.iter_mut().enumerate() {
+        *v = _mm512_xor_si512(load_reg(s, i), k0);
+    }
+    middle_rounds::<N, DEC>(k, &mut x);
+    let kl = last_key::<DEC>(k);
+    for (i, v) in x.iter().enumerate() {
+        store_reg(s, i, last_round::<DEC>(*v, kl));
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn ecb<const DEC: bool>(k: &WideKeys, buf: &mut [u8]) {
+    let mut groups = buf.chunks_exact_mut(GROUP);
+    for g in &mut groups {
+        ecb_regs::<REGS, DEC>(k, g);
+    }
+    let tail = groups.into_remainder();
+    match tail.len().div_ceil(REG) {
+        0 => {}
+        1 => ecb_regs::<1, DEC>(k, tail),
+        2 => ecb_regs::<2, DEC>(k, tail),
+        3 => ecb_regs::<3, DEC>(k, tail),
+        4 => ecb_regs::<4, DEC>(k, tail),
+        5 => ecb_regs::<5, DEC>(k, tail),
+        6 => ecb_regs::<6, DEC>(k, tail),
+        7 => ecb_regs::<7, DEC>(k, tail),
+        _ => ecb_regs::<8, DEC>(k, tail),
+    }
+}
+
+/// XTS on one group (`g.len() <= 512`) with its 32 tweaks. `next` makes the tweaks of the
+/// following group; it runs between the whitening and the rounds, so its latency chain
+/// (shifts, carry-less multiplies) overlaps this group's AES rounds instead of delaying the next
+/// group's first round.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn xts_group<const DEC: bool>(
+    k: &WideKeys,
+    g: &mut [u8],
+    tw: &[__m512i; REGS],
+    next: impl FnOnce() -> [__m512i; REGS],
+) -> [__m512i; REGS] {
+    let k0 = first_key::<DEC>(k);
+    let mut x = [_mm512_setzero_si512(); REGS];
+    for (i, v) in x.iter_mut().enumerate() {
+        *v = xor3(load_reg(g, i), tw[i], k0);
+    }
+    let next = next();
+    middle_rounds::<REGS, DEC>(k, &mut x);
+    let kl = last_key::<DEC>(k);
+    for (i, v) in x.iter().enumerate() {
+        store_reg(g, i, last_round::<DEC>(*v, _mm512_xor_si512(kl, tw[i])));
+    }
+    next
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn xts<const DEC: bool>(k: &WideKeys, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
+    if buf.is_empty() {
+        return;
+    }
+    if unit_len.is_multiple_of(GROUP) {
+        // Sector-sized units: groups never straddle a unit, all tweaks stay in registers.
+        let groups_per_unit = unit_len / GROUP;
+        let mut tw = unit_tweaks(&tweaks[0]);
+        for (u, unit) in buf.chunks_exact_mut(unit_len).enumerate() {
+            // Past the last unit this recomputes a tweak nobody uses, to keep the loop simple.
+            let next_unit = tweaks.get(u + 1).unwrap_or(&tweaks[u]);
+            for (gi, g) in unit.chunks_exact_mut(GROUP).enumerate() {
+                tw = xts_group::<DEC>(k, g, &tw, || {
+                    if gi + 1 < groups_per_unit {
+                        let mut next = tw;
+                        for v in next.iter_mut() {
+                            *v = mul_a32(*v);
+                        }
+                        next
+                    } else {
+                        unit_tweaks(next_unit)
+                    }
+                });
+            }
+        }
+    } else {
+        // Other unit sizes: 32-block groups across unit boundaries. The tweak sequence (alpha
+        // steps, restarting at every unit) is made with 128-bit integer arithmetic one group
+        // ahead, stored, and loaded as registers.
+        let mut seq = TweakSeq {
+            tweaks,
+            blocks_per_unit: unit_len / BLOCK,
+            unit: 0,
+            pos: 0,
+            t: u128::from_le_bytes(tweaks[0]),
+        };
+        let mut staged = StagedTweaks([0; GROUP_BLOCKS]);
+        let len = buf.len();
+        seq.fill(&mut staged, len.min(GROUP) / BLOCK);
+        let mut tw = staged.load();
+        for (gi, g) in buf.chunks_mut(GROUP).enumerate() {
+            let next_blocks = len.saturating_sub((gi + 1) * GROUP).min(GROUP) / BLOCK;
+            tw = xts_group::<DEC>(k, g, &tw, || {
+                seq.fill(&mut staged, next_blocks);
+                staged.load()
+            });
+        }
+        staged.0.zeroize();
+        seq.t.zeroize();
+    }
+}
+
+/// The XTS tweak sequence across units as 128-bit integers (IEEE 1619 order is little-endian,
+/// so multiplying by alpha is a left shift with the 0x87 reduction).
+struct TweakSeq<'a> {
+    tweaks: &'a [Block],
+    blocks_per_unit: usize,
+    unit: usize,
+    pos: usize,
+    t: u128,
+}
+
+impl TweakSeq<'_> {
+    /// Store the next `n` tweaks.
+    #[inline]
+    fn fill(&mut self, out: &mut StagedTweaks, n: usize) {
+        for slot in out.0.iter_mut().take(n) {
+            *slot = self.t;
+            self.pos += 1;
+            if self.pos == self.blocks_per_unit {
+                self.unit += 1;
+                self.pos = 0;
+                self.t = self
+                    .tweaks
+                    .get(self.unit)
+                    .map_or(0, |t| u128::from_le_bytes(*t));
+            } else {
+                // Reduction through a mask, not a branch: the tweak is secret.
+                self.t = (self.t << 1) ^ (0u128.wrapping_sub(self.t >> 127) & 0x87);
+            }
+        }
+    }
+}
+
+/// One group's tweaks in memory (little-endian `u128` = the block's byte order on x86).
+#[repr(C, align(64))]
+struct StagedTweaks([u128; GROUP_BLOCKS]);
+
+impl StagedTweaks {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+    fn load(&self) -> [__m512i; REGS] {
+        let mut tw = [_mm512_setzero_si512(); REGS];
+        for (v, four) in tw.iter_mut().zip(self.0.chunks_exact(4)) {
+            // SAFETY: `four` is 64 readable bytes, 64-byte aligned (the array is, and each
+            // chunk starts at a multiple of 64 bytes).
+            *v = unsafe { _mm512_load_si512(four.as_ptr().cast()) };
+        }
+        tw
+    }
+}
+
+/// CBC-decrypt one group: `chain` holds the 32 chaining values (previous ciphertext or IV).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn cbc_decrypt_group(k: &WideKeys, g: &mut [u8], c: &[__m512i; REGS], chain: &[__m512i; REGS]) {
+    let k0 = first_key::<true>(k);
+    let mut x = [_mm512_setzero_si512(); REGS];
+    for (v, c) in x.iter_mut().zip(c) {
+        *v = _mm512_xor_si512(*c, k0);
+    }
+    middle_rounds::<REGS, true>(k, &mut x);
+    let kl = last_key::<true>(k);
+    for (i, v) in x.iter().enumerate() {
+        store_reg(g, i, last_round::<true>(*v, _mm512_xor_si512(kl, chain[i])));
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn cbc_decrypt(k: &WideKeys, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
+    if unit_len.is_multiple_of(GROUP) {
+        for (unit, iv) in buf.chunks_exact_mut(unit_len).zip(ivs) {
+            // Lane 3 of `prev` is the chaining value of the group's first block.
+            let mut prev = _mm512_broadcast_i32x4(load_block(iv, 0));
+            for g in unit.chunks_exact_mut(GROUP) {
+                let mut c = [_mm512_setzero_si512(); REGS];
+                for (i, v) in c.iter_mut().enumerate() {
+                    *v = load_reg(g, i);
+                }
+                // Shift the ciphertext up by one block: [prev.3, c.0, c.1, c.2] per register.
+                let mut chain = [_mm512_setzero_si512(); REGS];
+                chain[0] = _mm512_alignr_epi64(c[0], prev, 6);
+                for i in 1..REGS {
+                    chain[i] = _mm512_alignr_epi64(c[i], c[i - 1], 6);
+                }
+                prev = c[REGS - 1];
+                cbc_decrypt_group(k, g, &c, &chain);
+            }
+        }
+    } else {
+        // Other unit sizes: 32-block groups across unit boundaries. The chaining values are
+        // the ciphertext shifted by one block, except at unit starts, which take their IV.
+        let blocks_per_unit = unit_len / BLOCK;
+        let (mut unit, mut next_start) = (0, 0);
+        let mut prev = _mm512_setzero_si512();
+        for (gi, g) in buf.chunks_mut(GROUP).enumerate() {
+            let first = gi * GROUP_BLOCKS;
+            let mut c = [_mm512_setzero_si512(); REGS];
+            for (i, v) in c.iter_mut().enumerate() {
+                *v = load_reg(g, i);
+            }
+            let mut chain = [_mm512_setzero_si512(); REGS];
+            chain[0] = _mm512_alignr_epi64(c[0], prev, 6);
+            for i in 1..REGS {
+                chain[i] = _mm512_alignr_epi64(c[i], c[i - 1], 6);
+            }
+            while next_start < first + g.len() / BLOCK {
+                let b = next_start - first;
+                let lane: __mmask16 = 0xf << (4 * (b % 4));
+                chain[b / 4] =
+                    _mm512_mask_broadcast_i32x4(chain[b / 4], lane, load_block(&ivs[unit], 0));
+                unit += 1;
+                next_start += blocks_per_unit;
+            }
+            prev = c[REGS - 1];
+            cbc_decrypt_group(k, g, &c, &chain);
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn cbc_encrypt(k: &WideKeys, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
+    // Units more than 1 KiB apart put every lane in the same few L1 sets; for those, go a cache
+    // line at a time (`cbc_encrypt_lines`) with at most 16 units (4 registers, whose transposed
+    // lines fit in the register file) per batch.
+    let by_lines = unit_len.is_multiple_of(REG) && unit_len > 1024;
+    let per_batch = if by_lines { 16 } else { 4 * REGS };
+    for (batch, ivs) in buf
+        .chunks_mut(per_batch * unit_len)
+        .zip(ivs.chunks(per_batch))
+    {
+        let units = ivs.len().min(batch.len() / unit_len);
+        let ivs = &ivs[..units];
+        if by_lines {
+            match units.div_ceil(4) {
+                4 => cbc_encrypt_lines::<4>(k, batch, unit_len, ivs),
+                3 => cbc_encrypt_lines::<3>(k, batch, unit_len, ivs),
+                2 => cbc_encrypt_lines::<2>(k, batch, unit_len, ivs),
+                _ => cbc_encrypt_lines::<1>(k, batch, unit_len, ivs),
+            }
+        } else {
+            match units.div_ceil(4) {
+                8 => cbc_encrypt_blocks::<8>(k, batch, unit_len, ivs),
+                7 => cbc_encrypt_blocks::<7>(k, batch, unit_len, ivs),
+                6 => cbc_encrypt_blocks::<6>(k, batch, unit_len, ivs),
+                5 => cbc_encrypt_blocks::<5>(k, batch, unit_len, ivs),
+                4 => cbc_encrypt_blocks::<4>(k, batch, unit_len, ivs),
+                3 => cbc_encrypt_blocks::<3>(k, batch, unit_len, ivs),
+                2 => cbc_encrypt_blocks::<2>(k, batch, unit_len, ivs),
+                _ => cbc_encrypt_blocks::<1>(k, batch, unit_len, ivs),
+            }
+        }
+    }
+}
+
+/// Up to `4 N` units of one batch, one unit per 128-bit lane of `N` registers. Lanes past the
+/// last unit repeat it: they compute the same chain and store the same bytes, which keeps the
+/// loops free of masks. Raw pointers instead of slices because per-access bounds checks on
+/// eight lanes per register cost more front-end bandwidth than the AES rounds; the constructor
+/// checks every lane's unit lies inside the batch, and each access checks its offset against
+/// the unit length (one compare per step, shared by all lanes).
+struct CbcLanes<'a, const N: usize> {
+    unit: [[*mut u8; 4]; N],
+    unit_len: usize,
+    _batch: PhantomData<&'a mut [u8]>,
+}
+
+impl<'a, const N: usize> CbcLanes<'a, N> {
+    /// The lanes of `batch` (units of `unit_len` bytes, one per IV) and their IVs.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+    fn new(batch: &'a mut [u8], unit_len: usize, ivs: &[Block]) -> (Self, [__m512i; N]) {
+        assert!(!ivs.is_empty() && ivs.len() <= 4 * N && ivs.len() * unit_len <= batch.len());
+        let last_unit = ivs.len() - 1;
+        let base = batch.as_mut_ptr();
+        let mut unit = [[base; 4]; N];
+        let mut chain = [_mm512_setzero_si512(); N];
+        for (r, (p, c)) in unit.iter_mut().zip(chain.iter_mut()).enumerate() {
+            let mut iv = [_mm_setzero_si128(); 4];
+            for l in 0..4 {
+                let u = (4 * r + l).min(last_unit);
+                p[l] = base.wrapping_add(u * unit_len);
+                iv[l] = load_block(&ivs[u], 0);
+            }
+            *c = gather(iv);
+        }
+        (
+            CbcLanes {
+                unit,
+                unit_len,
+                _batch: PhantomData,
+            },
+            chain,
+        )
+    }
+
+    /// Block at byte `off` of the units of register `r`, one per lane.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+    fn load_blocks(&self, r: usize, off: usize) -> __m512i {
+        assert!(off + BLOCK <= self.unit_len);
+        let mut b = [_mm_setzero_si128(); 4];
+        for (b, p) in b.iter_mut().zip(&self.unit[r]) {
+            // SAFETY: `p` starts a unit inside the batch (checked in `new`), `off + 16` is
+            // within the unit.
+            *b = unsafe { _mm_loadu_si128(p.add(off).cast()) };
+        }
+        gather(b)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+    fn store_blocks(&mut self, r: usize, off: usize, v: __m512i) {
+        assert!(off + BLOCK <= self.unit_len);
+        let b = [
+            _mm512_castsi512_si128(v),
+            _mm512_extracti32x4_epi32(v, 1),
+            _mm512_extracti32x4_epi32(v, 2),
+            _mm512_extracti32x4_epi32(v, 3),
+        ];
+        for (b, p) in b.iter().zip(&self.unit[r]) {
+            // SAFETY: as in `load_blocks`; lanes that repeat a unit store identical bytes.
+            unsafe { _mm_storeu_si128(p.add(off).cast(), *b) };
+        }
+    }
+
+    /// The 64-byte lines at byte `off` of the four units of register `r`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+    fn load_lines(&self, r: usize, off: usize) -> [__m512i; 4] {
+        assert!(off + REG <= self.unit_len);
+        let mut rows = [_mm512_setzero_si512(); 4];
+        for (row, p) in rows.iter_mut().zip(&self.unit[r]) {
+            // SAFETY: `p` starts a unit inside the batch (checked in `new`), `off + 64` is
+            // within the unit.
+            *row = unsafe { _mm512_loadu_si512(p.add(off).cast()) };
+        }
+        rows
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+    fn store_lines(&mut self, r: usize, off: usize, rows: [__m512i; 4]) {
+        assert!(off + REG <= self.unit_len);
+        for (row, p) in rows.iter().zip(&self.unit[r]) {
+            // SAFETY: as in `load_lines`; lanes that repeat a unit store identical bytes.
+            unsafe { _mm512_storeu_si512(p.add(off).cast(), *row) };
+        }
+    }
+}
+
+/// CBC encryption of up to `4 N` units in lockstep, a block of each per step (any unit length).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn cbc_encrypt_blocks<const N: usize>(
+    k: &WideKeys,
+    batch: &mut [u8],
+    unit_len: usize,
+    ivs: &[Block],
+) {
+    let (mut lanes, mut chain) = CbcLanes::<N>::new(batch, unit_len, ivs);
+    let k0 = first_key::<false>(k);
+    let kl = last_key::<false>(k);
+    for off in (0..unit_len).step_by(BLOCK) {
+        let mut x = [_mm512_setzero_si512(); N];
+        for (r, (v, c)) in x.iter_mut().zip(&chain).enumerate() {
+            *v = xor3(lanes.load_blocks(r, off), *c, k0);
+        }
+        middle_rounds::<N, false>(k, &mut x);
+        for (r, (v, c)) in x.iter().zip(chain.iter_mut()).enumerate() {
+            *c = last_round::<false>(*v, kl);
+            lanes.store_blocks(r, off, *c);
+        }
+    }
+}
+
+/// Line-wise CBC encryption of up to `4 N` units (unit length a multiple of 64): per step, one
+/// cache line (four blocks) of every unit. The lines of four units are transposed so that each
+/// register holds one block of each unit, and the ciphertext is transposed back and stored as
+/// whole lines: half the shuffles of per-block gathers, and each line is touched once (units
+/// 2 or 4 KiB apart all map to the same L1 sets, so re-touching a line per block misses).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn cbc_encrypt_lines<const N: usize>(
+    k: &WideKeys,
+    batch: &mut [u8],
+    unit_len: usize,
+    ivs: &[Block],
+) {
+    let (mut lanes, mut chain) = CbcLanes::<N>::new(batch, unit_len, ivs);
+    let k0 = first_key::<false>(k);
+    let kl = last_key::<false>(k);
+    for off in (0..unit_len / REG * REG).step_by(REG) {
+        let mut p = [[_mm512_setzero_si512(); 4]; N];
+        for (r, p) in p.iter_mut().enumerate() {
+            *p = transpose4(lanes.load_lines(r, off));
+        }
+        for s in 0..4 {
+            let mut x = [_mm512_setzero_si512(); N];
+            for ((v, p), c) in x.iter_mut().zip(&p).zip(&chain) {
+                *v = xor3(p[s], *c, k0);
+            }
+            middle_rounds::<N, false>(k, &mut x);
+            for ((v, p), c) in x.iter().zip(p.iter_mut()).zip(chain.iter_mut()) {
+                *c = last_round::<false>(*v, kl);
+                p[s] = *c;
+            }
+        }
+        for (r, p) in p.iter().enumerate() {
+            lanes.store_lines(r, off, transpose4(*p));
+        }
+    }
+}
+
+/// Transpose a 4x4 matrix of 128-bit blocks held in four registers.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn transpose4(m: [__m512i; 4]) -> [__m512i; 4] {
+    let t0 = _mm512_shuffle_i64x2(m[0], m[1], 0x44); // a0 a1 b0 b1
+    let t1 = _mm512_shuffle_i64x2(m[0], m[1], 0xee); // a2 a3 b2 b3
+    let t2 = _mm512_shuffle_i64x2(m[2], m[3], 0x44); // c0 c1 d0 d1
+    let t3 = _mm512_shuffle_i64x2(m[2], m[3], 0xee); // c2 c3 d2 d3
+    [
+        _mm512_shuffle_i64x2(t0, t2, 0x88), // a0 b0 c0 d0
+        _mm512_shuffle_i64x2(t0, t2, 0xdd), // a1 b1 c1 d1
+        _mm512_shuffle_i64x2(t1, t3, 0x88), // a2 b2 c2 d2
+        _mm512_shuffle_i64x2(t1, t3, 0xdd), // a3 b3 c3 d3
+    ]
+}
+
+/// Four blocks into the four lanes of a register.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn gather(b: [__m128i; 4]) -> __m512i {
+    let v = _mm512_castsi128_si512(b[0]);
+    let v = _mm512_inserti32x4(v, b[1], 1);
+    let v = _mm512_inserti32x4(v, b[2], 2);
+    _mm512_inserti32x4(v, b[3], 3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ni::AesNi;
+    use super::super::x86_key::testing;
+    use super::*;
+
+    fn make(key: &[u8]) -> Box<dyn BlockEngine> {
+        Box::new(Vaes512::new(key).expect("this test needs VAES + AVX-512"))
+    }
+
+    fn available() -> bool {
+        let ok = Backend::Vaes512.is_available();
+        if !ok {
+            eprintln!("VAES + AVX-512 not available: skipped");
+        }
+        ok
+    }
+
+    #[test]
+    fn fips197_appendix_c() {
+        if available() {
+            testing::check_fips197(make);
+        }
+    }
+
+    #[test]
+    fn xts_ieee1619_vectors() {
+        if available() {
+            testing::check_ieee1619(make);
+        }
+    }
+
+    #[test]
+    fn matches_generic_modes() {
+        if available() {
+            // The generic modes run on this engine's own ECB, and on AES-NI's (an independent
+            // implementation of the rounds and key layout).
+            testing::compare_with_generic(make, make, 0x5eed_0002, 120);
+            testing::compare_with_generic(
+                make,
+                |k| Box::new(AesNi::new(k).unwrap()),
+                0x5eed_0003,
+                60,
+            );
+        }
+    }
+
+    #[test]
+    fn unit_tweaks_match_scalar_alpha_chain() {
+        if !available() {
+            return;
+        }
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+        fn lanes(t: &Block, steps: usize) -> Vec<u8> {
+            let mut tw = unit_tweaks(t);
+            for _ in 0..steps {
+                for v in tw.iter_mut() {
+                    *v = mul_a32(*v);
+                }
+            }
+            let mut out = vec![0u8; GROUP];
+            for (i, v) in tw.iter().enumerate() {
+                store_reg(&mut out, i, *v);
+            }
+            out
+        }
+        for first in [
+            [0xffu8; 16],
+            [0x80; 16],
+            core::array::from_fn(|i| (i as u8).wrapping_mul(29) ^ 0xc3),
+        ] {
+            let mut want = vec![0u8; GROUP * 3];
+            crate::gf128::fill_tweaks(first, &mut want);
+            for steps in 0..3 {
+                // SAFETY: `available()` checked the target features.
+                let got = unsafe { lanes(&first, steps) };
+                assert_eq!(got, want[steps * GROUP..(steps + 1) * GROUP]);
+            }
+        }
+    }
+
+    #[test]
+    fn matches_generic_modes_on_portable_aes() {
+        if available() {
+            // The reference modes on the portable (bitsliced) AES: an independent key schedule
+            // and round implementation.
+            testing::compare_with_generic(
+                make,
+                |k| Box::new(super::super::soft::AesSoft::new(k)),
+                0x5eed_0005,
+                25,
+            );
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! AES key expansion with AES-NI, shared by the `ni` and `vaes512` backends.
+//!
+//! The FIPS-197 word recurrence runs in general-purpose registers; only SubWord goes through
+//! `aeskeygenassist` (constant time, no S-box table), so one loop covers 128-, 192- and 256-bit
+//! keys. Decryption keys for the Equivalent Inverse Cipher (what `aesdec` expects) come from
+//! `aesimc`. No branch or index depends on key bytes.
+
+use core::arch::x86_64::*;
+
+use zeroize::Zeroize;
+
+/// One 128-bit round key, 16-byte aligned so that aligned loads (foldable into the legacy-SSE
+/// `aesenc xmm, m128` form) are valid.
+#[derive(Clone, Copy)]
+#[repr(C, align(16))]
+pub(crate) struct Rk128(pub(crate) [u8; 16]);
+
+/// The expanded key: `enc[0..=rounds]` for `aesenc`, `dec[0..=rounds]` in the order the
+/// `aesdec` sequence consumes them (`dec[0] = enc[rounds]`, middle keys through `aesimc`,
+/// `dec[rounds] = enc[0]`). Zeroized on drop.
+pub(crate) struct RoundKeys {
+    pub(crate) enc: [Rk128; 15],
+    pub(crate) dec: [Rk128; 15],
+    /// 10, 12 or 14.
+    pub(crate) rounds: usize,
+}
+
+impl Drop for RoundKeys {
+    fn drop(&mut self) {
+        for k in self.enc.iter_mut().chain(self.dec.iter_mut()) {
+            k.0.zeroize();
+        }
+    }
+}
+
+/// Round constants (FIPS-197 5.2), as the low byte of a little-endian word.
+const RCON: [u32; 10] = [0x01, 0x02, 0x04, 0x08, 0x10, 0x20, 0x40, 0x80, 0x1b, 0x36];
+
+impl RoundKeys {
+    /// Expand a 16-, 24- or 32-byte key (panics on any other length; callers validate).
+    #[target_feature(enable = "aes")]
+    pub(crate) fn expand(key: &[u8]) -> Self {
+        let nk = key.len() / 4;
+        assert!(
+            key.len().is_multiple_of(4) && matches!(nk, 4 | 6 | 8),
+            "AES key must be 16, 24 or 32 bytes"
+        );
+        let rounds = nk + 6;
+        // Words are little-endian u32s of the key bytes, so byte 0 of a word is its low byte
+        // and FIPS-197 RotWord ([a0,a1,a2,a3] -> [a1,a2,a3,a0]) is a rotate right by 8.
+        let mut w = [0u32; 60];
+        for (slot, bytes) in w.iter_mut().zip(key.chunks_exact(4)) {
+            *slot = u32::from_le_bytes(bytes.try_into().unwrap());
+        }
+        for i in nk..4 * (rounds + 1) {
+            let prev = w[i - 1];
+            let t = if i % nk == 0 {
+                sub_word(prev.rotate_right(8)) ^ RCON[i / nk - 1]
+            } else if nk == 8 && i % nk == 4 {
+                sub_word(prev)
+            } else {
+                prev
+            };
+            w[i] = w[i - nk] ^ t;
+        }
+
+        let mut enc = [Rk128([0; 16]); 15];
+        for (r, rk) in enc.iter_mut().enumerate().take(rounds + 1) {
+            for (c, word) in rk.0.chunks_exact_mut(4).zip(&w[4 * r..4 * r + 4]) {
+                c.copy_from_slice(&word.to_le_bytes());
+            }
+        }
+        w.zeroize();
+
+        let mut dec = [Rk128([0; 16]); 15];
+        dec[0] = enc[rounds];
+        for i in 1..rounds {
+            store_rk(&mut dec[i], _mm_aesimc_si128(load_rk(&enc[rounds - i])));
+        }
+        dec[rounds] = enc[0];
+        RoundKeys { enc, dec, rounds }
+    }
+}
+
+/// SubWord (the S-box on each byte) of one word.
+#[target_feature(enable = "aes")]
+fn sub_word(x: u32) -> u32 {
+    // aeskeygenassist substitutes dwords 1 and 3 of its input; dword 0 of the result is
+    // SubWord(dword 1). Rcon is applied by the caller (immediate 0 here).
+    let v = _mm_set_epi32(0, 0, x as i32, 0);
+    _mm_cvtsi128_si32(_mm_aeskeygenassist_si128(v, 0)) as u32
+}
+
+/// Aligned load of a round key.
+#[inline]
+#[target_feature(enable = "sse2")]
+pub(crate) fn load_rk(k: &Rk128) -> __m128i {
+    // SAFETY: `Rk128` is 16 bytes with 16-byte alignment.
+    unsafe { _mm_load_si128(k.0.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "sse2")]
+fn store_rk(k: &mut Rk128, v: __m128i) {
+    // SAFETY: `Rk128` is 16 writable bytes with 16-byte alignment.
+    unsafe { _mm_store_si128(k.0.as_mut_ptr().cast(), v) }
+}
+
+/// Shared test helpers for the x86 AES backends.
+#[cfg(test)]
+pub(crate) mod testing {
+    use rand::rngs::StdRng;
+    use rand::{Rng, RngCore, SeedableRng};
+
+    use crate::backend::Backend;
+    use crate::engine::{Block, BlockEngine, BLOCK};
+
+    /// Forwards only ECB, so every mode method is the trait's generic default: the reference
+    /// the fused kernels are compared with.
+    pub(crate) struct EcbOnly<'a>(pub(crate) &'a dyn BlockEngine);
+
+    impl BlockEngine for EcbOnly<'_> {
+        fn backend(&self) -> Backend {
+            self.0.backend()
+        }
+        fn encrypt_ecb(&self, buf: &mut [u8]) {
+            self.0.encrypt_ecb(buf)
+        }
+        fn decrypt_ecb(&self, buf: &mut [u8]) {
+            self.0.decrypt_ecb(buf)
+        }
+    }
+
+    /// FIPS-197 Appendix C: plaintext 00112233..ff, key 000102..; (key length, ciphertext).
+    pub(crate) const FIPS197: [(usize, &str); 3] = [
+        (16, "69c4e0d86a7b0430d8cdb78070b4c55a"),
+        (24, "dda97ca4864cdfe06eaf70a0ec0d7191"),
+        (32, "8ea2b7ca516745bfeafc49904b496089"),
+    ];
+
+    pub(crate) fn check_fips197(make: impl Fn(&[u8]) -> Box<dyn BlockEngine>) {
+        let pt = hex::decode("00112233445566778899aabbccddeeff").unwrap();
+        for (klen, ct) in FIPS197 {
+            let key: Vec<u8> = (0..klen as u8).collect();
+            let e = make(&key);
+            let ct = hex::decode(ct).unwrap();
+            // Also in the middle of longer buffers, so every tail/bulk path sees the vector.
+            for n in [1usize, 3, 8, 9, 31, 32, 33, 100] {
+                let mut buf = pt.repeat(n);
+                e.encrypt_ecb(&mut buf);
+                assert_eq!(buf, ct.repeat(n), "encrypt, {klen}-byte key, {n} blocks");
+                e.decrypt_ecb(&mut buf);
+                assert_eq!(buf, pt.repeat(n), "decrypt, {klen}-byte key, {n} blocks");
+            }
+        }
+    }
+
+    /// One IEEE 1619 record: (key = K1||K2, 16-byte IV, plaintext, ciphertext).
+    type XtsVector = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>);
+
+    /// Vectors 1-3 of IEEE P1619-2007 Appendix B, used when the shared vector file is absent.
+    const BUILTIN_XTS: [[&str; 4]; 3] = [
+        [
+            "0000000000000000000000000000000000000000000000000000000000000000",
+            "00000000000000000000000000000000",
+            "0000000000000000000000000000000000000000000000000000000000000000",
+            "917cf69ebd68b2ec9b9fe9a3eadda692cd43d2f59598ed858c02c2652fbf922e",
+        ],
+        [
+            "1111111111111111111111111111111122222222222222222222222222222222",
+            "33333333330000000000000000000000",
+            "4444444444444444444444444444444444444444444444444444444444444444",
+            "c454185e6a16936e39334038acef838bfb186fff7480adc4289382ecd6d394f0",
+        ],
+        [
+            "fffefdfcfbfaf9f8f7f6f5f4f3f2f1f022222222222222222222222222222222",
+            "33333333330000000000000000000000",
+            "4444444444444444444444444444444444444444444444444444444444444444",
+            "af85336b597afc1a900b2eb21ec949d292df4c047e0b21532186a5971a227a89",
+        ],
+    ];
+
+    /// The IEEE 1619 XTS-AES vectors from `/work/shared/vectors/xts-ieee1619.txt` (override
+    /// with `SECTORCRYPT_VECTORS`), falling back to the built-in vectors 1-3.
+    fn xts_vectors() -> Vec<XtsVector> {
+        let dir = std::env::var("SECTORCRYPT_VECTORS").unwrap_or_else(|_| {
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/vectors").to_string()
+        });
+        let Ok(text) = std::fs::read_to_string(format!("{dir}/xts-ieee1619.txt")) else {
+            eprintln!("xts-ieee1619.txt not found under {dir}: using built-in vectors 1-3 only");
+            return BUILTIN_XTS
+                .iter()
+                .map(|v| {
+                    let d = |s: &str| hex::decode(s).unwrap();
+                    (d(v[0]), d(v[1]), d(v[2]), d(v[3]))
+                })
+                .collect();
+        };
+        let mut out = Vec::new();
+        let mut fields: [String; 4] = Default::default();
+        let mut current: Option<usize> = None;
+        for line in text.lines() {
+            let line = line.trim();
+            let (name, value) = match line.split_once(':') {
+                Some((n, v)) if !line.starts_with('#') => (n.trim(), v.trim()),
+                _ => {
+                    // Continuation of a value.
+                    if let (Some(i), false) = (current, line.starts_with('#') || line.is_empty()) {
+                        fields[i].push_str(line.trim_end_matches('\\'));
+                    }
+                    continue;
+                }
+            };
+            current = ["Key", "IV", "Plaintext", "Ciphertext"]
+                .iter()
+                .position(|f| *f == name);
+            if let Some(i) = current {
+                fields[i] = value.trim_end_matches('\\').trim().to_string();
+            }
+            if name == "Test" {
+                let f: Vec<Vec<u8>> = fields
+                    .iter()
+                    .map(|s| hex::decode(s.replace(' ', "")).unwrap())
+                    .collect();
+                out.push((f[0].clone(), f[1].clone(), f[2].clone(), f[3].clone()));
+                fields = Default::default();
+            }
+        }
+        assert!(out.len() >= 14, "parsed only {} XTS vectors", out.len());
+        out
+    }
+
+    /// IEEE 1619 vectors (whole blocks only) through `xts_encrypt_units` / `xts_decrypt_units`,
+    /// as one unit and as the same unit repeated in a multi-unit request.
+    pub(crate) fn check_ieee1619(make: impl Fn(&[u8]) -> Box<dyn BlockEngine>) {
+        let mut checked = 0;
+        for (key, iv, pt, ct) in xts_vectors() {
+            if pt.len() % BLOCK != 0 {
+                continue; // ciphertext stealing is done by the mode layer
+            }
+            let (k1, k2) = key.split_at(key.len() / 2);
+            let (data, tweak) = (make(k1), make(k2));
+            let mut t: Block = iv.as_slice().try_into().unwrap();
+            tweak.encrypt_ecb(&mut t);
+            for reps in [1usize, 3] {
+                let mut buf = pt.repeat(reps);
+                let tweaks = vec![t; reps];
+                data.xts_encrypt_units(&mut buf, pt.len(), &tweaks);
+                assert_eq!(
+                    hex::encode(&buf),
+                    hex::encode(ct.repeat(reps)),
+                    "key {}",
+                    hex::encode(&key)
+                );
+                data.xts_decrypt_units(&mut buf, pt.len(), &tweaks);
+                assert_eq!(buf, pt.repeat(reps));
+            }
+            checked += 1;
+        }
+        assert!(checked >= 3);
+    }
+
+    /// Every method of `fast` against the trait defaults on `reference`'s ECB, for random
+    /// lengths, unit sizes and unit counts.
+    pub(crate) fn compare_with_generic(
+        make: impl Fn(&[u8]) -> Box<dyn BlockEngine>,
+        reference: impl Fn(&[u8]) -> Box<dyn BlockEngine>,
+        seed: u64,
+        iters: usize,
+    ) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        for klen in [16usize, 24, 32] {
+            let mut key = vec![0u8; klen];
+            rng.fill_bytes(&mut key);
+            let fast = make(&key);
+            let slow_engine = reference(&key);
+            let slow = EcbOnly(slow_engine.as_ref());
+            for it in 0..iters {
+                // ECB on any whole number of blocks, biased towards small counts.
+                let nblocks = if it % 2 == 0 {
+                    rng.gen_range(0..70)
+                } else {
+                    rng.gen_range(0..700)
+                };
+                let mut a = vec![0u8; nblocks * BLOCK];
+                rng.fill_bytes(&mut a);
+                let mut b = a.clone();
+                fast.encrypt_ecb(&mut a);
+                slow.encrypt_ecb(&mut b);
+                assert_eq!(a, b, "ecb enc klen {klen} blocks {nblocks}");
+                fast.decrypt_ecb(&mut a);
+                slow.decrypt_ecb(&mut b);
+                assert_eq!(a, b, "ecb dec klen {klen} blocks {nblocks}");
+
+                // Units: common sector sizes and arbitrary multiples of 16 up to 4096.
+                let unit_len = match it % 4 {
+                    0 => [512usize, 1024, 4096][rng.gen_range(0..3)],
+                    1 => BLOCK * rng.gen_range(1..=8),
+                    _ => BLOCK * rng.gen_range(1..=256),
+                };
+                let max_units = (200_000 / unit_len).clamp(1, 70);
+                let units = rng.gen_range(1..=max_units);
+                let mut data = vec![0u8; units * unit_len];
+                rng.fill_bytes(&mut data);
+                let mut tweaks = vec![[0u8; 16]; units];
+                for t in &mut tweaks {
+                    rng.fill_bytes(t);
+                }
+                // Tweaks with the top bit set exercise the reduction on the first step.
+                if it % 3 == 0 {
+                    tweaks[0] = [0xff; 16];
+                }
+                let ctx = format!("klen {klen} unit {unit_len} units {units}");
+                type Op = fn(&dyn BlockEngine, &mut [u8], usize, &[Block]);
+                let ops: [(&str, Op); 4] = [
+                    ("xts enc", |e, b, u, t| e.xts_encrypt_units(b, u, t)),
+                    ("xts dec", |e, b, u, t| e.xts_decrypt_units(b, u, t)),
+                    ("cbc enc", |e, b, u, t| e.cbc_encrypt_units(b, u, t)),
+                    ("cbc dec", |e, b, u, t| e.cbc_decrypt_units(b, u, t)),
+                ];
+                for (name, op) in ops {
+                    let mut a = data.clone();
+                    let mut b = data.clone();
+                    op(fast.as_ref(), &mut a, unit_len, &tweaks);
+                    op(&slow, &mut b, unit_len, &tweaks);
+                    assert!(a == b, "{name} {ctx}");
+                }
+                // Round trips.
+                let mut a = data.clone();
+                fast.xts_encrypt_units(&mut a, unit_len, &tweaks);
+                fast.xts_decrypt_units(&mut a, unit_len, &tweaks);
+                assert!(a == data, "xts round trip {ctx}");
+                fast.cbc_encrypt_units(&mut a, unit_len, &tweaks);
+                fast.cbc_decrypt_units(&mut a, unit_len, &tweaks);
+                assert!(a == data, "cbc round trip {ctx}");
+            }
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! Which implementation of a block cipher runs, chosen once at key set-up.
+//!
+//! Detection uses the CPU feature flags (`std::is_x86_feature_detected!`, cached by std). A
+//! [`BackendChoice`] lets callers force one backend: tests use it to cover every backend this
+//! machine can run, and users use it (`--backend`, or `SECTORCRYPT_BACKEND` in the CLI) to compare
+//! the portable code with the SIMD kernels or to work around a suspected CPU problem.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::Error;
+
+/// A 128-bit block cipher.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// AES (FIPS 197), 128/192/256-bit keys.
+    Aes,
+    /// LEA (KS X 3246, ISO/IEC 29192-2), 128/192/256-bit keys.
+    Lea,
+}
+
+impl Algorithm {
+    /// dm-crypt's name of the cipher.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Aes => "aes",
+            Algorithm::Lea => "lea",
+        }
+    }
+
+    /// Backends for this algorithm, fastest first (not all may run on this CPU).
+    pub fn backends(self) -> &'static [Backend] {
+        match self {
+            Algorithm::Aes => &[Backend::Vaes512, Backend::AesNi, Backend::Portable],
+            Algorithm::Lea => &[Backend::Avx512, Backend::Avx2, Backend::Portable],
+        }
+    }
+
+    /// Backends for this algorithm that this CPU can run, fastest first.
+    pub fn available_backends(self) -> Vec<Backend> {
+        self.backends()
+            .iter()
+            .copied()
+            .filter(|b| b.is_available())
+            .collect()
+    }
+}
+
+/// An implementation of a block cipher.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Backend {
+    /// Portable constant-time Rust (bitsliced AES, plain ARX LEA). Runs everywhere.
+    Portable,
+    /// AES-NI, 128-bit registers, eight blocks in flight.
+    AesNi,
+    /// VAES + AVX-512 (+ VPCLMULQDQ for tweaks), four blocks per 512-bit register.
+    Vaes512,
+    /// AVX2, eight LEA blocks per 256-bit register set.
+    Avx2,
+    /// AVX-512F, sixteen LEA blocks per 512-bit register set.
+    Avx512,
+    /// No cipher at all (`cipher_null`): used to measure everything but the cipher.
+    Null,
+}
+
+impl Backend {
+    /// Short name used in benchmark output and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Portable => "portable",
+            Backend::AesNi => "aesni",
+            Backend::Vaes512 => "vaes512",
+            Backend::Avx2 => "avx2",
+            Backend::Avx512 => "avx512",
+            Backend::Null => "null",
+        }
+    }
+
+    /// Whether this CPU can run the backend.
+    pub fn is_available(self) -> bool {
+        match self {
+            Backend::Portable | Backend::Null => true,
+            #[cfg(target_arch = "x86_64")]
+            Backend::AesNi => {
+                std::is_x86_feature_detected!("aes") && std::is_x86_feature_detected!("sse4.1")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Backend::Vaes512 => {
+                std::is_x86_feature_detected!("vaes")
+                    && std::is_x86_feature_detected!("vpclmulqdq")
+                    && std::is_x86_feature_detected!("avx512f")
+                    && std::is_x86_feature_detected!("avx512bw")
+                    && std::is_x86_feature_detected!("avx512vl")
+                    && std::is_x86_feature_detected!("aes")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx2 => std::is_x86_feature_detected!("avx2"),
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx512 => std::is_x86_feature_detected!("avx512f"),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Backend {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        Ok(match s {
+            "portable" => Backend::Portable,
+            "aesni" => Backend::AesNi,
+            "vaes512" => Backend::Vaes512,
+            "avx2" => Backend::Avx2,
+            "avx512" => Backend::Avx512,
+            _ => return Err(Error::UnknownBackend(s.to_string())),
+        })
+    }
+}
+
+/// How to choose the backend at key set-up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// The fastest backend this CPU runs.
+    #[default]
+    Auto,
+    /// The portable code, whatever the CPU (for AES and LEA alike).
+    Portable,
+    /// Exactly this backend; an error if the CPU cannot run it or it does not implement the
+    /// algorithm.
+    Exact(Backend),
+}
+
+impl BackendChoice {
+    /// Parse `auto`, `portable` or a backend name.
+    pub fn parse(s: &str) -> Result<Self, Error> {
+        match s {
+            "auto" => Ok(BackendChoice::Auto),
+            "portable" => Ok(BackendChoice::Portable),
+            other => other.parse().map(BackendChoice::Exact),
+        }
+    }
+
+    /// The backend to run `alg` with.
+    pub fn resolve(self, alg: Algorithm) -> Result<Backend, Error> {
+        match self {
+            BackendChoice::Auto => Ok(alg
+                .available_backends()
+                .first()
+                .copied()
+                .unwrap_or(Backend::Portable)),
+            BackendChoice::Portable => Ok(Backend::Portable),
+            BackendChoice::Exact(b) => {
+                if !alg.backends().contains(&b) {
+                    Err(Error::BackendUnsupported {
+                        backend: b,
+                        algorithm: alg,
+                    })
+                } else if !b.is_available() {
+                    Err(Error::BackendUnavailable(b))
+                } else {
+                    Ok(b)
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! The contract every block-cipher backend implements, and the generic mode code that a backend
+//! inherits unless it has a faster fused kernel.
+//!
+//! A [`BlockEngine`] is one keyed 128-bit block cipher on one backend (portable, AES-NI, VAES, AVX2,
+//! AVX-512). The mode layer ([`crate::sector`], [`crate::modes`]) talks only to this trait, so
+//! adding a backend means implementing `encrypt_ecb`/`decrypt_ecb` and, where it pays, overriding
+//! the whole-data-unit XTS and CBC entry points with kernels that keep many blocks in flight.
+//!
+//! Why "units": an extended request hands a backend N whole data units (sectors) at once together
+//! with their already-encrypted initial tweaks, so a kernel can run straight across sector
+//! boundaries instead of paying set-up per sector.
+
+use crate::backend::Backend;
+use crate::gf128;
+
+/// Size of a cipher block in bytes (AES and LEA both have 128-bit blocks).
+pub const BLOCK: usize = 16;
+
+/// One 128-bit block.
+pub type Block = [u8; BLOCK];
+
+/// Largest data unit the generic code keeps tweaks for on the stack (dm-crypt's maximum sector
+/// size). Larger units are processed in pieces of this size with the tweak carried across.
+const TWEAK_CHUNK_BLOCKS: usize = 4096 / BLOCK;
+
+/// A keyed block cipher on one backend.
+///
+/// Preconditions, checked by the callers in this crate (never by the kernels, which must stay
+/// branch-free on data): every buffer length is a multiple of [`BLOCK`]; `unit_len` is a non-zero
+/// multiple of [`BLOCK`]; `buf.len() == unit_len * tweaks.len()` (resp. `ivs.len()`).
+///
+/// Implementations hold expanded round keys and must zeroize them on drop.
+pub trait BlockEngine: Send + Sync {
+    /// Which implementation runs.
+    fn backend(&self) -> Backend;
+
+    /// ECB-encrypt every block of `buf` in place.
+    fn encrypt_ecb(&self, buf: &mut [u8]);
+
+    /// ECB-decrypt every block of `buf` in place.
+    fn decrypt_ecb(&self, buf: &mut [u8]);
+
+    /// XEX-encrypt whole data units in place: unit `u` starts with tweak `tweaks[u]` (already
+    /// encrypted with the tweak key), block `j` of the unit uses `tweaks[u] * alpha^j`, and
+    /// `C = E(P ^ T) ^ T`.
+    fn xts_encrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
+        generic_xts_units(self, buf, unit_len, tweaks, Direction::Encrypt);
+    }
+
+    /// Inverse of [`BlockEngine::xts_encrypt_units`]: `P = D(C ^ T) ^ T`.
+    fn xts_decrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
+        generic_xts_units(self, buf, unit_len, tweaks, Direction::Decrypt);
+    }
+
+    /// CBC-encrypt whole data units in place, unit `u` chained from `ivs[u]`.
+    fn cbc_encrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
+        for (unit, iv) in buf.chunks_exact_mut(unit_len).zip(ivs) {
+            let mut prev = *iv;
+            for block in unit.chunks_exact_mut(BLOCK) {
+                xor_into(block, &prev);
+                self.encrypt_ecb(block);
+                prev.copy_from_slice(block);
+            }
+        }
+    }
+
+    /// CBC-decrypt whole data units in place, unit `u` chained from `ivs[u]`.
+    fn cbc_decrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
+        let mut saved = [0u8; 4096];
+        for (unit, iv) in buf.chunks_exact_mut(unit_len).zip(ivs) {
+            let mut prev = *iv;
+            for piece in unit.chunks_mut(saved.len()) {
+                let saved = &mut saved[..piece.len()];
+                saved.copy_from_slice(piece);
+                self.decrypt_ecb(piece);
+                for (block, cipher) in piece.chunks_exact_mut(BLOCK).zip(saved.chunks_exact(BLOCK))
+                {
+                    xor_into(block, &prev);
+                    prev.copy_from_slice(cipher);
+                }
+            }
+        }
+    }
+}
+
+/// Which way a mode runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// Plaintext to ciphertext.
+    Encrypt,
+    /// Ciphertext to plaintext.
+    Decrypt,
+}
+
+/// XOR `src` into `dst` (equal lengths).
+#[inline]
+pub fn xor_into(dst: &mut [u8], src: &[u8]) {
+    debug_assert_eq!(dst.len(), src.len());
+    // Eight bytes at a time: the compiler turns this into wide vector XORs.
+    let mut d = dst.chunks_exact_mut(8);
+    let mut s = src.chunks_exact(8);
+    for (d, s) in (&mut d).zip(&mut s) {
+        let v =
+            u64::from_ne_bytes(d.try_into().unwrap()) ^ u64::from_ne_bytes(s.try_into().unwrap());
+        d.copy_from_slice(&v.to_ne_bytes());
+    }
+    for (d, s) in d.into_remainder().iter_mut().zip(s.remainder()) {
+        *d ^= s;
+    }
+}
+
+/// The XTS path every backend gets for free: tweaks into a stack buffer, XOR, one ECB call, XOR.
+/// This is the paper's "extended request" structure, one unit (or 4 KiB of it) at a time.
+fn generic_xts_units<E: BlockEngine + ?Sized>(
+    engine: &E,
+    buf: &mut [u8],
+    unit_len: usize,
+    tweaks: &[Block],
+    dir: Direction,
+) {
+    let mut tweak_buf = [0u8; TWEAK_CHUNK_BLOCKS * BLOCK];
+    for (unit, first) in buf.chunks_exact_mut(unit_len).zip(tweaks) {
+        let mut next = *first;
+        for piece in unit.chunks_mut(tweak_buf.len()) {
+            let t = &mut tweak_buf[..piece.len()];
+            next = gf128::fill_tweaks(next, t);
+            xor_into(piece, t);
+            match dir {
+                Direction::Encrypt => engine.encrypt_ecb(piece),
+                Direction::Decrypt => engine.decrypt_ecb(piece),
+            }
+            xor_into(piece, t);
+        }
+    }
+    zeroize::Zeroize::zeroize(&mut tweak_buf);
+}

@@ -1,0 +1,31 @@
+//! LEA (KS X 3246, ISO/IEC 29192-2): a 128-bit ARX block cipher with 24/28/32 rounds for
+//! 128/192/256-bit keys. ARX code is constant time by construction (no tables, no branches on
+//! data), so every backend here is.
+//!
+//! - [`soft`]: portable Rust, also the key schedule the SIMD backends share.
+//! - `avx2`: eight blocks per 256-bit register set (words of eight blocks transposed into lanes).
+//! - `avx512`: sixteen blocks per 512-bit register set, with native rotates (`vprold`).
+
+pub(crate) mod soft;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
+
+use crate::backend::Backend;
+use crate::engine::BlockEngine;
+
+/// A keyed LEA engine on `backend`. `key` is 16, 24 or 32 bytes (checked by the caller); the
+/// backend has been checked to run on this CPU.
+pub(crate) fn new_engine(key: &[u8], backend: Backend) -> Option<Box<dyn BlockEngine>> {
+    debug_assert!(matches!(key.len(), 16 | 24 | 32));
+    match backend {
+        Backend::Portable => Some(Box::new(soft::LeaSoft::new(key))),
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 => avx2::LeaAvx2::new(key).map(|e| Box::new(e) as Box<dyn BlockEngine>),
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx512 => avx512::LeaAvx512::new(key).map(|e| Box::new(e) as Box<dyn BlockEngine>),
+        _ => None,
+    }
+}

@@ -1,0 +1,57 @@
+//! The cipher core of sectorcrypt: block ciphers (AES, LEA) on portable and SIMD backends,
+//! dm-crypt's sector modes (`xts-plain64`, `cbc-essiv:sha256`, ...), and the *extended request*:
+//! one call encrypts many sectors, computing all their tweaks as a batch.
+//!
+//! Layers, bottom up:
+//! - [`engine::BlockEngine`]: one keyed block cipher on one backend (ECB, and whole-unit XTS/CBC
+//!   kernels that backends may fuse).
+//! - [`spec::CipherSpec`]: dm-crypt's `cipher-mode-iv` names.
+//! - [`sector::SectorCipher`]: a keyed spec for a sector size; the data path used by volumes.
+//! - [`modes`]: single-data-unit XTS (with ciphertext stealing), CBC, CTR and ECB, used for test
+//!   vectors and the tcrypt-style benchmark.
+//! - [`staged`]: the paper's "mixed" design (ECB engine + separate tweak/XOR passes), timed per
+//!   phase.
+//!
+//! `unsafe` lives only in the x86-64 kernels (`aes::ni`, `aes::vaes512`, `lea::avx2`,
+//! `lea::avx512`) and the TSC reader ([`tsc`]), each block with a `SAFETY:` comment.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod aes;
+pub mod backend;
+pub mod engine;
+pub mod error;
+pub mod gf128;
+mod lea;
+pub mod modes;
+pub mod sector;
+pub mod spec;
+pub mod staged;
+pub mod tsc;
+
+pub use backend::{Algorithm, Backend, BackendChoice};
+pub use engine::{Block, BlockEngine, Direction, BLOCK};
+pub use error::Error;
+pub use sector::{SectorCipher, SectorOptions};
+pub use spec::CipherSpec;
+
+/// A keyed block cipher: `key` must be 16, 24 or 32 bytes.
+pub fn block_cipher(
+    alg: Algorithm,
+    key: &[u8],
+    choice: BackendChoice,
+) -> Result<Box<dyn BlockEngine>, Error> {
+    if !matches!(key.len(), 16 | 24 | 32) {
+        return Err(Error::KeySize {
+            spec: alg.name().to_string(),
+            bits: key.len() * 8,
+            allowed: "128, 192, 256",
+        });
+    }
+    let backend = choice.resolve(alg)?;
+    let engine = match alg {
+        Algorithm::Aes => aes::new_engine(key, backend),
+        Algorithm::Lea => lea::new_engine(key, backend),
+    };
+    engine.ok_or(Error::BackendUnavailable(backend))
+}

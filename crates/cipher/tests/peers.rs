@@ -1,0 +1,200 @@
+//! Random cross-checks against independent implementations: AES (XTS, CBC-ESSIV, CBC, ECB)
+//! against OpenSSL through Python's `cryptography`, LEA (XTS, CBC-ESSIV, ECB) and AES-XTS against
+//! Crypto++. Random keys, sector numbers (including above 2^32), sector sizes and request lengths,
+//! on every backend. The peers are installed by the test set-up (scripts/install-test-deps.sh);
+//! a missing peer fails the test.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use rand::{rngs::StdRng, Rng, RngCore, SeedableRng};
+use sectorcrypt_cipher::spec::{CipherSpec, Mode};
+use sectorcrypt_cipher::{BackendChoice, SectorCipher, SectorOptions};
+
+struct Job {
+    spec: &'static str,
+    key: Vec<u8>,
+    sector_size: usize,
+    first: u64,
+    encrypt: bool,
+    data: Vec<u8>,
+}
+
+/// Random jobs over `specs`; `xts_key_bits` lists the whole XTS key sizes the peer implements.
+fn random_jobs(
+    specs: &[&'static str],
+    xts_key_bits: &[usize],
+    count: usize,
+    seed: u64,
+) -> Vec<Job> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..count)
+        .map(|i| {
+            let spec = specs[i % specs.len()];
+            let allowed = match CipherSpec::parse(spec).unwrap().mode {
+                Mode::Xts => xts_key_bits,
+                _ => CipherSpec::parse(spec).unwrap().key_bits_allowed(),
+            };
+            let mut key = vec![0u8; allowed[rng.gen_range(0..allowed.len())] / 8];
+            rng.fill_bytes(&mut key);
+            let sector_size = [512, 1024, 2048, 4096][rng.gen_range(0..4)];
+            let first = match rng.gen_range(0..3) {
+                0 => rng.gen_range(0..1000),
+                1 => rng.gen_range(1u64 << 32..1u64 << 52),
+                _ => rng.gen_range(0..u32::MAX as u64),
+            };
+            let mut data = vec![0u8; sector_size * rng.gen_range(1..=12)];
+            rng.fill_bytes(&mut data);
+            Job {
+                spec,
+                key,
+                sector_size,
+                first,
+                encrypt: rng.gen_bool(0.5),
+                data,
+            }
+        })
+        .collect()
+}
+
+/// Run every job through the peer program and through sectorcrypt on every backend.
+fn cross_check(mut peer: Command, jobs: &[Job]) {
+    let mut child = peer
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot start peer {peer:?}: {e} (run scripts/install-test-deps.sh)")
+        });
+    let mut input = String::new();
+    for j in jobs {
+        input += &format!(
+            "{} {} {} {} {} {}\n",
+            j.spec,
+            hex::encode(&j.key),
+            j.sector_size,
+            j.first,
+            if j.encrypt { "encrypt" } else { "decrypt" },
+            hex::encode(&j.data)
+        );
+    }
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let outputs: Vec<String> = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map(|l| l.unwrap())
+        .collect();
+    writer.join().unwrap().unwrap();
+    assert!(child.wait().unwrap().success(), "peer {peer:?} failed");
+    assert_eq!(
+        outputs.len(),
+        jobs.len(),
+        "peer answered {} of {} jobs",
+        outputs.len(),
+        jobs.len()
+    );
+    let mut checked = 0;
+    for (j, want) in jobs.iter().zip(&outputs) {
+        let spec = CipherSpec::parse(j.spec).unwrap();
+        for backend in spec.algorithm().unwrap().available_backends() {
+            let opts = SectorOptions {
+                sector_size: j.sector_size,
+                backend: BackendChoice::Exact(backend),
+                ..Default::default()
+            };
+            let c = SectorCipher::new(spec, &j.key, &opts).unwrap();
+            let mut buf = j.data.clone();
+            if j.encrypt {
+                c.encrypt(&mut buf, j.first).unwrap();
+            } else {
+                c.decrypt(&mut buf, j.first).unwrap();
+            }
+            assert_eq!(
+                &hex::encode(&buf),
+                want,
+                "{} {backend} key {} bits, sector size {}, first sector {}, {} bytes, encrypt={}",
+                j.spec,
+                j.key.len() * 8,
+                j.sector_size,
+                j.first,
+                j.data.len(),
+                j.encrypt
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= jobs.len());
+}
+
+#[test]
+fn aes_matches_openssl() {
+    let jobs = random_jobs(
+        &[
+            "aes-xts-plain64",
+            "aes-cbc-essiv:sha256",
+            "aes-xts-plain",
+            "aes-cbc-plain64",
+            "aes-ecb",
+            "aes-xts-plain64be",
+        ],
+        // OpenSSL has no XTS-AES-192.
+        &[256, 512],
+        240,
+        0xA5,
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers/dmcrypt_openssl.py");
+    let mut cmd = Command::new(common::python());
+    cmd.arg(script);
+    cross_check(cmd, &jobs);
+}
+
+/// Build the Crypto++ peer once into the test scratch directory.
+fn cryptopp_peer() -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers/dmcrypt_cryptopp.cpp");
+    let bin = common::scratch_dir().join("dmcrypt_cryptopp");
+    let stale = match (std::fs::metadata(&bin), std::fs::metadata(&src)) {
+        (Ok(b), Ok(s)) => b.modified().unwrap() < s.modified().unwrap(),
+        _ => true,
+    };
+    if stale {
+        let tmp = bin.with_extension(format!("tmp{}", std::process::id()));
+        let status = Command::new("g++")
+            .args(["-O2", "-std=c++17", "-o"])
+            .arg(&tmp)
+            .arg(&src)
+            .arg("-lcryptopp")
+            .status()
+            .expect("g++ is needed to build the Crypto++ peer");
+        assert!(
+            status.success(),
+            "building the Crypto++ peer failed: is libcrypto++-dev installed?"
+        );
+        std::fs::rename(&tmp, &bin).unwrap();
+    }
+    bin
+}
+
+#[test]
+fn lea_matches_cryptopp() {
+    let jobs = random_jobs(
+        &[
+            "lea-xts-plain64",
+            "lea-cbc-essiv:sha256",
+            "lea-cbc-plain64",
+            "lea-ecb",
+        ],
+        &[256, 384, 512],
+        240,
+        0x1EA,
+    );
+    cross_check(Command::new(cryptopp_peer()), &jobs);
+}
+
+#[test]
+fn aes_xts_matches_cryptopp() {
+    let jobs = random_jobs(&["aes-xts-plain64"], &[256, 384, 512], 60, 0xC0);
+    cross_check(Command::new(cryptopp_peer()), &jobs);
+}

@@ -1,0 +1,341 @@
+//! Properties of the data path: the extended request equals sector-by-sector processing, every
+//! backend produces the same bytes, decryption inverts encryption, threads change nothing, and
+//! bad input is an error rather than a panic.
+
+use rand::{rngs::StdRng, Rng, RngCore, SeedableRng};
+use sectorcrypt_cipher::modes::{self, Xts};
+use sectorcrypt_cipher::spec::CipherSpec;
+use sectorcrypt_cipher::staged::{PhaseTicks, StagedXts};
+use sectorcrypt_cipher::{
+    block_cipher, Algorithm, Backend, BackendChoice, Direction, Error, SectorCipher, SectorOptions,
+};
+
+const SPECS: [&str; 9] = [
+    "aes-xts-plain64",
+    "aes-xts-plain",
+    "aes-xts-plain64be",
+    "aes-cbc-essiv:sha256",
+    "aes-cbc-plain64",
+    "aes-ecb",
+    "lea-xts-plain64",
+    "lea-cbc-essiv:sha256",
+    "lea-ecb",
+];
+
+fn random_bytes(rng: &mut StdRng, n: usize) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    rng.fill_bytes(&mut v);
+    v
+}
+
+fn cipher(spec: &str, key: &[u8], ss: usize, backend: Backend, threads: usize) -> SectorCipher {
+    let opts = SectorOptions {
+        sector_size: ss,
+        backend: BackendChoice::Exact(backend),
+        threads,
+        ..Default::default()
+    };
+    SectorCipher::new(CipherSpec::parse(spec).unwrap(), key, &opts).unwrap()
+}
+
+fn key_sizes(spec: &CipherSpec) -> Vec<usize> {
+    spec.key_bits_allowed().iter().map(|b| b / 8).collect()
+}
+
+/// One extended request over N sectors == N one-sector requests, for every spec, key size,
+/// sector size and backend; and all backends agree with the portable one.
+#[test]
+fn extended_request_equals_sector_by_sector_on_every_backend() {
+    let mut rng = StdRng::seed_from_u64(0x5ec7);
+    for spec_name in SPECS {
+        let spec = CipherSpec::parse(spec_name).unwrap();
+        let alg = spec.algorithm().unwrap();
+        for key_len in key_sizes(&spec) {
+            for ss in [512, 1024, 2048, 4096] {
+                let key = random_bytes(&mut rng, key_len);
+                let sectors = rng.gen_range(1..=40);
+                let first: u64 = if rng.gen_bool(0.3) {
+                    rng.gen_range(1u64 << 32..1u64 << 40)
+                } else {
+                    rng.gen_range(0..1 << 20)
+                };
+                let plain = random_bytes(&mut rng, sectors * ss);
+                let mut reference = None;
+                for backend in alg.available_backends() {
+                    let c = cipher(spec_name, &key, ss, backend, 1);
+                    let mut whole = plain.clone();
+                    c.encrypt(&mut whole, first).unwrap();
+                    let mut pieces = plain.clone();
+                    for (i, s) in pieces.chunks_mut(ss).enumerate() {
+                        c.encrypt(s, first + i as u64).unwrap();
+                    }
+                    assert_eq!(whole, pieces, "{spec_name} {key_len} {ss} {backend}");
+                    assert_ne!(whole, plain);
+                    match &reference {
+                        None => reference = Some(whole.clone()),
+                        Some(r) => {
+                            assert_eq!(&whole, r, "{spec_name} {backend} differs from portable")
+                        }
+                    }
+                    c.decrypt(&mut whole, first).unwrap();
+                    assert_eq!(whole, plain, "{spec_name} {backend} round trip");
+                }
+            }
+        }
+    }
+}
+
+/// XTS sectors agree with the single-data-unit XTS of IEEE 1619 (the IV is the 512-byte sector
+/// number, little endian), and with the staged (mixed) path.
+#[test]
+fn xts_sectors_match_single_unit_xts_and_the_staged_path() {
+    let mut rng = StdRng::seed_from_u64(7);
+    for alg in [Algorithm::Aes, Algorithm::Lea] {
+        for backend in alg.available_backends() {
+            for key_len in [32, 48, 64] {
+                for ss in [512, 4096] {
+                    let key = random_bytes(&mut rng, key_len);
+                    let spec = format!("{}-xts-plain64", alg.name());
+                    let c = cipher(&spec, &key, ss, backend, 1);
+                    let xts = Xts::new(alg, &key, BackendChoice::Exact(backend)).unwrap();
+                    let mut staged =
+                        StagedXts::new(alg, &key, ss, BackendChoice::Exact(backend)).unwrap();
+                    let first = rng.gen_range(0..1u64 << 50);
+                    let n = rng.gen_range(1..=9);
+                    let plain = random_bytes(&mut rng, ss * n);
+                    let mut fused = plain.clone();
+                    c.encrypt(&mut fused, first).unwrap();
+                    let mut unit = plain.clone();
+                    for (i, s) in unit.chunks_mut(ss).enumerate() {
+                        let mut iv = [0u8; 16];
+                        iv[..8].copy_from_slice(
+                            &((first + i as u64) * (ss as u64 / 512)).to_le_bytes(),
+                        );
+                        xts.encrypt_unit(s, &iv).unwrap();
+                    }
+                    assert_eq!(fused, unit, "{alg:?} {backend} {ss}");
+                    let mut times = PhaseTicks::default();
+                    let mut st = plain.clone();
+                    staged
+                        .process(&mut st, first, Direction::Encrypt, &mut times)
+                        .unwrap();
+                    assert_eq!(st, fused, "staged {alg:?} {backend}");
+                    staged
+                        .process(&mut st, first, Direction::Decrypt, &mut times)
+                        .unwrap();
+                    assert_eq!(st, plain);
+                    assert!(times.total >= times.tweak + times.xor1 + times.ecb + times.xor2);
+                }
+            }
+        }
+    }
+}
+
+/// The worker-thread split is invisible in the output.
+#[test]
+fn threads_change_nothing() {
+    let mut rng = StdRng::seed_from_u64(99);
+    for spec in ["aes-xts-plain64", "lea-xts-plain64", "aes-cbc-essiv:sha256"] {
+        let key = random_bytes(&mut rng, if spec.contains("xts") { 64 } else { 32 });
+        let alg = CipherSpec::parse(spec).unwrap().algorithm().unwrap();
+        let backend = alg.available_backends()[0];
+        let one = cipher(spec, &key, 512, backend, 1);
+        let two = cipher(spec, &key, 512, backend, 2);
+        let three = cipher(spec, &key, 4096, backend, 3);
+        let three_ref = cipher(spec, &key, 4096, backend, 1);
+        assert_eq!(two.threads(), 2);
+        for len in [512 * 1024, 1 << 20, 3 << 20] {
+            let plain = random_bytes(&mut rng, len);
+            let mut a = plain.clone();
+            let mut b = plain.clone();
+            one.encrypt(&mut a, 12345).unwrap();
+            two.encrypt(&mut b, 12345).unwrap();
+            assert_eq!(a, b, "{spec} {len}");
+            two.decrypt(&mut b, 12345).unwrap();
+            assert_eq!(b, plain);
+            let mut c = plain.clone();
+            let mut d = plain.clone();
+            three.encrypt(&mut c, 77).unwrap();
+            three_ref.encrypt(&mut d, 77).unwrap();
+            assert_eq!(c, d);
+        }
+    }
+}
+
+/// dm-crypt IV semantics: 4096-byte sectors number IVs in 512-byte units (sector k has IV 8k),
+/// unless iv_large_sectors; plain truncates to 32 bits; plain64be is big endian at the end.
+#[test]
+fn iv_generators_follow_dm_crypt() {
+    let key = [7u8; 64];
+    let c = cipher("aes-xts-plain64", &key, 4096, Backend::Portable, 1);
+    let mut want = [0u8; 16];
+    want[0] = 24;
+    assert_eq!(c.iv_block(3), want);
+    let large = SectorCipher::new(
+        CipherSpec::parse("aes-xts-plain64").unwrap(),
+        &key,
+        &SectorOptions {
+            sector_size: 4096,
+            iv_large_sectors: true,
+            iv_offset: 5,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    want[0] = 8;
+    assert_eq!(large.iv_block(3), want);
+    let plain = cipher("aes-xts-plain", &key, 512, Backend::Portable, 1);
+    let mut want = [0u8; 16];
+    want[..4].copy_from_slice(&0x8765_4321u32.to_le_bytes());
+    assert_eq!(plain.iv_block(0x1234_8765_4321), want);
+    // With plain, sectors 2^32 apart encrypt alike; with plain64 they do not.
+    let p64 = cipher("aes-xts-plain64", &key, 512, Backend::Portable, 1);
+    let (mut a, mut b, mut x, mut y) = ([1u8; 512], [1u8; 512], [1u8; 512], [1u8; 512]);
+    plain.encrypt(&mut a, 5).unwrap();
+    plain.encrypt(&mut b, 5 + (1 << 32)).unwrap();
+    p64.encrypt(&mut x, 5).unwrap();
+    p64.encrypt(&mut y, 5 + (1 << 32)).unwrap();
+    assert_eq!(a, b);
+    assert_ne!(x, y);
+    let be = cipher("aes-xts-plain64be", &key, 512, Backend::Portable, 1);
+    let mut want = [0u8; 16];
+    want[8..].copy_from_slice(&0x0102_0304_0506_0708u64.to_be_bytes());
+    assert_eq!(be.iv_block(0x0102_0304_0506_0708), want);
+}
+
+/// CBC-ESSIV: IV = E_{SHA256(key)}(sector, little endian), then plain CBC per sector.
+#[test]
+fn essiv_is_cbc_with_encrypted_sector_number() {
+    use sha2::{Digest, Sha256};
+    let key = [0x42u8; 32];
+    let c = cipher("aes-cbc-essiv:sha256", &key, 512, Backend::Portable, 1);
+    let salt = Sha256::digest(key);
+    let essiv = block_cipher(Algorithm::Aes, &salt, BackendChoice::Portable).unwrap();
+    let data_key = block_cipher(Algorithm::Aes, &key, BackendChoice::Portable).unwrap();
+    let mut iv = [0u8; 16];
+    iv[..8].copy_from_slice(&9u64.to_le_bytes());
+    essiv.encrypt_ecb(&mut iv);
+    let plain = [0x5au8; 512];
+    let mut want = plain;
+    modes::cbc(data_key.as_ref(), &iv, &mut want, Direction::Encrypt).unwrap();
+    let mut got = plain;
+    c.encrypt(&mut got, 9).unwrap();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn cipher_null_is_the_identity() {
+    let c = SectorCipher::new(
+        CipherSpec::parse("cipher_null-ecb").unwrap(),
+        &[],
+        &SectorOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(c.backend(), Backend::Null);
+    let mut buf = vec![3u8; 4096];
+    c.encrypt(&mut buf, 1).unwrap();
+    assert_eq!(buf, vec![3u8; 4096]);
+}
+
+#[test]
+fn bad_input_is_an_error_not_a_panic() {
+    let spec = CipherSpec::DEFAULT;
+    let key = [1u8; 64];
+    assert_eq!(
+        SectorCipher::new(
+            spec,
+            &key,
+            &SectorOptions {
+                sector_size: 768,
+                ..Default::default()
+            }
+        )
+        .err(),
+        Some(Error::SectorSize(768))
+    );
+    assert!(matches!(
+        SectorCipher::new(spec, &key[..40], &SectorOptions::default()),
+        Err(Error::KeySize { .. })
+    ));
+    assert!(matches!(
+        SectorCipher::new(spec, &[], &SectorOptions::default()),
+        Err(Error::KeySize { .. })
+    ));
+    let c = SectorCipher::new(spec, &key, &SectorOptions::default()).unwrap();
+    let mut odd = vec![0u8; 1000];
+    assert_eq!(
+        c.encrypt(&mut odd, 0),
+        Err(Error::NotWholeSectors {
+            len: 1000,
+            sector_size: 512
+        })
+    );
+    assert_eq!(odd, vec![0u8; 1000], "a refused buffer is untouched");
+    let mut buf = vec![0u8; 1024];
+    assert_eq!(c.encrypt(&mut buf, u64::MAX), Err(Error::SectorOverflow));
+    let c4k = SectorCipher::new(
+        spec,
+        &key,
+        &SectorOptions {
+            sector_size: 4096,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut buf = vec![0u8; 4096];
+    assert_eq!(
+        c4k.encrypt(&mut buf, u64::MAX / 4),
+        Err(Error::SectorOverflow)
+    );
+    assert!(c.encrypt(&mut [], 0).is_ok());
+    for s in [
+        "aes-xts",
+        "aes-xts-plain65",
+        "serpent-xts-plain64",
+        "",
+        "aes-ecb-plain",
+    ] {
+        assert!(
+            matches!(CipherSpec::parse(s), Err(Error::BadSpec { .. })),
+            "{s}"
+        );
+    }
+    assert!(BackendChoice::parse("avx1024").is_err());
+    assert!(matches!(
+        BackendChoice::Exact(Backend::AesNi).resolve(Algorithm::Lea),
+        Err(Error::BackendUnsupported { .. })
+    ));
+    let xts = Xts::new(Algorithm::Aes, &key, BackendChoice::Portable).unwrap();
+    assert!(matches!(
+        xts.encrypt_unit(&mut [0u8; 15], &[0; 16]),
+        Err(Error::DataUnitLength { .. })
+    ));
+    assert!(matches!(
+        Xts::new(Algorithm::Aes, &key[..16], BackendChoice::Auto),
+        Err(Error::KeySize { .. })
+    ));
+    let e = block_cipher(Algorithm::Lea, &key[..32], BackendChoice::Auto).unwrap();
+    assert!(modes::ecb(e.as_ref(), &mut [0u8; 17], Direction::Encrypt).is_err());
+    assert!(modes::cbc(e.as_ref(), &[0; 16], &mut [0u8; 31], Direction::Decrypt).is_err());
+    assert!(matches!(
+        block_cipher(Algorithm::Aes, &key[..20], BackendChoice::Auto),
+        Err(Error::KeySize { .. })
+    ));
+    let mut st = StagedXts::new(Algorithm::Aes, &key, 512, BackendChoice::Auto).unwrap();
+    assert!(st
+        .process(
+            &mut [0u8; 100],
+            0,
+            Direction::Encrypt,
+            &mut PhaseTicks::default()
+        )
+        .is_err());
+    // Every error renders as one line.
+    for e in [
+        Error::SectorSize(3),
+        Error::SectorOverflow,
+        Error::BackendUnavailable(Backend::Vaes512),
+    ] {
+        assert!(!e.to_string().contains('\n'));
+    }
+}

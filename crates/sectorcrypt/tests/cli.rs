@@ -1,0 +1,288 @@
+//! The command line as a user and a script see it: output shapes, backend forcing, exit codes.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn sectorcrypt(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sectorcrypt"))
+        .args(args)
+        .env_remove("SECTORCRYPT_BACKEND")
+        .output()
+        .expect("run sectorcrypt")
+}
+
+fn json_lines(out: &Output) -> Vec<Value> {
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone())
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
+        .collect()
+}
+
+/// A failure prints exactly one line on stderr and exits with `code`.
+fn assert_fails(args: &[&str], code: i32, mentions: &str) {
+    let out = sectorcrypt(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{args:?}: stderr {err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "{args:?}: not one line: {err}"
+    );
+    assert!(
+        err.contains(mentions),
+        "{args:?}: {err:?} does not mention {mentions:?}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn json_lines_have_the_documented_fields() {
+    let out = sectorcrypt(&[
+        "benchmark",
+        "--json",
+        "--seconds",
+        "0.05",
+        "-c",
+        "aes-xts-plain64",
+        "-s",
+        "512",
+        "-s",
+        "256",
+        "--sector-size",
+        "512",
+        "--sector-size",
+        "4096",
+        "--request-size",
+        "65536",
+    ]);
+    let lines = json_lines(&out);
+    assert_eq!(
+        lines.len(),
+        2 * 2 * 2,
+        "key sizes x sector sizes x directions"
+    );
+    let aes_backends = ["vaes512", "aesni", "portable"];
+    for l in &lines {
+        assert_eq!(l["cipher"], "aes-xts-plain64");
+        assert!(l["key_bits"] == 512 || l["key_bits"] == 256);
+        assert!(l["sector_size"] == 512 || l["sector_size"] == 4096);
+        assert_eq!(l["request_size"], 65536);
+        assert_eq!(l["threads"], 1);
+        assert!(l["op"] == "encrypt" || l["op"] == "decrypt");
+        assert!(
+            aes_backends.contains(&l["backend"].as_str().unwrap()),
+            "{l}"
+        );
+        assert!(l["bytes_per_sec"].as_f64().unwrap() > 0.0);
+        assert!(l["cycles_per_byte"].as_f64().unwrap() > 0.0);
+    }
+}
+
+#[test]
+fn backend_can_be_forced_by_flag_or_environment() {
+    let out = sectorcrypt(&[
+        "benchmark",
+        "--json",
+        "--seconds",
+        "0.02",
+        "-c",
+        "lea-xts-plain64",
+        "--backend",
+        "portable",
+    ]);
+    for l in json_lines(&out) {
+        assert_eq!(l["backend"], "portable");
+        assert_eq!(l["key_bits"], 512);
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_sectorcrypt"))
+        .args([
+            "benchmark",
+            "--json",
+            "--seconds",
+            "0.02",
+            "-c",
+            "aes-cbc-essiv:sha256",
+        ])
+        .env("SECTORCRYPT_BACKEND", "portable")
+        .output()
+        .unwrap();
+    for l in json_lines(&out) {
+        assert_eq!(l["backend"], "portable");
+        assert_eq!(l["key_bits"], 256);
+    }
+    let out = sectorcrypt(&[
+        "benchmark",
+        "--json",
+        "--seconds",
+        "0.02",
+        "-c",
+        "cipher_null-ecb",
+    ]);
+    for l in json_lines(&out) {
+        assert_eq!(l["backend"], "null");
+    }
+}
+
+#[test]
+fn default_table_lists_every_row() {
+    let out = sectorcrypt(&["benchmark", "--seconds", "0.02"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let rows: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(rows.len(), 9, "{text}");
+    for want in [
+        "aes-cbc-essiv:sha256",
+        "aes-xts-plain64",
+        "lea-xts-plain64",
+        "lea-cbc-essiv:sha256",
+        "cipher_null-ecb",
+    ] {
+        assert!(
+            rows.iter().any(|r| r.contains(want)),
+            "{want} missing in {text}"
+        );
+    }
+    assert!(
+        rows.iter().all(|r| r.matches("MiB/s").count() == 2),
+        "{text}"
+    );
+}
+
+#[test]
+fn breakdown_reports_every_phase() {
+    let out = sectorcrypt(&[
+        "benchmark",
+        "--breakdown",
+        "--json",
+        "-c",
+        "aes-xts-plain64",
+    ]);
+    let rows = json_lines(&out);
+    assert_eq!(
+        rows.len(),
+        4,
+        "512 and 4096-byte requests, encrypt and decrypt"
+    );
+    for r in &rows {
+        let total = r["total_s"].as_f64().unwrap();
+        let parts: f64 = ["tweak_s", "xor1_s", "ecb_s", "xor2_s", "other_s"]
+            .iter()
+            .map(|k| r[*k].as_f64().unwrap())
+            .sum();
+        assert!(total > 0.0);
+        assert!((parts - total).abs() <= total * 1e-6 + 1e-9, "{r}");
+        assert!(r["fused_s"].as_f64().unwrap() > 0.0);
+        assert_eq!(r["total_bytes"], 49_999_872);
+    }
+    let text =
+        String::from_utf8(sectorcrypt(&["benchmark", "--breakdown", "-c", "lea"]).stdout).unwrap();
+    for want in [
+        "Tweak computation time",
+        "First XOR time",
+        "Second XOR time",
+        "ECB encryption time",
+        "ECB decryption time",
+        "Other time",
+        "Total time",
+    ] {
+        assert!(text.contains(want), "{want} missing in {text}");
+    }
+}
+
+#[test]
+fn tcrypt_covers_every_mode_and_key_size() {
+    let rows = json_lines(&sectorcrypt(&[
+        "benchmark",
+        "--tcrypt",
+        "--json",
+        "-c",
+        "lea",
+    ]));
+    assert_eq!(rows.len(), 12);
+    for mode in ["ecb", "cbc", "ctr", "xts"] {
+        assert_eq!(
+            rows.iter().filter(|r| r["mode"] == mode).count(),
+            3,
+            "{mode}"
+        );
+    }
+    for r in &rows {
+        assert_eq!(r["cipher"], "lea");
+        assert!(
+            r["encrypt_cycles"].as_f64().unwrap() > 0.0
+                && r["decrypt_cycles"].as_f64().unwrap() > 0.0
+        );
+    }
+    let text =
+        String::from_utf8(sectorcrypt(&["benchmark", "--tcrypt", "-c", "aes"]).stdout).unwrap();
+    assert!(text.contains("xts 512-bit key"), "{text}");
+}
+
+#[test]
+fn bad_input_exits_1_with_one_line() {
+    assert_fails(
+        &["benchmark", "-c", "aes-xts-plain65"],
+        1,
+        "aes-xts-plain65",
+    );
+    assert_fails(
+        &["benchmark", "-c", "twofish-xts-plain64"],
+        1,
+        "unknown cipher",
+    );
+    assert_fails(
+        &["benchmark", "-c", "aes-xts-plain64", "-s", "128"],
+        1,
+        "128-bit key",
+    );
+    assert_fails(
+        &["benchmark", "-c", "aes-xts-plain64", "-s", "100"],
+        1,
+        "100",
+    );
+    assert_fails(&["benchmark", "--sector-size", "768"], 1, "768");
+    assert_fails(
+        &["benchmark", "-c", "aes-xts-plain64", "--sector-size", "0"],
+        1,
+        "sector size 0",
+    );
+    assert_fails(
+        &["benchmark", "-c", "aes-xts-plain64", "--request-size", "0"],
+        1,
+        "request size 0",
+    );
+    assert_fails(&["benchmark", "--breakdown", "--request-size", "0"], 1, "0");
+    assert_fails(
+        &[
+            "benchmark",
+            "-c",
+            "aes-xts-plain64",
+            "--request-size",
+            "1000",
+        ],
+        1,
+        "1000",
+    );
+    assert_fails(&["benchmark", "--backend", "avx1024"], 1, "avx1024");
+    assert_fails(
+        &["benchmark", "-c", "lea-xts-plain64", "--backend", "aesni"],
+        1,
+        "aesni",
+    );
+    assert_fails(&["benchmark", "--seconds", "0"], 1, "--seconds");
+    assert_fails(&["benchmark", "--threads", "0"], 1, "--threads");
+    assert_fails(&["benchmark", "--no-such-flag"], 1, "--no-such-flag");
+    assert_fails(&["frobnicate"], 1, "frobnicate");
+    assert_fails(&["benchmark", "--breakdown", "-s", "128"], 1, "128");
+    assert_fails(&["benchmark", "--breakdown", "--tcrypt"], 1, "--tcrypt");
+    let help = sectorcrypt(&["--help"]);
+    assert_eq!(help.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&help.stdout).contains("benchmark"));
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs everything the tests and peer benchmarks need on a fresh Debian 12 machine (run as root,
+# or with sudo available): the Rust toolchain's components, the independent implementations the
+# tests cross-check against (OpenSSL through Python's `cryptography`, Crypto++), and openssl(1)
+# for the peer benchmarks. Safe to run again: it only installs what is missing.
+set -euo pipefail
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+debs=(g++ libcrypto++-dev libcrypto++-utils openssl python3)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-test-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "install-test-deps: cargo is missing; install Rust (rustup) first" >&2
+  exit 1
+fi
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
+
+# The Python that the tests run (python3 on PATH, or $SECTORCRYPT_PYTHON) needs `cryptography`.
+py="${SECTORCRYPT_PYTHON:-python3}"
+if ! "$py" -c 'import cryptography' 2>/dev/null; then
+  echo "install-test-deps: installing Python cryptography for $py"
+  "$py" -m pip install -q cryptography || $SUDO apt-get install -y -q python3-cryptography
+fi
+"$py" -c 'import cryptography; from cryptography.hazmat.primitives.ciphers import modes; modes.XTS'
+echo "install-test-deps: ok"
