@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo build --release --locked --workspace --examples
+cargo build --release --locked --workspace --bins --examples
 cargo run --release --locked -q -p sectorcrypt-cipher --example volume_roundtrip -- demo "${DEMO_MIB:-256}"
 echo
 ./target/release/sectorcrypt benchmark

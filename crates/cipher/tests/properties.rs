@@ -144,7 +144,8 @@ fn threads_change_nothing() {
         let three = cipher(spec, &key, 4096, backend, 3);
         let three_ref = cipher(spec, &key, 4096, backend, 1);
         assert_eq!(two.threads(), 2);
-        for len in [512 * 1024, 1 << 20, 3 << 20] {
+        // Lengths that are and are not a whole number of work-sharing pieces.
+        for len in [512 * 1024, 1 << 20, (1 << 20) + 12288, 3 << 20] {
             let plain = random_bytes(&mut rng, len);
             let mut a = plain.clone();
             let mut b = plain.clone();
