@@ -19,6 +19,9 @@ pub const BLOCK: usize = 16;
 /// One 128-bit block.
 pub type Block = [u8; BLOCK];
 
+/// Independent CBC chains (units) the generic CBC encryption interleaves per ECB call.
+pub const CBC_LANES: usize = 8;
+
 /// Largest data unit the generic code keeps tweaks for on the stack (dm-crypt's maximum sector
 /// size). Larger units are processed in pieces of this size with the tweak carried across.
 const TWEAK_CHUNK_BLOCKS: usize = 4096 / BLOCK;
@@ -53,13 +56,32 @@ pub trait BlockEngine: Send + Sync {
     }
 
     /// CBC-encrypt whole data units in place, unit `u` chained from `ivs[u]`.
+    ///
+    /// One chain is sequential, but the units are independent chains: the default runs up to
+    /// [`CBC_LANES`] of them side by side, so every ECB call carries one block of each.
     fn cbc_encrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
-        for (unit, iv) in buf.chunks_exact_mut(unit_len).zip(ivs) {
-            let mut prev = *iv;
-            for block in unit.chunks_exact_mut(BLOCK) {
-                xor_into(block, &prev);
-                self.encrypt_ecb(block);
-                prev.copy_from_slice(block);
+        let mut lanes = [0u8; CBC_LANES * BLOCK];
+        for (units, ivs) in buf
+            .chunks_mut(unit_len * CBC_LANES)
+            .zip(ivs.chunks(CBC_LANES))
+        {
+            let n = ivs.len();
+            // Each lane holds its chain's previous ciphertext block (the IV to begin with).
+            lanes[..n * BLOCK].copy_from_slice(ivs.as_flattened());
+            for block in (0..unit_len).step_by(BLOCK) {
+                for (lane, unit) in lanes
+                    .chunks_exact_mut(BLOCK)
+                    .zip(units.chunks_exact(unit_len))
+                {
+                    xor_into(lane, &unit[block..block + BLOCK]);
+                }
+                self.encrypt_ecb(&mut lanes[..n * BLOCK]);
+                for (lane, unit) in lanes
+                    .chunks_exact(BLOCK)
+                    .zip(units.chunks_exact_mut(unit_len))
+                {
+                    unit[block..block + BLOCK].copy_from_slice(lane);
+                }
             }
         }
     }
