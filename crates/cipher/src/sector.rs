@@ -291,6 +291,7 @@ impl SectorCipher {
                 let threads = pool.current_num_threads() + 1;
                 let ranges = Ranges::split(pieces.len(), threads);
                 let done = Padded(AtomicUsize::new(0));
+                // Returns how many pieces this thread did.
                 let drain = |me: usize| {
                     let mut mine = 0;
                     while let Some(i) = ranges.take(me) {
@@ -301,24 +302,27 @@ impl SectorCipher {
                         self.run(&mut piece, first, dir);
                         mine += 1;
                     }
-                    done.0.fetch_add(mine, Ordering::Release);
+                    mine
                 };
                 pool.in_place_scope(|scope| {
                     for me in 1..threads {
-                        let drain = &drain;
+                        let (drain, done) = (&drain, &done);
                         scope.spawn(move |_| {
-                            drain(me);
+                            let mine = drain(me);
                             // Queued on this worker's own deque, so it runs as soon as this job
                             // returns, without a trip through the pool's idle loop.
                             let latest = Arc::clone(&workers.generation);
                             let seen = latest.load(Ordering::Relaxed);
                             rayon::spawn(move || linger(&latest, seen));
+                            // Last: once the caller sees every piece done it joins the scope, and
+                            // the job must have returned by then or the caller sleeps.
+                            done.0.fetch_add(mine, Ordering::Release);
                         });
                     }
                     // Only now release the lingering workers: they go straight from spinning to
                     // the pieces just queued.
                     workers.generation.fetch_add(1, Ordering::Relaxed);
-                    drain(0);
+                    done.0.fetch_add(drain(0), Ordering::Release);
                     // The pieces still running elsewhere take at most one piece's time: spin
                     // rather than sleep in the scope's join, since a sleep and wake-up costs more
                     // than a piece on a virtual machine.
