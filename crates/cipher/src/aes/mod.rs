@@ -15,7 +15,7 @@ pub(crate) mod ni;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod vaes512;
 #[cfg(target_arch = "x86_64")]
-mod x86_key;
+mod x86;
 
 use crate::backend::Backend;
 use crate::engine::BlockEngine;

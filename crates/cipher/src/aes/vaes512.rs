@@ -23,7 +23,7 @@ use core::marker::PhantomData;
 
 use zeroize::Zeroize;
 
-use super::x86_key::RoundKeys;
+use super::x86::{units_region, whole_blocks, RoundKeys};
 use crate::backend::Backend;
 use crate::engine::{Block, BlockEngine, BLOCK};
 
@@ -102,25 +102,6 @@ impl Vaes512 {
             _cpu: CpuHasVaes512(()),
         })
     }
-}
-
-/// Clamp a units request to whole units that have a tweak/IV (the kernels index by these
-/// lengths, so memory safety never depends on the caller's preconditions).
-fn units_region(buf: &mut [u8], unit_len: usize, n: usize) -> &mut [u8] {
-    assert!(
-        unit_len > 0 && unit_len.is_multiple_of(BLOCK),
-        "unit length must be a non-zero multiple of 16"
-    );
-    debug_assert_eq!(buf.len(), unit_len * n);
-    let units = n.min(buf.len() / unit_len);
-    &mut buf[..units * unit_len]
-}
-
-/// Whole blocks of `buf`.
-fn whole_blocks(buf: &mut [u8]) -> &mut [u8] {
-    debug_assert_eq!(buf.len() % BLOCK, 0);
-    let n = buf.len() / BLOCK * BLOCK;
-    &mut buf[..n]
 }
 
 impl BlockEngine for Vaes512 {
@@ -825,7 +806,7 @@ fn gather(b: [__m128i; 4]) -> __m512i {
 #[cfg(test)]
 mod tests {
     use super::super::ni::AesNi;
-    use super::super::x86_key::testing;
+    use super::super::x86::testing;
     use super::*;
 
     fn make(key: &[u8]) -> Box<dyn BlockEngine> {

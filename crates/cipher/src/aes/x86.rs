@@ -1,4 +1,5 @@
-//! AES key expansion with AES-NI, shared by the `ni` and `vaes512` backends.
+//! What the `ni` and `vaes512` backends share: AES key expansion with AES-NI, and the clamping of
+//! requests to what the kernels may touch.
 //!
 //! The FIPS-197 word recurrence runs in general-purpose registers; only SubWord goes through
 //! `aeskeygenassist` (constant time, no S-box table), so one loop covers 128-, 192- and 256-bit
@@ -8,6 +9,27 @@
 use core::arch::x86_64::*;
 
 use zeroize::Zeroize;
+
+use crate::engine::BLOCK;
+
+/// Clamp a units request to whole units that have a tweak/IV (the kernels index by these
+/// lengths, so memory safety never depends on the caller's preconditions).
+pub(crate) fn units_region(buf: &mut [u8], unit_len: usize, n: usize) -> &mut [u8] {
+    assert!(
+        unit_len > 0 && unit_len.is_multiple_of(BLOCK),
+        "unit length must be a non-zero multiple of 16"
+    );
+    debug_assert_eq!(buf.len(), unit_len * n);
+    let units = n.min(buf.len() / unit_len);
+    &mut buf[..units * unit_len]
+}
+
+/// Whole blocks of `buf`.
+pub(crate) fn whole_blocks(buf: &mut [u8]) -> &mut [u8] {
+    debug_assert_eq!(buf.len() % BLOCK, 0);
+    let n = buf.len() / BLOCK * BLOCK;
+    &mut buf[..n]
+}
 
 /// One 128-bit round key, 16-byte aligned so that aligned loads (foldable into the legacy-SSE
 /// `aesenc xmm, m128` form) are valid.
