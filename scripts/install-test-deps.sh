@@ -8,7 +8,7 @@ set -euo pipefail
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
-debs=(g++ libcrypto++-dev libcrypto++-utils openssl python3)
+debs=(g++ libcrypto++-dev libcrypto++-utils openssl python3 cryptsetup-bin qemu-utils)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

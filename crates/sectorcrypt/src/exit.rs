@@ -4,12 +4,16 @@ use std::fmt;
 use std::process::ExitCode;
 
 /// cryptsetup's exit codes (CLI.md): 1 usage or other error, 2 no key slot opens, 3 out of
-/// memory, 4 wrong device, 5 busy. The commands so far only fail with 1.
+/// memory, 4 wrong device, 5 busy. No command so far can report 3 or 5.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Code {
     /// Wrong parameters or any other error.
     Usage = 1,
+    /// No keyslot opens with the given passphrase.
+    Permission = 2,
+    /// The device is missing, too small, or not LUKS where LUKS is required.
+    Device = 4,
 }
 
 /// A failed command.
@@ -28,9 +32,11 @@ impl CliError {
         }
     }
 
-    /// Print the message and return the exit code.
+    /// Print the message (if any) and return the exit code.
     pub fn report(self) -> ExitCode {
-        eprintln!("sectorcrypt: {}", self.message);
+        if !self.message.is_empty() {
+            eprintln!("sectorcrypt: {}", self.message);
+        }
         ExitCode::from(self.code as u8)
     }
 }

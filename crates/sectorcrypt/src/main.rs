@@ -5,6 +5,8 @@
 
 mod benchmark;
 mod exit;
+mod header;
+mod keyfile;
 
 use std::process::ExitCode;
 
@@ -16,6 +18,9 @@ use crate::exit::CliError;
 #[derive(Parser, Debug)]
 #[command(name = "sectorcrypt", version, about, long_about = None)]
 struct Cli {
+    /// Print more about what happens (and why a check failed).
+    #[arg(short = 'v', long, global = true)]
+    verbose: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -24,6 +29,18 @@ struct Cli {
 enum Command {
     /// Measure ciphers and modes on this machine (memory only, no storage I/O).
     Benchmark(benchmark::Args),
+    /// Print the LUKS header (cryptsetup luksDump).
+    #[command(alias = "luksDump")]
+    Dump(header::DumpArgs),
+    /// Exit 0 if DEVICE has a LUKS header, 1 if not (cryptsetup isLuks).
+    #[command(name = "is-luks", alias = "isLuks")]
+    IsLuks(header::DeviceArgs),
+    /// Print the UUID of a LUKS device (cryptsetup luksUUID).
+    #[command(alias = "luksUUID")]
+    Uuid(header::DeviceArgs),
+    /// Exit 0 if the passphrase opens a keyslot, 2 if not.
+    #[command(name = "test-passphrase")]
+    TestPassphrase(header::TestArgs),
 }
 
 fn main() -> ExitCode {
@@ -33,6 +50,10 @@ fn main() -> ExitCode {
     };
     let result: Result<(), CliError> = match cli.command {
         Command::Benchmark(args) => benchmark::run(args),
+        Command::Dump(args) => header::dump(args),
+        Command::IsLuks(args) => header::is_luks(args, cli.verbose),
+        Command::Uuid(args) => header::uuid(args),
+        Command::TestPassphrase(args) => header::test_passphrase(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

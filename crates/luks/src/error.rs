@@ -1,0 +1,49 @@
+//! Errors of the LUKS layer, each one sentence and mapped by the CLI to cryptsetup's exit codes.
+
+use std::fmt;
+
+/// What went wrong reading or changing a LUKS header.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// Reading or writing the device failed.
+    Io {
+        device: String,
+        source: std::io::Error,
+    },
+    /// The device has no LUKS header (wrong magic, or too small to hold one).
+    NotLuks { device: String },
+    /// The header is LUKS but damaged or inconsistent; the text says what.
+    Corrupt(String),
+    /// A valid header uses something sectorcrypt does not implement; the text says what.
+    Unsupported(String),
+    /// No keyslot opens with the given passphrase.
+    WrongPassphrase,
+    /// No keyslot could even be tried (none in use, all ignored or unbound, or of unknown
+    /// types): cryptsetup's "No usable keyslot is available."; the text says why.
+    NoUsableKeyslot(String),
+    /// The cipher layer refused a keyslot or segment parameter.
+    Cipher(sectorcrypt_cipher::Error),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Io { device, source } => write!(f, "I/O error on {device}: {source}"),
+            Error::NotLuks { device } => write!(f, "{device} is not a LUKS device"),
+            Error::Corrupt(what) => write!(f, "the LUKS header is damaged: {what}"),
+            Error::Unsupported(what) => write!(f, "not supported: {what}"),
+            Error::WrongPassphrase => f.write_str("no key available with this passphrase"),
+            Error::NoUsableKeyslot(why) => write!(f, "no usable keyslot is available ({why})"),
+            Error::Cipher(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<sectorcrypt_cipher::Error> for Error {
+    fn from(e: sectorcrypt_cipher::Error) -> Self {
+        Error::Cipher(e)
+    }
+}

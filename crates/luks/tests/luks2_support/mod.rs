@@ -1,0 +1,209 @@
+//! Shared by the LUKS2 integration tests: running the real cryptsetup on image files, and editing
+//! header bytes the way a damaged or hand-made header would look. The checksum is computed here
+//! with SHA-256 directly (not with the crate's code), so the tests do not trust what they test.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// A fresh directory for one test under the target's temporary directory.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("luks2-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+pub fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null()).output().unwrap_or_else(|e| {
+        panic!("cannot run {cmd:?}: {e} (scripts/install-test-deps.sh installs cryptsetup-bin)")
+    })
+}
+
+/// Run cryptsetup; passphrases only ever reach it through key files.
+pub fn cryptsetup(args: &[&str]) -> Output {
+    run(Command::new("cryptsetup").args(args))
+}
+
+/// Run cryptsetup and insist that it succeeds; its stdout.
+pub fn cryptsetup_ok(args: &[&str]) -> String {
+    let out = cryptsetup(args);
+    assert!(
+        out.status.success(),
+        "cryptsetup {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Write a key file holding `passphrase`.
+pub fn key_file(dir: &Path, name: &str, passphrase: &str) -> PathBuf {
+    let p = dir.join(format!("{name}.key"));
+    std::fs::write(&p, passphrase).unwrap();
+    p
+}
+
+/// A sparse image of `size` bytes formatted as LUKS2 by cryptsetup with `extra` options.
+pub fn format(dir: &Path, name: &str, key: &Path, size: u64, extra: &[&str]) -> PathBuf {
+    let img = dir.join(format!("{name}.img"));
+    let f = std::fs::File::create(&img).unwrap();
+    f.set_len(size).unwrap();
+    drop(f);
+    let mut args = vec![
+        "luksFormat",
+        "-q",
+        "--type",
+        "luks2",
+        "--key-file",
+        path(key),
+    ];
+    args.extend_from_slice(extra);
+    args.push(path(&img));
+    cryptsetup_ok(&args);
+    img
+}
+
+/// Fast KDF options for formats and added keys.
+pub const FAST_PBKDF2: &[&str] = &["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+pub const FAST_ARGON2ID: &[&str] = &[
+    "--pbkdf",
+    "argon2id",
+    "--pbkdf-force-iterations",
+    "4",
+    "--pbkdf-memory",
+    "32",
+];
+pub const FAST_ARGON2I: &[&str] = &[
+    "--pbkdf",
+    "argon2i",
+    "--pbkdf-force-iterations",
+    "4",
+    "--pbkdf-memory",
+    "32",
+];
+
+/// Add a key with `cryptsetup luksAddKey`, unlocking with `old`.
+pub fn add_key(img: &Path, old: &Path, new: &Path, extra: &[&str]) {
+    let mut args = vec![
+        "luksAddKey",
+        "-q",
+        "--key-file",
+        path(old),
+        "--new-keyfile",
+        path(new),
+    ];
+    args.extend_from_slice(extra);
+    args.push(path(img));
+    cryptsetup_ok(&args);
+}
+
+/// The volume key as `cryptsetup luksDump --dump-volume-key` prints it ("MK dump" lines).
+pub fn cryptsetup_volume_key(img: &Path, key: &Path) -> Vec<u8> {
+    let text = cryptsetup_ok(&[
+        "luksDump",
+        "--dump-volume-key",
+        "-q",
+        "--key-file",
+        path(key),
+        path(img),
+    ]);
+    let start = text.find("MK dump:").expect("an MK dump line") + "MK dump:".len();
+    let hex: String = text[start..]
+        .split_whitespace()
+        .take_while(|w| w.len() == 2 && w.chars().all(|c| c.is_ascii_hexdigit()))
+        .collect();
+    hex::decode(hex).unwrap()
+}
+
+/// The keyslot `cryptsetup open --test-passphrase` opens with `key` ("Key slot N unlocked."),
+/// or None if it refuses.
+pub fn cryptsetup_slot(img: &Path, key: &Path, slot: Option<usize>) -> Option<usize> {
+    let slot_text = slot.map(|s| s.to_string());
+    let mut args = vec!["open", "--test-passphrase", "-v", "--key-file", path(key)];
+    if let Some(s) = &slot_text {
+        args.extend(["--key-slot", s.as_str()]);
+    }
+    args.push(path(img));
+    let out = cryptsetup(&args);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        return None;
+    }
+    let at = text
+        .find("Key slot ")
+        .expect("cryptsetup -v names the slot")
+        + 9;
+    Some(
+        text[at..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap(),
+    )
+}
+
+/// Whether `cryptsetup luksDump` accepts `bytes` as a header, and what it prints. It runs on a
+/// copy, because cryptsetup repairs a damaged copy in place as it reads.
+pub fn cryptsetup_dump(dir: &Path, bytes: &[u8]) -> Option<String> {
+    let copy = dir.join("cryptsetup-view.img");
+    std::fs::write(&copy, bytes).unwrap();
+    let out = cryptsetup(&["luksDump", path(&copy)]);
+    let _ = std::fs::remove_file(&copy);
+    out.status
+        .success()
+        .then(|| String::from_utf8(out.stdout).unwrap())
+}
+
+/// `hdr_size` of the primary binary header.
+pub fn hdr_size(bytes: &[u8]) -> usize {
+    u64::from_be_bytes(bytes[8..16].try_into().unwrap()) as usize
+}
+
+/// Recompute the SHA-256 checksum of the copy at `offset`: the binary header with its checksum
+/// field zeroed, then the JSON area.
+pub fn reseal(bytes: &mut [u8], offset: usize) {
+    let size = u64::from_be_bytes(bytes[offset + 8..offset + 16].try_into().unwrap()) as usize;
+    bytes[offset + 448..offset + 512].fill(0);
+    let sum = Sha256::digest(&bytes[offset..offset + size]);
+    bytes[offset + 448..offset + 448 + 32].copy_from_slice(&sum);
+}
+
+/// The JSON metadata of the copy at `offset`.
+pub fn json_at(bytes: &[u8], offset: usize) -> Value {
+    let size = hdr_size(&bytes[offset..]);
+    let area = &bytes[offset + 4096..offset + size];
+    let end = area.iter().position(|&b| b == 0).unwrap();
+    serde_json::from_slice(&area[..end]).unwrap()
+}
+
+/// Store raw JSON text in the copy at `offset` (zero-filling the rest of the area, which must
+/// have room) and reseal it.
+pub fn put_json_text(bytes: &mut [u8], offset: usize, text: &[u8]) {
+    let size = hdr_size(&bytes[offset..]);
+    let area = &mut bytes[offset + 4096..offset + size];
+    area.fill(0);
+    area[..text.len()].copy_from_slice(text);
+    reseal(bytes, offset);
+}
+
+/// Apply `edit` to the JSON metadata of both copies, store it back compactly and reseal both.
+pub fn edit_json(bytes: &mut [u8], edit: impl Fn(&mut Value)) {
+    let size = hdr_size(bytes);
+    for offset in [0, size] {
+        let mut v = json_at(bytes, offset);
+        edit(&mut v);
+        let text = serde_json::to_vec(&v).unwrap();
+        put_json_text(bytes, offset, &text);
+    }
+}

@@ -1,0 +1,199 @@
+//! Commands that read a LUKS header: `dump` (luksDump), `is-luks` (isLuks), `uuid` (luksUUID)
+//! and `test-passphrase`.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use sectorcrypt_luks::{Error as LuksError, Header};
+use sectorcrypt_storage::FileStorage;
+
+use crate::exit::{CliError, Code};
+use crate::keyfile::KeyArgs;
+
+/// A device, or a detached header beside it.
+#[derive(clap::Args, Debug)]
+pub struct DeviceArgs {
+    /// The LUKS device or image file.
+    #[arg(value_name = "DEVICE")]
+    device: PathBuf,
+    /// Read the header from this detached header file instead of DEVICE.
+    #[arg(long, value_name = "FILE")]
+    header: Option<PathBuf>,
+}
+
+impl DeviceArgs {
+    fn header_path(&self) -> &Path {
+        self.header.as_deref().unwrap_or(&self.device)
+    }
+
+    /// Open the header device read-only and read its header.
+    fn read(&self) -> Result<(FileStorage, Header), CliError> {
+        let path = self.header_path();
+        let dev = open_device(path)?;
+        let header = Header::read(&dev).map_err(luks_error)?;
+        Ok((dev, header))
+    }
+}
+
+/// Open `path` read-only: exit 4 if it is missing or unreadable, as cryptsetup does.
+fn open_device(path: &Path) -> Result<FileStorage, CliError> {
+    FileStorage::open_read_only(path).map_err(|_| CliError {
+        code: Code::Device,
+        message: format!("Device {} does not exist or access denied.", path.display()),
+    })
+}
+
+/// The LUKS layer's errors with CLI.md's exit codes.
+pub fn luks_error(e: LuksError) -> CliError {
+    let code = match &e {
+        LuksError::NotLuks { .. } => Code::Device,
+        LuksError::WrongPassphrase => Code::Permission,
+        _ => Code::Usage,
+    };
+    let message = match e {
+        LuksError::NotLuks { device } => format!("Device {device} is not a valid LUKS device."),
+        LuksError::WrongPassphrase => "No key available with this passphrase.".to_string(),
+        LuksError::NoUsableKeyslot(why) => format!("No usable keyslot is available ({why})."),
+        other => other.to_string(),
+    };
+    CliError { code, message }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DumpArgs {
+    #[command(flatten)]
+    target: DeviceArgs,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+    /// Also print the volume key (needs a passphrase).
+    #[arg(long = "dump-volume-key", alias = "dump-master-key")]
+    dump_volume_key: bool,
+    #[command(flatten)]
+    key: KeyArgs,
+    /// Only try this keyslot.
+    #[arg(short = 'S', long = "key-slot", value_name = "N")]
+    key_slot: Option<usize>,
+    /// Do not ask for confirmation.
+    #[arg(short = 'q', long = "batch-mode")]
+    batch: bool,
+}
+
+pub fn dump(args: DumpArgs) -> Result<(), CliError> {
+    let (dev, header) = args.target.read()?;
+    let mut out = std::io::stdout().lock();
+    let text = if args.dump_volume_key {
+        if !args.batch && std::io::stdin().is_terminal() {
+            confirm_volume_key_dump()?;
+        }
+        let pass = args.key.read(&format!(
+            "Enter passphrase for {}: ",
+            args.target.device.display()
+        ))?;
+        let unlocked = header
+            .unlock(&dev, &pass, args.key_slot)
+            .map_err(luks_error)?;
+        let key_hex = hex::encode(&unlocked.volume_key[..]);
+        if args.json {
+            let v = serde_json::json!({
+                "device": args.target.device.display().to_string(),
+                "version": header.version(),
+                "uuid": header.uuid(),
+                "keyslot": unlocked.slot,
+                "volume_key_bits": unlocked.volume_key.len() * 8,
+                "volume_key": key_hex,
+            });
+            format!("{v}\n")
+        } else {
+            let mut s = format!(
+                "LUKS header information for {}\nUUID:          \t{}\nMK bits:       \t{}\nMK dump:\t",
+                args.target.device.display(),
+                header.uuid(),
+                unlocked.volume_key.len() * 8
+            );
+            for (i, line) in unlocked.volume_key.chunks(16).enumerate() {
+                if i > 0 {
+                    s += "\t\t";
+                }
+                for b in line {
+                    s += &format!("{b:02x} ");
+                }
+                s += "\n";
+            }
+            s
+        }
+    } else if args.json {
+        format!(
+            "{}\n",
+            serde_json::to_string_pretty(&header.dump_json()).expect("serializable")
+        )
+    } else {
+        header.dump_text(&args.target.device.display().to_string())
+    };
+    out.write_all(text.as_bytes())
+        .map_err(|e| CliError::usage(format!("cannot write the output: {e}")))
+}
+
+/// cryptsetup asks before printing a volume key on a terminal; so do we.
+fn confirm_volume_key_dump() -> Result<(), CliError> {
+    eprint!("The header dump with the volume key is sensitive information that allows access to the encrypted partition without a passphrase.\nAre you sure? (Type 'yes' in capital letters): ");
+    let mut answer = String::new();
+    std::io::stdin()
+        .read_line(&mut answer)
+        .map_err(|e| CliError::usage(format!("cannot read the answer: {e}")))?;
+    if answer.trim_end() != "YES" {
+        return Err(CliError::usage("Operation aborted."));
+    }
+    Ok(())
+}
+
+/// `is-luks`: exit 0 for a LUKS header, 1 for anything else, 4 for a missing device (as
+/// cryptsetup isLuks; a yes/no question, so "not LUKS" is the answer 1, not an error 4).
+pub fn is_luks(args: DeviceArgs, verbose: bool) -> Result<(), CliError> {
+    let dev = open_device(args.header_path())?;
+    match Header::read(&dev) {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let message = if verbose {
+                luks_error(e).message
+            } else {
+                String::new()
+            };
+            Err(CliError {
+                code: Code::Usage,
+                message,
+            })
+        }
+    }
+}
+
+pub fn uuid(args: DeviceArgs) -> Result<(), CliError> {
+    let (_, header) = args.read()?;
+    println!("{}", header.uuid());
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct TestArgs {
+    #[command(flatten)]
+    target: DeviceArgs,
+    #[command(flatten)]
+    key: KeyArgs,
+    /// Only try this keyslot.
+    #[arg(short = 'S', long = "key-slot", value_name = "N")]
+    key_slot: Option<usize>,
+}
+
+/// `test-passphrase`: exit 0 if the passphrase opens a keyslot, 2 if not.
+pub fn test_passphrase(args: TestArgs) -> Result<(), CliError> {
+    let (dev, header) = args.target.read()?;
+    let pass = args.key.read(&format!(
+        "Enter passphrase for {}: ",
+        args.target.device.display()
+    ))?;
+    let unlocked = header
+        .unlock(&dev, &pass, args.key_slot)
+        .map_err(luks_error)?;
+    eprintln!("Key slot {} unlocked.", unlocked.slot);
+    Ok(())
+}

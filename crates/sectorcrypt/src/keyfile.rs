@@ -1,0 +1,96 @@
+//! Reading a passphrase or key as cryptsetup does (CLI.md, "Secrets"): `--key-file FILE` (`-` =
+//! standard input) is taken byte for byte, no newline stripped, with `--keyfile-offset` and
+//! `--keyfile-size`; without it, an interactive prompt without echo, refused when standard input
+//! is not a terminal. Secrets never come from argv or the environment.
+
+use std::fs::File;
+use std::io::{IsTerminal, Read, Seek, SeekFrom};
+use std::path::PathBuf;
+
+use zeroize::Zeroizing;
+
+use crate::exit::CliError;
+
+/// cryptsetup's default limit on a key file (8 MiB).
+const MAX_KEYFILE: u64 = 8 << 20;
+
+/// Where the passphrase comes from.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct KeyArgs {
+    /// Read the passphrase from FILE, all bytes as-is ('-' = standard input).
+    #[arg(short = 'd', long = "key-file", value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+    /// Read at most this many bytes of the key file.
+    #[arg(short = 'l', long = "keyfile-size", value_name = "BYTES")]
+    pub keyfile_size: Option<u64>,
+    /// Skip this many bytes at the start of the key file.
+    #[arg(long = "keyfile-offset", value_name = "BYTES", default_value_t = 0)]
+    pub keyfile_offset: u64,
+}
+
+impl KeyArgs {
+    /// The passphrase, read once; `prompt` is shown when asking on the terminal.
+    pub fn read(&self, prompt: &str) -> Result<Zeroizing<Vec<u8>>, CliError> {
+        let limit = self.keyfile_size.unwrap_or(MAX_KEYFILE);
+        if limit > MAX_KEYFILE {
+            return Err(CliError::usage(format!(
+                "--keyfile-size {limit} exceeds the maximum of {MAX_KEYFILE} bytes"
+            )));
+        }
+        let Some(path) = &self.key_file else {
+            if self.keyfile_size.is_some() || self.keyfile_offset != 0 {
+                return Err(CliError::usage(
+                    "--keyfile-size and --keyfile-offset need --key-file",
+                ));
+            }
+            return prompt_terminal(prompt);
+        };
+        let mut out = Zeroizing::new(Vec::new());
+        let name = path.display().to_string();
+        let read_err =
+            |e: std::io::Error| CliError::usage(format!("cannot read key file {name}: {e}"));
+        if name == "-" {
+            let mut stdin = std::io::stdin().lock();
+            std::io::copy(
+                &mut (&mut stdin).take(self.keyfile_offset),
+                &mut std::io::sink(),
+            )
+            .map_err(read_err)?;
+            stdin.take(limit).read_to_end(&mut out).map_err(read_err)?;
+        } else {
+            let mut f = File::open(path).map_err(read_err)?;
+            f.seek(SeekFrom::Start(self.keyfile_offset))
+                .map_err(read_err)?;
+            f.take(limit).read_to_end(&mut out).map_err(read_err)?;
+        }
+        if let Some(size) = self.keyfile_size {
+            if (out.len() as u64) < size {
+                return Err(CliError::usage(format!(
+                    "key file {name} holds only {} bytes after offset {}, not the {size} asked for",
+                    out.len(),
+                    self.keyfile_offset
+                )));
+            }
+        }
+        if out.is_empty() {
+            return Err(CliError::usage(format!("key file {name} is empty")));
+        }
+        Ok(out)
+    }
+}
+
+fn prompt_terminal(prompt: &str) -> Result<Zeroizing<Vec<u8>>, CliError> {
+    if !std::io::stdin().is_terminal() {
+        return Err(CliError::usage(
+            "no --key-file given and standard input is not a terminal, so there is no way to ask for the passphrase",
+        ));
+    }
+    let pass = Zeroizing::new(
+        rpassword::prompt_password(prompt)
+            .map_err(|e| CliError::usage(format!("cannot read the passphrase: {e}")))?,
+    );
+    if pass.is_empty() {
+        return Err(CliError::usage("the passphrase is empty"));
+    }
+    Ok(Zeroizing::new(pass.as_bytes().to_vec()))
+}
