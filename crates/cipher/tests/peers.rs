@@ -151,8 +151,15 @@ fn aes_matches_openssl() {
     cross_check(cmd, &jobs);
 }
 
-/// Build the Crypto++ peer once into the test scratch directory.
+/// Build the Crypto++ peer once into the test scratch directory. Tests run on several threads, so
+/// the build happens under a `OnceLock`: a second test waits instead of running a half-written
+/// binary.
 fn cryptopp_peer() -> PathBuf {
+    static PEER: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PEER.get_or_init(build_cryptopp_peer).clone()
+}
+
+fn build_cryptopp_peer() -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers/dmcrypt_cryptopp.cpp");
     let bin = common::scratch_dir().join("dmcrypt_cryptopp");
     let stale = match (std::fs::metadata(&bin), std::fs::metadata(&src)) {
