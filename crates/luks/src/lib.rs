@@ -109,3 +109,342 @@ impl Header {
         }
     }
 }
+
+/// The KDF of new keyslots as the command line states it (cryptsetup's `--pbkdf`, `--hash`,
+/// `--iter-time`, `--pbkdf-memory`, `--pbkdf-parallel`, `--pbkdf-force-iterations`); `None`
+/// means cryptsetup's default for the header version.
+#[derive(Clone, Debug, Default)]
+pub struct PbkdfOptions {
+    /// `pbkdf2`, `argon2i` or `argon2id` (LUKS2 default argon2id; LUKS1 is always pbkdf2).
+    pub kind: Option<String>,
+    /// PBKDF2, AF and digest hash (default sha256).
+    pub hash: Option<hash::Hash>,
+    /// Calibration target in milliseconds.
+    pub iter_time_ms: u32,
+    /// Argon2 memory ceiling in KiB.
+    pub memory_kib: Option<u32>,
+    /// Argon2 threads.
+    pub parallel: Option<u32>,
+    /// A fixed cost instead of calibration.
+    pub force_iterations: Option<u32>,
+}
+
+impl PbkdfOptions {
+    fn luks2(&self) -> Result<luks2::Pbkdf, Error> {
+        use kdf::Argon2Variant;
+        use luks2::PbkdfKind;
+        let kind = match self.kind.as_deref() {
+            None | Some("argon2id") => PbkdfKind::Argon2 {
+                variant: Argon2Variant::Argon2id,
+            },
+            Some("argon2i") => PbkdfKind::Argon2 {
+                variant: Argon2Variant::Argon2i,
+            },
+            Some("pbkdf2") => PbkdfKind::Pbkdf2 {
+                hash: self.hash.unwrap_or(hash::Hash::Sha256),
+            },
+            Some(other) => {
+                return Err(Error::Unsupported(format!(
+                    "the PBKDF '{other}' (use argon2id, argon2i or pbkdf2)"
+                )))
+            }
+        };
+        Ok(luks2::Pbkdf {
+            kind,
+            forced_iterations: self.force_iterations,
+            memory_kib: self
+                .memory_kib
+                .unwrap_or(kdf::ARGON2_DEFAULT_MAX_MEMORY_KIB),
+            parallel: self.parallel.unwrap_or(0),
+            iter_time_ms: self.iter_time_ms,
+        })
+    }
+
+    fn check_luks1(&self) -> Result<(), Error> {
+        match self.kind.as_deref() {
+            None | Some("pbkdf2") => {}
+            Some(other) => {
+                return Err(Error::Unsupported(format!(
+                    "the PBKDF '{other}' in LUKS1, which has only pbkdf2"
+                )))
+            }
+        }
+        if self.memory_kib.is_some() || self.parallel.is_some() {
+            return Err(Error::Unsupported(
+                "--pbkdf-memory and --pbkdf-parallel in LUKS1 (PBKDF2 only)".into(),
+            ));
+        }
+        if let Some(n) = self.force_iterations {
+            if n < kdf::PBKDF2_MIN_ITERATIONS {
+                return Err(Error::Unsupported(format!(
+                    "{n} PBKDF2 iterations (the minimum is {})",
+                    kdf::PBKDF2_MIN_ITERATIONS
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What `format` is told, for either version.
+#[derive(Clone, Debug, Default)]
+pub struct FormatOptions {
+    /// 1 or 2.
+    pub version: u8,
+    /// Cipher specification (default aes-xts-plain64).
+    pub cipher: Option<String>,
+    /// Whole key size in bits (default: the spec's, 512 for XTS).
+    pub key_bits: Option<usize>,
+    /// LUKS2 encryption sector size.
+    pub sector_size: Option<usize>,
+    /// New keyslot KDF.
+    pub pbkdf: PbkdfOptions,
+    /// LUKS2 label.
+    pub label: Option<String>,
+    /// LUKS2 subsystem.
+    pub subsystem: Option<String>,
+    /// UUID instead of a random one.
+    pub uuid: Option<String>,
+    /// Keyslot of the first passphrase.
+    pub keyslot: Option<usize>,
+    /// Volume key instead of a random one.
+    pub volume_key: Option<Zeroizing<Vec<u8>>>,
+    /// LUKS2 metadata (one header copy) size.
+    pub metadata_size: Option<u64>,
+    /// LUKS2 keyslots area size.
+    pub keyslots_size: Option<u64>,
+    /// The header goes to its own device; data starts at offset 0 of the data device.
+    pub detached_header: bool,
+}
+
+impl FormatOptions {
+    fn spec(&self) -> Result<sectorcrypt_cipher::CipherSpec, Error> {
+        Ok(sectorcrypt_cipher::CipherSpec::parse(
+            self.cipher.as_deref().unwrap_or("aes-xts-plain64"),
+        )?)
+    }
+
+    fn key_bits(&self) -> Result<usize, Error> {
+        let spec = self.spec()?;
+        let bits = self.key_bits.unwrap_or(spec.default_key_bits());
+        if !bits.is_multiple_of(8) {
+            return Err(Error::Unsupported(format!(
+                "a key of {bits} bits (not whole bytes)"
+            )));
+        }
+        spec.check_key_len(bits / 8)?;
+        Ok(bits)
+    }
+
+    /// Refuse, before any device is touched, whatever format would refuse for its parameters.
+    pub fn check(&self) -> Result<(), Error> {
+        let bits = self.key_bits()?;
+        if let Some(vk) = &self.volume_key {
+            if vk.len() * 8 != bits {
+                return Err(Error::Unsupported(format!(
+                    "a volume key file of {} bytes for a {bits}-bit key",
+                    vk.len()
+                )));
+            }
+        }
+        match self.version {
+            1 => {
+                self.pbkdf.check_luks1()?;
+                if self.keyslot.is_some_and(|s| s >= luks1::KEYSLOTS) {
+                    return Err(Error::Unsupported(format!(
+                        "keyslot {} (LUKS1 has keyslots 0 to 7)",
+                        self.keyslot.unwrap_or(0)
+                    )));
+                }
+                let luks2_only = [
+                    (self.sector_size.is_some_and(|s| s != 512), "--sector-size"),
+                    (self.label.is_some(), "--label"),
+                    (self.subsystem.is_some(), "--subsystem"),
+                    (self.metadata_size.is_some(), "--luks2-metadata-size"),
+                    (self.keyslots_size.is_some(), "--luks2-keyslots-size"),
+                ];
+                if let Some((_, what)) = luks2_only.iter().find(|(given, _)| *given) {
+                    return Err(Error::Unsupported(format!("{what} with LUKS1")));
+                }
+            }
+            2 => {
+                self.pbkdf.luks2()?;
+                if self.keyslot.is_some_and(|s| s >= 32) {
+                    return Err(Error::Unsupported(format!(
+                        "keyslot {} (LUKS2 has keyslots 0 to 31)",
+                        self.keyslot.unwrap_or(0)
+                    )));
+                }
+                if let Some(s) = self.sector_size {
+                    if !sectorcrypt_cipher::sector::SECTOR_SIZES.contains(&s) {
+                        return Err(sectorcrypt_cipher::Error::SectorSize(s).into());
+                    }
+                }
+            }
+            v => return Err(Error::Unsupported(format!("LUKS version {v}"))),
+        }
+        Ok(())
+    }
+
+    /// Bytes a new detached header file needs: LUKS2's two metadata copies and keyslots area
+    /// (16 MiB by default), LUKS1's header and eight keyslot areas (2 MiB holds 512-bit keys).
+    pub fn header_file_size(&self) -> u64 {
+        match self.version {
+            1 => 2 << 20,
+            _ => {
+                let meta = self.metadata_size.unwrap_or(16 << 10);
+                self.keyslots_size.map_or(16 << 20, |k| 2 * meta + k)
+            }
+        }
+    }
+}
+
+/// Format `dev` (the header device) as LUKS `options.version` with one keyslot for `passphrase`.
+/// `data_len` is the data device's length (the same device unless the header is detached).
+pub fn format(
+    dev: &dyn Storage,
+    data_len: u64,
+    options: &FormatOptions,
+    passphrase: &[u8],
+) -> Result<(Header, Unlocked), Error> {
+    options.check()?;
+    let cipher = options.spec()?.to_string();
+    let key_bits = options.key_bits()?;
+    let hash = options.pbkdf.hash.unwrap_or(hash::Hash::Sha256);
+    match options.version {
+        1 => {
+            let params = luks1::FormatParams {
+                cipher,
+                key_bits,
+                hash,
+                iterations: options.pbkdf.force_iterations,
+                iter_time_ms: options.pbkdf.iter_time_ms,
+                uuid: options.uuid.clone(),
+                keyslot: options.keyslot,
+                volume_key: options.volume_key.clone(),
+                detached_header: options.detached_header,
+            };
+            luks1::format(dev, &params, passphrase).map(|(h, u)| (Header::Luks1(Box::new(h)), u))
+        }
+        _ => {
+            let params = luks2::FormatParams {
+                cipher,
+                key_bits,
+                sector_size: options.sector_size.map(|s| s as u32),
+                pbkdf: options.pbkdf.luks2()?,
+                hash,
+                label: options.label.clone(),
+                subsystem: options.subsystem.clone(),
+                uuid: options.uuid.clone(),
+                keyslot: options.keyslot,
+                volume_key: options.volume_key.clone(),
+                metadata_size: options.metadata_size,
+                keyslots_size: options.keyslots_size,
+                detached_header: options.detached_header,
+                data_device_size: options.detached_header.then_some(data_len),
+            };
+            luks2::format(dev, &params, passphrase).map(|(h, u)| (Header::Luks2(Box::new(h)), u))
+        }
+    }
+}
+
+impl Header {
+    /// Keyslots in use.
+    pub fn active_keyslots(&self) -> Vec<usize> {
+        match self {
+            Header::Luks1(h) => h
+                .keyslots
+                .iter()
+                .enumerate()
+                .filter(|(_, k)| k.active)
+                .map(|(i, _)| i)
+                .collect(),
+            Header::Luks2(h) => h
+                .metadata()
+                .keyslots
+                .iter()
+                .map(|(n, _)| n as usize)
+                .collect(),
+        }
+    }
+
+    /// Add a keyslot for `passphrase` holding `volume_key` (in `slot`, or the first free one).
+    pub fn add_keyslot(
+        &mut self,
+        dev: &dyn Storage,
+        volume_key: &[u8],
+        passphrase: &[u8],
+        slot: Option<usize>,
+        pbkdf: &PbkdfOptions,
+    ) -> Result<usize, Error> {
+        match self {
+            Header::Luks1(h) => {
+                pbkdf.check_luks1()?;
+                h.add_keyslot(
+                    dev,
+                    volume_key,
+                    passphrase,
+                    slot,
+                    pbkdf.force_iterations,
+                    pbkdf.iter_time_ms,
+                )
+            }
+            Header::Luks2(h) => h.add_keyslot(dev, volume_key, passphrase, slot, &pbkdf.luks2()?),
+        }
+    }
+
+    /// Remove keyslot `slot`.
+    pub fn kill_keyslot(&mut self, dev: &dyn Storage, slot: usize) -> Result<(), Error> {
+        match self {
+            Header::Luks1(h) => h.kill_keyslot(dev, slot),
+            Header::Luks2(h) => h.kill_keyslot(dev, slot),
+        }
+    }
+
+    /// Replace the passphrase of `old_slot`; returns the slot now holding the new one.
+    pub fn change_keyslot(
+        &mut self,
+        dev: &dyn Storage,
+        old_slot: usize,
+        volume_key: &[u8],
+        new_passphrase: &[u8],
+        pbkdf: &PbkdfOptions,
+    ) -> Result<usize, Error> {
+        match self {
+            Header::Luks1(h) => {
+                pbkdf.check_luks1()?;
+                h.change_keyslot(
+                    dev,
+                    old_slot,
+                    volume_key,
+                    new_passphrase,
+                    pbkdf.force_iterations,
+                    pbkdf.iter_time_ms,
+                )
+            }
+            Header::Luks2(h) => {
+                h.change_keyslot(dev, old_slot, volume_key, new_passphrase, &pbkdf.luks2()?)
+            }
+        }
+    }
+
+    /// The header and keyslot areas of `dev`, as cryptsetup luksHeaderBackup writes them.
+    pub fn backup(dev: &dyn Storage) -> Result<Vec<u8>, Error> {
+        match Header::read(dev)? {
+            Header::Luks1(_) => luks1::Header::backup(dev),
+            Header::Luks2(_) => luks2::Header::backup(dev),
+        }
+    }
+
+    /// Write the header in `backup` to `dev`, checked in full first.
+    pub fn restore(dev: &dyn Storage, backup: &dyn Storage) -> Result<Header, Error> {
+        match Header::read(backup)? {
+            Header::Luks1(_) => {
+                luks1::Header::restore(dev, backup).map(|h| Header::Luks1(Box::new(h)))
+            }
+            Header::Luks2(_) => {
+                luks2::Header::restore(dev, backup).map(|h| Header::Luks2(Box::new(h)))
+            }
+        }
+    }
+}

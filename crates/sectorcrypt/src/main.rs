@@ -7,6 +7,8 @@ mod benchmark;
 mod exit;
 mod header;
 mod keyfile;
+mod keyslots;
+mod pbkdf_args;
 
 use std::process::ExitCode;
 
@@ -41,6 +43,27 @@ enum Command {
     /// Exit 0 if the passphrase opens a keyslot, 2 if not.
     #[command(name = "test-passphrase")]
     TestPassphrase(header::TestArgs),
+    /// Create a LUKS2 (default) or LUKS1 volume (cryptsetup luksFormat).
+    #[command(alias = "luksFormat")]
+    Format(Box<keyslots::FormatArgs>),
+    /// Add a keyslot; the existing passphrase comes from --key-file (cryptsetup luksAddKey).
+    #[command(name = "add-key", alias = "luksAddKey")]
+    AddKey(keyslots::AddKeyArgs),
+    /// Remove the keyslot that --key-file opens (cryptsetup luksRemoveKey).
+    #[command(name = "remove-key", alias = "luksRemoveKey")]
+    RemoveKey(keyslots::SlotArgs),
+    /// Replace a passphrase (cryptsetup luksChangeKey).
+    #[command(name = "change-key", alias = "luksChangeKey")]
+    ChangeKey(keyslots::ChangeKeyArgs),
+    /// Wipe keyslot N (cryptsetup luksKillSlot).
+    #[command(name = "kill-slot", alias = "luksKillSlot")]
+    KillSlot(keyslots::KillSlotArgs),
+    /// Save the header and keyslots to a file (cryptsetup luksHeaderBackup).
+    #[command(name = "header-backup", alias = "luksHeaderBackup")]
+    HeaderBackup(keyslots::BackupArgs),
+    /// Restore the header and keyslots from a backup file (cryptsetup luksHeaderRestore).
+    #[command(name = "header-restore", alias = "luksHeaderRestore")]
+    HeaderRestore(keyslots::BackupArgs),
 }
 
 fn main() -> ExitCode {
@@ -54,6 +77,13 @@ fn main() -> ExitCode {
         Command::IsLuks(args) => header::is_luks(args, cli.verbose),
         Command::Uuid(args) => header::uuid(args),
         Command::TestPassphrase(args) => header::test_passphrase(args),
+        Command::Format(args) => keyslots::format(*args),
+        Command::AddKey(args) => keyslots::add_key(args),
+        Command::RemoveKey(args) => keyslots::remove_key(args),
+        Command::ChangeKey(args) => keyslots::change_key(args),
+        Command::KillSlot(args) => keyslots::kill_slot(args),
+        Command::HeaderBackup(args) => keyslots::header_backup(args),
+        Command::HeaderRestore(args) => keyslots::header_restore(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

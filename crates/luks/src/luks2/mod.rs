@@ -13,11 +13,16 @@
 //! repair; reading never writes (cryptsetup repairs a damaged copy as it reads, sectorcrypt
 //! leaves that to an explicit repair).
 
+mod backup;
 pub mod binary;
 mod dump;
 pub mod metadata;
 mod unlock;
 pub mod validate;
+mod write;
+
+pub use backup::RestorePlan;
+pub use write::{format, keyslot_area_size, FormatParams, Pbkdf, PbkdfKind, KEYSLOTS_MAX};
 
 use sectorcrypt_storage::Storage;
 use serde_json::{json, Value};

@@ -2,6 +2,11 @@
 //! header (`phdr`) at offset 0, big-endian integers, eight keyslots each pointing at AF-split key
 //! material encrypted with the volume cipher, and a PBKDF2 digest of the volume key.
 //!
+//! Reading and opening are here; formatting, keyslot changes and header backup / restore (all
+//! ordered to survive a power cut at any write) are in `write` ([`format`], [`Header::write`],
+//! [`Header::add_keyslot`], [`Header::kill_keyslot`], [`Header::change_keyslot`],
+//! [`Header::backup`], [`Header::restore`]).
+//!
 //! Layout of the header (offsets in bytes):
 //!
 //! | offset | size | field |
@@ -37,6 +42,9 @@ use crate::hash::Hash;
 use crate::kdf::Kdf;
 use crate::keyslot::{digest_matches, KeyslotArea};
 use crate::Unlocked;
+
+mod write;
+pub use write::{format, FormatParams};
 
 /// The LUKS magic, shared with LUKS2.
 pub const MAGIC: [u8; 6] = *b"LUKS\xba\xbe";

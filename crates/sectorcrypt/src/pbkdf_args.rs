@@ -1,0 +1,50 @@
+//! The PBKDF and format options shared by the commands that create keyslots (cryptsetup's names).
+
+use std::path::PathBuf;
+
+use crate::exit::CliError;
+
+/// `--pbkdf`, `--iter-time`, `--pbkdf-memory`, `--pbkdf-parallel`, `--pbkdf-force-iterations`,
+/// `--hash`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PbkdfArgs {
+    /// PBKDF for new keyslots: argon2id (LUKS2 default), argon2i or pbkdf2 (LUKS1 always).
+    #[arg(long, value_name = "NAME")]
+    pub pbkdf: Option<String>,
+    /// Milliseconds the PBKDF should take when calibrated (cryptsetup's default 2000).
+    #[arg(short = 'i', long = "iter-time", value_name = "MS")]
+    pub iter_time: Option<u32>,
+    /// Argon2 memory cost in KiB (default up to 1 GiB, at most half of the available memory).
+    #[arg(long = "pbkdf-memory", value_name = "KIB")]
+    pub memory: Option<u32>,
+    /// Argon2 parallel threads (default min(4, CPUs)).
+    #[arg(long = "pbkdf-parallel", value_name = "N")]
+    pub parallel: Option<u32>,
+    /// Skip calibration: PBKDF2 iterations or Argon2 time cost.
+    #[arg(long = "pbkdf-force-iterations", value_name = "N")]
+    pub force_iterations: Option<u32>,
+    /// Hash for PBKDF2, the AF splitter and the digest (sha1, sha256, sha512). cryptsetup's `-h`
+    /// is not offered: it is `--help` here.
+    #[arg(long, value_name = "NAME")]
+    pub hash: Option<String>,
+}
+
+impl PbkdfArgs {
+    /// The calibration time, checked.
+    pub fn iter_time_ms(&self) -> Result<u32, CliError> {
+        match self.iter_time {
+            Some(0) => Err(CliError::usage("--iter-time must be at least 1 ms")),
+            Some(t) => Ok(t),
+            None => Ok(2000),
+        }
+    }
+}
+
+/// A passphrase for a new keyslot: the positional key file, else `--new-keyfile`-style prompt
+/// twice on a terminal.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct NewKeyArgs {
+    /// Read the new passphrase from this file (all bytes as-is; '-' = standard input).
+    #[arg(value_name = "NEW_KEY_FILE")]
+    pub new_key_file: Option<PathBuf>,
+}

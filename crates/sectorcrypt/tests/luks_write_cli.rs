@@ -1,0 +1,520 @@
+//! The commands that write LUKS headers, checked against the real cryptsetup in both directions:
+//! what sectorcrypt writes, cryptsetup reads (and `cryptsetup repair` leaves alone), what
+//! cryptsetup writes, sectorcrypt edits; refused commands leave the device byte for byte intact.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("luks_write-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (run scripts/install-test-deps.sh)"))
+}
+
+fn ok(out: Output, what: &str) -> Output {
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn sc(args: &[&str]) -> Output {
+    run(Command::new(env!("CARGO_BIN_EXE_sectorcrypt")).args(args))
+}
+
+fn cs(args: &[&str]) -> Output {
+    run(Command::new("cryptsetup").args(args))
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+fn key(dir: &Path, name: &str) -> PathBuf {
+    let k = dir.join(format!("{name}.key"));
+    std::fs::write(&k, format!("passphrase {name}")).unwrap();
+    k
+}
+
+fn image(dir: &Path, name: &str, mib: u64) -> PathBuf {
+    let img = dir.join(format!("{name}.img"));
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(mib << 20)
+        .unwrap();
+    img
+}
+
+fn opens_in_cryptsetup(img: &Path, key: &Path) -> bool {
+    cs(&["open", "--test-passphrase", "--key-file", p(key), p(img)])
+        .status
+        .success()
+}
+
+fn opens_here(img: &Path, key: &Path) -> bool {
+    sc(&["test-passphrase", "--key-file", p(key), p(img)])
+        .status
+        .success()
+}
+
+fn volume_key_cryptsetup(img: &Path, key: &Path) -> String {
+    let text = String::from_utf8(
+        ok(
+            cs(&[
+                "luksDump",
+                "--dump-volume-key",
+                "-q",
+                "--key-file",
+                p(key),
+                p(img),
+            ]),
+            "cryptsetup dump key",
+        )
+        .stdout,
+    )
+    .unwrap();
+    let start = text.find("MK dump:").unwrap() + 8;
+    text[start..]
+        .split_whitespace()
+        .take_while(|w| w.len() == 2 && w.chars().all(|c| c.is_ascii_hexdigit()))
+        .collect()
+}
+
+fn volume_key_here(img: &Path, key: &Path) -> String {
+    let out = ok(
+        sc(&[
+            "dump",
+            "--dump-volume-key",
+            "--json",
+            "--key-file",
+            p(key),
+            p(img),
+        ]),
+        "our dump key",
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["volume_key"].as_str().unwrap().to_string()
+}
+
+const FAST_LUKS2: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+
+#[test]
+fn formats_cryptsetup_accepts_with_the_given_volume_key() {
+    let dir = scratch("format");
+    let k = key(&dir, "a");
+    let vk_hex = "00112233445566778899aabbccddeeff102132435465768798a9bacbdcedfe0f0123456789abcdef0123456789abcdeffedcba9876543210fedcba9876543210";
+    let vk = dir.join("vk.bin");
+    std::fs::write(&vk, hex::decode(vk_hex).unwrap()).unwrap();
+    let cases: [(&str, Vec<&str>); 5] = [
+        (
+            "l2-pbkdf2",
+            [&["--type", "luks2"][..], &FAST_LUKS2[..]].concat(),
+        ),
+        (
+            "l2-argon2id",
+            vec![
+                "--type",
+                "luks2",
+                "--pbkdf",
+                "argon2id",
+                "--pbkdf-force-iterations",
+                "4",
+                "--pbkdf-memory",
+                "32768",
+                "--label",
+                "data",
+                "--sector-size",
+                "512",
+            ],
+        ),
+        ("l2-default-type", FAST_LUKS2.to_vec()),
+        (
+            "l1",
+            vec!["--type", "luks1", "--pbkdf-force-iterations", "1000"],
+        ),
+        (
+            "l1-sha512",
+            vec![
+                "--type",
+                "luks1",
+                "--pbkdf-force-iterations",
+                "1000",
+                "--hash",
+                "sha512",
+            ],
+        ),
+    ];
+    for (name, extra) in cases {
+        let img = image(&dir, name, 32);
+        let mut args = vec![
+            "format",
+            "-q",
+            "--key-file",
+            p(&k),
+            "--volume-key-file",
+            p(&vk),
+        ];
+        args.extend(extra.iter().copied());
+        args.push(p(&img));
+        ok(sc(&args), name);
+        ok(cs(&["luksDump", p(&img)]), name);
+        assert!(opens_in_cryptsetup(&img, &k), "{name}");
+        assert_eq!(volume_key_cryptsetup(&img, &k), vk_hex, "{name}");
+        assert_eq!(volume_key_here(&img, &k), vk_hex, "{name}");
+        // cryptsetup's own repair finds nothing to change.
+        let before = std::fs::read(&img).unwrap();
+        ok(cs(&["repair", "-q", p(&img)]), name);
+        assert!(
+            std::fs::read(&img).unwrap() == before,
+            "{name}: cryptsetup repair changed the header"
+        );
+        // The dump is the same text cryptsetup prints.
+        assert_eq!(
+            sc(&["dump", p(&img)]).stdout,
+            cs(&["luksDump", p(&img)]).stdout,
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn keyslots_added_and_removed_here_are_seen_by_cryptsetup_and_back() {
+    let dir = scratch("slots");
+    for version in ["luks2", "luks1"] {
+        let (a, b, c, d) = (
+            key(&dir, "a"),
+            key(&dir, "b"),
+            key(&dir, "c"),
+            key(&dir, "d"),
+        );
+        let img = image(&dir, version, 32);
+        ok(
+            sc(&[
+                "format",
+                "-q",
+                "--type",
+                version,
+                "--pbkdf",
+                "pbkdf2",
+                "--pbkdf-force-iterations",
+                "1000",
+                "--key-file",
+                p(&a),
+                p(&img),
+            ]),
+            "format",
+        );
+        let vk = volume_key_here(&img, &a);
+        // Added here, opens in cryptsetup.
+        ok(
+            sc(&[
+                "add-key",
+                "--key-file",
+                p(&a),
+                "--pbkdf",
+                "pbkdf2",
+                "--pbkdf-force-iterations",
+                "1000",
+                "-S",
+                "3",
+                p(&img),
+                p(&b),
+            ]),
+            "add-key",
+        );
+        assert!(opens_in_cryptsetup(&img, &b), "{version}");
+        // Added by cryptsetup, opens here.
+        ok(
+            cs(&[
+                "luksAddKey",
+                "-q",
+                "--key-file",
+                p(&a),
+                "--pbkdf",
+                "pbkdf2",
+                "--pbkdf-force-iterations",
+                "1000",
+                p(&img),
+                p(&c),
+            ]),
+            "luksAddKey",
+        );
+        assert!(opens_here(&img, &c), "{version}");
+        // Changed here.
+        ok(
+            sc(&[
+                "change-key",
+                "--key-file",
+                p(&c),
+                "--pbkdf",
+                "pbkdf2",
+                "--pbkdf-force-iterations",
+                "1000",
+                p(&img),
+                p(&d),
+            ]),
+            "change-key",
+        );
+        assert!(
+            !opens_in_cryptsetup(&img, &c) && opens_in_cryptsetup(&img, &d),
+            "{version}"
+        );
+        // Removed and killed here.
+        ok(
+            sc(&["remove-key", "-q", "--key-file", p(&b), p(&img)]),
+            "remove-key",
+        );
+        assert!(!opens_in_cryptsetup(&img, &b), "{version}");
+        ok(
+            sc(&["kill-slot", "--key-file", p(&a), p(&img), "0"]),
+            "kill-slot",
+        );
+        assert!(!opens_in_cryptsetup(&img, &a), "{version}");
+        assert!(
+            opens_in_cryptsetup(&img, &d) && opens_here(&img, &d),
+            "{version}"
+        );
+        assert_eq!(
+            volume_key_cryptsetup(&img, &d),
+            vk,
+            "{version}: the volume key survived every change"
+        );
+    }
+}
+
+#[test]
+fn header_backups_restore_across_tools() {
+    let dir = scratch("backup");
+    let (a, b) = (key(&dir, "a"), key(&dir, "b"));
+    for version in ["luks2", "luks1"] {
+        let img = image(&dir, version, 32);
+        ok(
+            sc(&[
+                "format",
+                "-q",
+                "--type",
+                version,
+                "--pbkdf",
+                "pbkdf2",
+                "--pbkdf-force-iterations",
+                "1000",
+                "--key-file",
+                p(&a),
+                p(&img),
+            ]),
+            "format",
+        );
+        let ours = dir.join(format!("{version}-ours.backup"));
+        ok(
+            sc(&["header-backup", p(&img), "--header-backup-file", p(&ours)]),
+            "backup",
+        );
+        // A second backup to the same file is refused and changes nothing.
+        let again = sc(&["header-backup", p(&img), "--header-backup-file", p(&ours)]);
+        assert_eq!(again.status.code(), Some(1));
+        // Change the passphrase, restore our backup with cryptsetup: the old passphrase is back.
+        ok(
+            sc(&[
+                "change-key",
+                "--key-file",
+                p(&a),
+                "--pbkdf",
+                "pbkdf2",
+                "--pbkdf-force-iterations",
+                "1000",
+                p(&img),
+                p(&b),
+            ]),
+            "change-key",
+        );
+        assert!(!opens_here(&img, &a));
+        ok(
+            cs(&[
+                "luksHeaderRestore",
+                "-q",
+                p(&img),
+                "--header-backup-file",
+                p(&ours),
+            ]),
+            "cryptsetup restore",
+        );
+        assert!(opens_here(&img, &a) && !opens_here(&img, &b), "{version}");
+        // cryptsetup's backup restores here.
+        let theirs = dir.join(format!("{version}-theirs.backup"));
+        ok(
+            cs(&[
+                "luksHeaderBackup",
+                p(&img),
+                "--header-backup-file",
+                p(&theirs),
+            ]),
+            "cryptsetup backup",
+        );
+        ok(
+            sc(&[
+                "change-key",
+                "--key-file",
+                p(&a),
+                "--pbkdf",
+                "pbkdf2",
+                "--pbkdf-force-iterations",
+                "1000",
+                p(&img),
+                p(&b),
+            ]),
+            "change-key",
+        );
+        ok(
+            sc(&[
+                "header-restore",
+                "-q",
+                p(&img),
+                "--header-backup-file",
+                p(&theirs),
+            ]),
+            "restore here",
+        );
+        assert!(
+            opens_in_cryptsetup(&img, &a) && !opens_in_cryptsetup(&img, &b),
+            "{version}"
+        );
+    }
+}
+
+#[test]
+fn refused_commands_change_nothing() {
+    let dir = scratch("refused");
+    let (a, wrong, new) = (key(&dir, "a"), key(&dir, "wrong"), key(&dir, "new"));
+    let img = image(&dir, "v", 32);
+    ok(
+        sc(&[
+            "format",
+            "-q",
+            "--key-file",
+            p(&a),
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            p(&img),
+        ]),
+        "format",
+    );
+    let before = std::fs::read(&img).unwrap();
+    for (args, code) in [
+        (
+            vec!["add-key", "--key-file", p(&wrong), p(&img), p(&new)],
+            2,
+        ),
+        (
+            vec!["change-key", "--key-file", p(&wrong), p(&img), p(&new)],
+            2,
+        ),
+        (
+            vec!["remove-key", "-q", "--key-file", p(&wrong), p(&img)],
+            2,
+        ),
+        (vec!["kill-slot", "--key-file", p(&wrong), p(&img), "0"], 2),
+        (vec!["kill-slot", "-q", p(&img), "5"], 1),
+        (
+            vec!["add-key", "--key-file", p(&a), "-S", "99", p(&img), p(&new)],
+            1,
+        ),
+        (
+            vec![
+                "format",
+                "-q",
+                "--key-file",
+                p(&a),
+                "--cipher",
+                "aes-xts-plain65",
+                p(&img),
+            ],
+            1,
+        ),
+        (
+            vec![
+                "format",
+                "-q",
+                "--key-file",
+                p(&a),
+                "--key-size",
+                "100",
+                p(&img),
+            ],
+            1,
+        ),
+        (
+            vec![
+                "format",
+                "-q",
+                "--key-file",
+                p(&a),
+                "--type",
+                "luks3",
+                p(&img),
+            ],
+            1,
+        ),
+        (
+            vec![
+                "format",
+                "-q",
+                "--key-file",
+                p(&a),
+                "--pbkdf",
+                "scrypt",
+                p(&img),
+            ],
+            1,
+        ),
+        (
+            vec![
+                "header-restore",
+                "-q",
+                p(&img),
+                "--header-backup-file",
+                p(&a),
+            ],
+            1,
+        ),
+    ] {
+        let out = sc(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr)
+                .trim_end()
+                .lines()
+                .count(),
+            1,
+            "{args:?}"
+        );
+        assert!(
+            std::fs::read(&img).unwrap() == before,
+            "{args:?} changed the device"
+        );
+    }
+    let missing = dir.join("missing.img");
+    assert_eq!(
+        sc(&["format", "-q", "--key-file", p(&a), p(&missing)])
+            .status
+            .code(),
+        Some(4)
+    );
+    assert!(!missing.exists(), "format must not create a missing device");
+}
