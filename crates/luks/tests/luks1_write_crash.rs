@@ -285,3 +285,43 @@ fn the_sweep_catches_unsafe_orders() {
     let e = sweep(&image, &vk, &[A, B], &[A], &wipe_first_kill).unwrap_err();
     assert!(e.contains("enabled but opens with nothing"), "{e}");
 }
+
+/// `format` over an existing volume: at every cut point the device opens with exactly the old
+/// passphrases and the old volume key, or exactly the new passphrase and the new key, or not at
+/// all (formatting destroys the old volume by design) — never with a mix, never with a wrong key.
+#[test]
+fn format_survives_every_power_cut() {
+    let (image, old_vk) = volume(&[(B, 2)]);
+    let new_vk: Vec<u8> = (0..32u8).map(|b| b ^ 0x5a).collect();
+    let params = FormatParams {
+        key_bits: 256,
+        hash: Hash::Sha256,
+        iterations: Some(1000),
+        volume_key: Some(new_vk.clone().into()),
+        ..FormatParams::default()
+    };
+    let run = |dev: &CrashingStorage| format(dev, &params, C).map(|_| ());
+    let counting = CrashingStorage::new(image.clone(), None);
+    run(&counting).unwrap();
+    let total = counting.operations();
+    assert_eq!(mismatch(counting.contents(), &[C], &new_vk), None);
+    for cut in 0..=total {
+        let dev = CrashingStorage::new(image.clone(), Some(cut));
+        let result = run(&dev);
+        assert!(
+            cut == total || result.is_err(),
+            "format succeeded despite a cut after {cut}"
+        );
+        let survivor = dev.contents();
+        let verdicts = [
+            mismatch(survivor.clone(), &[A, B], &old_vk),
+            mismatch(survivor.clone(), &[C], &new_vk),
+            mismatch(survivor, &[], &new_vk),
+        ];
+        assert!(
+            verdicts.iter().any(Option::is_none),
+            "cut after {cut} of {total}: neither old, new nor unusable: {verdicts:?}"
+        );
+    }
+    println!("format: {} crash points tried", total + 1);
+}

@@ -518,3 +518,132 @@ fn refused_commands_change_nothing() {
     );
     assert!(!missing.exists(), "format must not create a missing device");
 }
+
+/// A volume cryptsetup is in the middle of re-encrypting carries the `online-reencrypt`
+/// requirement: it still reads, but nothing here may change it. A header whose two copies both
+/// fail their checksums is refused with exit 1 and left as it is.
+#[test]
+fn requirements_and_damage_are_refused_without_writing() {
+    let dir = scratch("requirements");
+    let (a, new) = (key(&dir, "a"), key(&dir, "new"));
+    let img = image(&dir, "reenc", 32);
+    ok(
+        cs(&[
+            "luksFormat",
+            "-q",
+            "--type",
+            "luks2",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--key-file",
+            p(&a),
+            p(&img),
+        ]),
+        "format",
+    );
+    ok(
+        cs(&[
+            "reencrypt",
+            "--init-only",
+            "-q",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--key-file",
+            p(&a),
+            p(&img),
+        ]),
+        "reencrypt --init-only",
+    );
+    assert!(
+        opens_here(&img, &a),
+        "a volume mid-reencryption still opens"
+    );
+    let before = std::fs::read(&img).unwrap();
+    for args in [
+        vec![
+            "add-key",
+            "--key-file",
+            p(&a),
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            p(&img),
+            p(&new),
+        ],
+        vec!["kill-slot", "-q", p(&img), "0"],
+    ] {
+        let out = sc(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("requirement"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            std::fs::read(&img).unwrap() == before,
+            "{args:?} changed the device"
+        );
+    }
+
+    // Both checksums broken: no copy is usable.
+    let img = image(&dir, "damaged", 32);
+    ok(
+        sc(&[
+            "format",
+            "-q",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--key-file",
+            p(&a),
+            p(&img),
+        ]),
+        "format",
+    );
+    let mut bytes = std::fs::read(&img).unwrap();
+    let csum = 0x1c0; // the checksum field of a LUKS2 binary header
+    bytes[csum] ^= 0xff;
+    bytes[16384 + csum] ^= 0xff;
+    std::fs::write(&img, &bytes).unwrap();
+    for args in [
+        vec!["dump", p(&img)],
+        vec!["test-passphrase", "--key-file", p(&a), p(&img)],
+        vec!["add-key", "--key-file", p(&a), p(&img), p(&new)],
+    ] {
+        let out = sc(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr)
+                .trim_end()
+                .lines()
+                .count(),
+            1
+        );
+        assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+    }
+    assert_eq!(sc(&["is-luks", p(&img)]).status.code(), Some(1));
+    assert!(
+        cs(&["luksDump", p(&img)]).status.code() != Some(0),
+        "cryptsetup refuses it too"
+    );
+    assert!(
+        std::fs::read(&img).unwrap() == bytes,
+        "refusals wrote nothing"
+    );
+}
