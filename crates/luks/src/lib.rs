@@ -15,6 +15,7 @@ pub mod kdf;
 pub mod keyslot;
 pub mod luks1;
 pub mod luks2;
+pub mod uuid;
 
 pub use error::Error;
 

@@ -1,29 +1,12 @@
 //! The header commands against volumes made by the real cryptsetup: the volume key, UUID and
 //! keyslot checks must agree with cryptsetup's own answers, and bad input gets CLI.md's exit codes.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("luks_cli-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (run scripts/install-test-deps.sh)"))
-}
-
-fn sectorcrypt(args: &[&str]) -> Output {
-    run(Command::new(env!("CARGO_BIN_EXE_sectorcrypt")).args(args))
-}
-
-fn path(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
+use common::{cryptsetup_volume_key, p, run, sc, scratch};
 
 /// A volume made by cryptsetup with a fast PBKDF, and its passphrase file.
 fn cryptsetup_volume(dir: &Path, name: &str, extra: &[&str]) -> (PathBuf, PathBuf) {
@@ -33,7 +16,7 @@ fn cryptsetup_volume(dir: &Path, name: &str, extra: &[&str]) -> (PathBuf, PathBu
     let f = std::fs::File::create(&img).unwrap();
     f.set_len(32 << 20).unwrap();
     let out = run(Command::new("cryptsetup")
-        .args(["luksFormat", "-q", "--key-file", path(&key)])
+        .args(["luksFormat", "-q", "--key-file", p(&key)])
         .args(extra)
         .arg(&img));
     assert!(
@@ -44,32 +27,9 @@ fn cryptsetup_volume(dir: &Path, name: &str, extra: &[&str]) -> (PathBuf, PathBu
     (img, key)
 }
 
-/// The volume key as cryptsetup prints it.
-fn cryptsetup_volume_key(img: &Path, key: &Path) -> String {
-    let out = run(Command::new("cryptsetup").args([
-        "luksDump",
-        "--dump-volume-key",
-        "-q",
-        "--key-file",
-        path(key),
-        path(img),
-    ]));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    let start = text.find("MK dump:").expect("MK dump line") + "MK dump:".len();
-    text[start..]
-        .split_whitespace()
-        .take_while(|w| w.len() == 2 && w.chars().all(|c| c.is_ascii_hexdigit()))
-        .collect()
-}
-
 #[test]
 fn volume_keys_match_cryptsetup_for_luks1_and_luks2() {
-    let dir = scratch("keys");
+    let dir = scratch("luks_cli-keys");
     let cases: [(&str, &[&str]); 6] = [
         (
             "l2-pbkdf2",
@@ -144,13 +104,13 @@ fn volume_keys_match_cryptsetup_for_luks1_and_luks2() {
     for (name, extra) in cases {
         let (img, key) = cryptsetup_volume(&dir, name, extra);
         let want = cryptsetup_volume_key(&img, &key);
-        let out = sectorcrypt(&[
+        let out = sc(&[
             "dump",
             "--dump-volume-key",
             "--json",
             "--key-file",
-            path(&key),
-            path(&img),
+            p(&key),
+            p(&img),
         ]);
         assert!(
             out.status.success(),
@@ -165,13 +125,13 @@ fn volume_keys_match_cryptsetup_for_luks1_and_luks2() {
             "{name}"
         );
         // The text form prints the same bytes as cryptsetup's "MK dump".
-        let out = sectorcrypt(&[
+        let out = sc(&[
             "luksDump",
             "--dump-volume-key",
             "-q",
             "--key-file",
-            path(&key),
-            path(&img),
+            p(&key),
+            p(&img),
         ]);
         let text = String::from_utf8(out.stdout).unwrap();
         assert_eq!(
@@ -184,24 +144,24 @@ fn volume_keys_match_cryptsetup_for_luks1_and_luks2() {
             "{name}"
         );
         // UUID as cryptsetup luksUUID.
-        let theirs = run(Command::new("cryptsetup").args(["luksUUID", path(&img)]));
-        let ours = sectorcrypt(&["luksUUID", path(&img)]);
+        let theirs = run(Command::new("cryptsetup").args(["luksUUID", p(&img)]));
+        let ours = sc(&["luksUUID", p(&img)]);
         assert_eq!(ours.stdout, theirs.stdout, "{name}");
         // test-passphrase: right 0, wrong 2.
         assert_eq!(
-            sectorcrypt(&["test-passphrase", "--key-file", path(&key), path(&img)])
+            sc(&["test-passphrase", "--key-file", p(&key), p(&img)])
                 .status
                 .code(),
             Some(0)
         );
         let wrong = dir.join("wrong.key");
         std::fs::write(&wrong, "not it").unwrap();
-        let out = sectorcrypt(&["test-passphrase", "--key-file", path(&wrong), path(&img)]);
+        let out = sc(&["test-passphrase", "--key-file", p(&wrong), p(&img)]);
         assert_eq!(out.status.code(), Some(2), "{name}");
         assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
-        assert_eq!(sectorcrypt(&["is-luks", path(&img)]).status.code(), Some(0));
+        assert_eq!(sc(&["is-luks", p(&img)]).status.code(), Some(0));
         // The header dump parses as JSON and names the same UUID.
-        let out = sectorcrypt(&["dump", "--json", path(&img)]);
+        let out = sc(&["dump", "--json", p(&img)]);
         assert!(out.status.success());
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert!(
@@ -214,7 +174,7 @@ fn volume_keys_match_cryptsetup_for_luks1_and_luks2() {
 
 #[test]
 fn key_file_offset_size_and_stdin_work_like_cryptsetup() {
-    let dir = scratch("keyfile");
+    let dir = scratch("luks_cli-keyfile");
     // A key file whose passphrase is bytes 5..25 of a larger file.
     let big = dir.join("big.key");
     let bytes: Vec<u8> = (0..100u8).map(|b| b.wrapping_mul(7)).collect();
@@ -237,7 +197,7 @@ fn key_file_offset_size_and_stdin_work_like_cryptsetup() {
         ])
         .args([
             "--key-file",
-            path(&big),
+            p(&big),
             "--keyfile-offset",
             "5",
             "--keyfile-size",
@@ -249,15 +209,15 @@ fn key_file_offset_size_and_stdin_work_like_cryptsetup() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let ok = sectorcrypt(&[
+    let ok = sc(&[
         "test-passphrase",
         "--key-file",
-        path(&big),
+        p(&big),
         "--keyfile-offset",
         "5",
         "--keyfile-size",
         "20",
-        path(&img),
+        p(&img),
     ]);
     assert_eq!(
         ok.status.code(),
@@ -265,20 +225,20 @@ fn key_file_offset_size_and_stdin_work_like_cryptsetup() {
         "{}",
         String::from_utf8_lossy(&ok.stderr)
     );
-    let off = sectorcrypt(&[
+    let off = sc(&[
         "test-passphrase",
         "--key-file",
-        path(&big),
+        p(&big),
         "--keyfile-offset",
         "6",
         "--keyfile-size",
         "20",
-        path(&img),
+        p(&img),
     ]);
     assert_eq!(off.status.code(), Some(2));
     // The same 20 bytes through standard input.
     let mut child = Command::new(env!("CARGO_BIN_EXE_sectorcrypt"))
-        .args(["test-passphrase", "--key-file", "-", path(&img)])
+        .args(["test-passphrase", "--key-file", "-", p(&img)])
         .stdin(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -292,28 +252,28 @@ fn key_file_offset_size_and_stdin_work_like_cryptsetup() {
     with_nl.push(b'\n');
     std::fs::write(&nl, with_nl).unwrap();
     assert_eq!(
-        sectorcrypt(&["test-passphrase", "--key-file", path(&nl), path(&img)])
+        sc(&["test-passphrase", "--key-file", p(&nl), p(&img)])
             .status
             .code(),
         Some(2)
     );
     // Asking for more bytes than the file has is an error, not a shorter passphrase.
-    let short = sectorcrypt(&[
+    let short = sc(&[
         "test-passphrase",
         "--key-file",
-        path(&big),
+        p(&big),
         "--keyfile-offset",
         "90",
         "--keyfile-size",
         "20",
-        path(&img),
+        p(&img),
     ]);
     assert_eq!(short.status.code(), Some(1));
 }
 
 #[test]
 fn bad_devices_get_the_documented_exit_codes() {
-    let dir = scratch("bad");
+    let dir = scratch("luks_cli-bad");
     let missing = dir.join("missing.img");
     let zero = dir.join("zero.img");
     std::fs::File::create(&zero)
@@ -323,15 +283,15 @@ fn bad_devices_get_the_documented_exit_codes() {
     let tiny = dir.join("tiny.img");
     std::fs::write(&tiny, b"LUKS").unwrap();
     for (args, code) in [
-        (vec!["is-luks", path(&missing)], 4),
-        (vec!["is-luks", path(&zero)], 1),
-        (vec!["isLuks", path(&tiny)], 1),
-        (vec!["dump", path(&missing)], 4),
-        (vec!["dump", path(&zero)], 4),
-        (vec!["luksUUID", path(&zero)], 4),
-        (vec!["uuid", path(&tiny)], 4),
+        (vec!["is-luks", p(&missing)], 4),
+        (vec!["is-luks", p(&zero)], 1),
+        (vec!["isLuks", p(&tiny)], 1),
+        (vec!["dump", p(&missing)], 4),
+        (vec!["dump", p(&zero)], 4),
+        (vec!["luksUUID", p(&zero)], 4),
+        (vec!["uuid", p(&tiny)], 4),
     ] {
-        let out = sectorcrypt(&args);
+        let out = sc(&args);
         assert_eq!(
             out.status.code(),
             Some(code),
@@ -344,10 +304,8 @@ fn bad_devices_get_the_documented_exit_codes() {
         );
     }
     // is-luks is quiet unless asked.
-    assert!(sectorcrypt(&["is-luks", path(&zero)]).stderr.is_empty());
-    assert!(!sectorcrypt(&["is-luks", "-v", path(&zero)])
-        .stderr
-        .is_empty());
+    assert!(sc(&["is-luks", p(&zero)]).stderr.is_empty());
+    assert!(!sc(&["is-luks", "-v", p(&zero)]).stderr.is_empty());
     // No key file and no terminal: refuse to prompt (exit 1), never hang.
     let (img, _) = cryptsetup_volume(
         &dir,
@@ -361,7 +319,7 @@ fn bad_devices_get_the_documented_exit_codes() {
             "1000",
         ],
     );
-    let out = sectorcrypt(&["test-passphrase", path(&img)]);
+    let out = sc(&["test-passphrase", p(&img)]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a terminal"));
 }

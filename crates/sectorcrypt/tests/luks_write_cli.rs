@@ -2,43 +2,11 @@
 //! what sectorcrypt writes, cryptsetup reads (and `cryptsetup repair` leaves alone), what
 //! cryptsetup writes, sectorcrypt edits; refused commands leave the device byte for byte intact.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("luks_write-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (run scripts/install-test-deps.sh)"))
-}
-
-fn ok(out: Output, what: &str) -> Output {
-    assert!(
-        out.status.success(),
-        "{what}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn sc(args: &[&str]) -> Output {
-    run(Command::new(env!("CARGO_BIN_EXE_sectorcrypt")).args(args))
-}
-
-fn cs(args: &[&str]) -> Output {
-    run(Command::new("cryptsetup").args(args))
-}
-
-fn p(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
+use common::{cryptsetup_volume_key, cs, ok, p, sc, scratch};
 
 fn key(dir: &Path, name: &str) -> PathBuf {
     let k = dir.join(format!("{name}.key"));
@@ -67,29 +35,6 @@ fn opens_here(img: &Path, key: &Path) -> bool {
         .success()
 }
 
-fn volume_key_cryptsetup(img: &Path, key: &Path) -> String {
-    let text = String::from_utf8(
-        ok(
-            cs(&[
-                "luksDump",
-                "--dump-volume-key",
-                "-q",
-                "--key-file",
-                p(key),
-                p(img),
-            ]),
-            "cryptsetup dump key",
-        )
-        .stdout,
-    )
-    .unwrap();
-    let start = text.find("MK dump:").unwrap() + 8;
-    text[start..]
-        .split_whitespace()
-        .take_while(|w| w.len() == 2 && w.chars().all(|c| c.is_ascii_hexdigit()))
-        .collect()
-}
-
 fn volume_key_here(img: &Path, key: &Path) -> String {
     let out = ok(
         sc(&[
@@ -110,7 +55,7 @@ const FAST_LUKS2: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", 
 
 #[test]
 fn formats_cryptsetup_accepts_with_the_given_volume_key() {
-    let dir = scratch("format");
+    let dir = scratch("luks_write-format");
     let k = key(&dir, "a");
     let vk_hex = "00112233445566778899aabbccddeeff102132435465768798a9bacbdcedfe0f0123456789abcdef0123456789abcdeffedcba9876543210fedcba9876543210";
     let vk = dir.join("vk.bin");
@@ -169,7 +114,7 @@ fn formats_cryptsetup_accepts_with_the_given_volume_key() {
         ok(sc(&args), name);
         ok(cs(&["luksDump", p(&img)]), name);
         assert!(opens_in_cryptsetup(&img, &k), "{name}");
-        assert_eq!(volume_key_cryptsetup(&img, &k), vk_hex, "{name}");
+        assert_eq!(cryptsetup_volume_key(&img, &k), vk_hex, "{name}");
         assert_eq!(volume_key_here(&img, &k), vk_hex, "{name}");
         // cryptsetup's own repair finds nothing to change.
         let before = std::fs::read(&img).unwrap();
@@ -189,7 +134,7 @@ fn formats_cryptsetup_accepts_with_the_given_volume_key() {
 
 #[test]
 fn keyslots_added_and_removed_here_are_seen_by_cryptsetup_and_back() {
-    let dir = scratch("slots");
+    let dir = scratch("luks_write-slots");
     for version in ["luks2", "luks1"] {
         let (a, b, c, d) = (
             key(&dir, "a"),
@@ -285,7 +230,7 @@ fn keyslots_added_and_removed_here_are_seen_by_cryptsetup_and_back() {
             "{version}"
         );
         assert_eq!(
-            volume_key_cryptsetup(&img, &d),
+            cryptsetup_volume_key(&img, &d),
             vk,
             "{version}: the volume key survived every change"
         );
@@ -294,7 +239,7 @@ fn keyslots_added_and_removed_here_are_seen_by_cryptsetup_and_back() {
 
 #[test]
 fn header_backups_restore_across_tools() {
-    let dir = scratch("backup");
+    let dir = scratch("luks_write-backup");
     let (a, b) = (key(&dir, "a"), key(&dir, "b"));
     for version in ["luks2", "luks1"] {
         let img = image(&dir, version, 32);
@@ -393,7 +338,7 @@ fn header_backups_restore_across_tools() {
 
 #[test]
 fn refused_commands_change_nothing() {
-    let dir = scratch("refused");
+    let dir = scratch("luks_write-refused");
     let (a, wrong, new) = (key(&dir, "a"), key(&dir, "wrong"), key(&dir, "new"));
     let img = image(&dir, "v", 32);
     ok(
@@ -524,7 +469,7 @@ fn refused_commands_change_nothing() {
 /// fail their checksums is refused with exit 1 and left as it is.
 #[test]
 fn requirements_and_damage_are_refused_without_writing() {
-    let dir = scratch("requirements");
+    let dir = scratch("luks_write-requirements");
     let (a, new) = (key(&dir, "a"), key(&dir, "new"));
     let img = image(&dir, "reenc", 32);
     ok(

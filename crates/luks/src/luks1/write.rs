@@ -196,40 +196,6 @@ fn digest_iterations(
     Ok(n.max(MIN_ITERATIONS))
 }
 
-/// A UUID as `uuid_parse` accepts it (36 characters, dashes at 8, 13, 18 and 23, hex digits
-/// elsewhere), returned as `uuid_unparse` writes it: lower case.
-fn normalize_uuid(uuid: &str) -> Result<String, Error> {
-    let bytes = uuid.as_bytes();
-    let well_formed = bytes.len() == 36
-        && bytes.iter().enumerate().all(|(i, b)| match i {
-            8 | 13 | 18 | 23 => *b == b'-',
-            _ => b.is_ascii_hexdigit(),
-        });
-    if !well_formed {
-        return Err(Error::Unsupported(format!(
-            "the UUID '{uuid}' (use the form 01234567-89ab-cdef-0123-456789abcdef)"
-        )));
-    }
-    Ok(uuid.to_ascii_lowercase())
-}
-
-/// A random version-4 UUID, as libuuid's `uuid_generate` makes one when it has a random source.
-fn random_uuid() -> String {
-    let mut b = [0u8; 16];
-    random_bytes(&mut b);
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    )
-}
-
 fn too_small(dev: &dyn Storage, len: u64, needed: u64) -> Error {
     Error::Unsupported(format!(
         "formatting {} ({len} bytes) as LUKS1: this key size needs at least {needed} bytes",
@@ -294,8 +260,8 @@ pub fn format(
         }
     };
     let uuid = match &params.uuid {
-        Some(u) => normalize_uuid(u)?,
-        None => random_uuid(),
+        Some(u) => crate::uuid::normalize(u)?,
+        None => crate::uuid::random(),
     };
 
     // LUKS_generate_phdr's layout: 4096-byte-aligned areas from sector 8, the payload at the next

@@ -244,59 +244,9 @@ pub(super) fn io(dev: &dyn Storage, source: std::io::Error) -> Error {
 
 fn random_bytes(n: usize) -> Zeroizing<Vec<u8>> {
     let mut v = Zeroizing::new(vec![0u8; n]);
-    rand::thread_rng().fill_bytes(&mut v);
+    // Volume keys and salts: straight from the OS, as cryptsetup reads /dev/urandom.
+    rand::rngs::OsRng.fill_bytes(&mut v);
     v
-}
-
-/// A random (version 4) UUID in cryptsetup's lowercase form.
-fn random_uuid() -> String {
-    let mut b = [0u8; 16];
-    rand::thread_rng().fill_bytes(&mut b);
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    format_uuid(&b)
-}
-
-fn format_uuid(b: &[u8; 16]) -> String {
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    )
-}
-
-/// A UUID as `uuid_parse` accepts it, normalised to lowercase as `uuid_unparse` writes it.
-fn parse_uuid(s: &str) -> Result<String, Error> {
-    let bad = || {
-        Error::Unsupported(format!(
-            "the UUID '{s}' (the form is 8-4-4-4-12 hex digits)"
-        ))
-    };
-    let bytes = s.as_bytes();
-    if bytes.len() != 36 {
-        return Err(bad());
-    }
-    let mut raw = [0u8; 16];
-    let mut hex = String::with_capacity(32);
-    for (i, &c) in bytes.iter().enumerate() {
-        if matches!(i, 8 | 13 | 18 | 23) {
-            if c != b'-' {
-                return Err(bad());
-            }
-        } else if c.is_ascii_hexdigit() {
-            hex.push(c as char);
-        } else {
-            return Err(bad());
-        }
-    }
-    for (i, byte) in raw.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-    }
-    Ok(format_uuid(&raw))
 }
 
 fn text_field(text: &str, what: &str) -> Result<[u8; LABEL_LEN], Error> {
@@ -567,7 +517,7 @@ pub(super) fn write_metadata(
 
 fn random_salt() -> [u8; SALT_LEN] {
     let mut s = [0u8; SALT_LEN];
-    rand::thread_rng().fill_bytes(&mut s);
+    rand::rngs::OsRng.fill_bytes(&mut s);
     s
 }
 
@@ -673,8 +623,8 @@ pub fn format(
     };
     check_cipher(&params.cipher, &volume_key)?;
     let uuid = match &params.uuid {
-        Some(u) => parse_uuid(u)?,
-        None => random_uuid(),
+        Some(u) => crate::uuid::normalize(u)?,
+        None => crate::uuid::random(),
     };
     let slot = params.keyslot.unwrap_or(0);
     if slot >= KEYSLOTS_MAX {
