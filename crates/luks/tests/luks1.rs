@@ -7,40 +7,19 @@
 //! missing tool fails the test. Everything runs on regular files (no root, no device-mapper).
 //! Passphrases reach the tools through key files only, never the command line.
 
+mod luks1_support;
+
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use sectorcrypt_luks::luks1::{Header, HEADER_SIZE};
 use sectorcrypt_luks::Error;
 use sectorcrypt_storage::FileStorage;
 
+use luks1_support::*;
+
 const PASSPHRASE: &[u8] = b"correct horse battery staple";
-
-/// A fresh, empty directory for one test.
-fn scratch(test: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("luks1")
-        .join(test);
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// Run `cmd` and return its output; a tool that cannot start or fails is a test failure.
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (run scripts/install-test-deps.sh)"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 /// Whether `cryptsetup luksDump` accepts the file (it loads and validates the header).
 fn cryptsetup_accepts(file: &Path) -> bool {
@@ -51,13 +30,6 @@ fn cryptsetup_accepts(file: &Path) -> bool {
         .unwrap_or_else(|e| panic!("cannot run cryptsetup: {e} (run scripts/install-test-deps.sh)"))
         .status
         .success()
-}
-
-/// Write `passphrase` to a key file in `dir` (cryptsetup reads the whole file, no newline).
-fn key_file(dir: &Path, name: &str, passphrase: &[u8]) -> PathBuf {
-    let path = dir.join(name);
-    fs::write(&path, passphrase).unwrap();
-    path
 }
 
 /// A `size`-byte regular file formatted by cryptsetup as LUKS1 with fast PBKDF2.
@@ -80,40 +52,6 @@ fn luks_format(
     path
 }
 
-/// The volume key as `cryptsetup luksDump --dump-volume-key` prints it ("MK dump:" and the
-/// continuation lines that follow, hex bytes separated by spaces). `extra` adds options such as
-/// `--header`.
-fn cryptsetup_volume_key(file: &Path, key: &Path, extra: &[&str]) -> Vec<u8> {
-    let out = run(Command::new("cryptsetup")
-        .args(["luksDump", "--dump-volume-key", "-q", "--key-file"])
-        .arg(key)
-        .args(extra)
-        .arg(file));
-    let text = String::from_utf8(out.stdout).unwrap();
-    let mut lines = text.lines().skip_while(|l| !l.starts_with("MK dump:"));
-    let first = lines
-        .next()
-        .unwrap_or_else(|| panic!("no 'MK dump:' in cryptsetup output:\n{text}"));
-    let mut hex = first["MK dump:".len()..].to_string();
-    for l in lines.take_while(|l| l.starts_with(char::is_whitespace)) {
-        hex += l;
-    }
-    let key = hex::decode(hex.split_whitespace().collect::<String>()).unwrap();
-    assert!(!key.is_empty(), "empty volume key in:\n{text}");
-    key
-}
-
-/// `cryptsetup luksDump` output without its first two lines (`LUKS header information for
-/// DEVICE` and an empty line), which `Header::dump_text` leaves to the caller.
-fn cryptsetup_dump(file: &Path) -> String {
-    let out = run(Command::new("cryptsetup").arg("luksDump").arg(file));
-    let text = String::from_utf8(out.stdout).unwrap();
-    let heading = format!("LUKS header information for {}\n\n", file.display());
-    text.strip_prefix(&heading)
-        .unwrap_or_else(|| panic!("unexpected luksDump heading:\n{text}"))
-        .to_string()
-}
-
 fn open(file: &Path) -> (FileStorage, Header) {
     let dev = FileStorage::open_read_only(file).unwrap();
     let header = Header::read(&dev).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
@@ -133,7 +71,7 @@ fn assert_wrong(r: Result<sectorcrypt_luks::Unlocked, Error>, what: &str) {
 /// and the passphrase yields cryptsetup's volume key.
 #[test]
 fn opens_cryptsetup_volumes_of_every_hash_and_cipher() {
-    let dir = scratch("matrix");
+    let dir = scratch("luks1", "matrix");
     let key = key_file(&dir, "key", PASSPHRASE);
     for hash in ["sha1", "sha256", "sha512"] {
         for (cipher, key_bits) in [
@@ -171,7 +109,7 @@ fn opens_cryptsetup_volumes_of_every_hash_and_cipher() {
 /// same volume key; after cryptsetup kills slot 0, the first passphrase no longer opens.
 #[test]
 fn opens_a_key_added_to_slot_3() {
-    let dir = scratch("add-key");
+    let dir = scratch("luks1", "add-key");
     let key = key_file(&dir, "key", PASSPHRASE);
     let second = key_file(&dir, "key2", b"second passphrase");
     let file = luks_format(&dir, "v.img", "aes-xts-plain64", 512, "sha256", &key);
@@ -217,7 +155,7 @@ fn opens_a_key_added_to_slot_3() {
 /// The passphrase is exact bytes: a trailing newline, a changed case or a prefix do not open.
 #[test]
 fn wrong_passphrases_are_refused() {
-    let dir = scratch("wrong");
+    let dir = scratch("luks1", "wrong");
     let key = key_file(&dir, "key", PASSPHRASE);
     let file = luks_format(&dir, "v.img", "aes-cbc-essiv:sha256", 256, "sha1", &key);
     let (dev, h) = open(&file);
@@ -239,7 +177,7 @@ fn wrong_passphrases_are_refused() {
 /// counts, the payload right after slot 7); it opens here with the key cryptsetup reports.
 #[test]
 fn opens_a_qemu_img_luks_volume() {
-    let dir = scratch("qemu");
+    let dir = scratch("luks1", "qemu");
     let secret = key_file(&dir, "secret", b"qemu passphrase");
     let file = dir.join("q.img");
     let mut object = std::ffi::OsString::from("secret,id=sec0,file=");
@@ -275,7 +213,7 @@ fn opens_a_qemu_img_luks_volume() {
 /// file (shorter than its payload offset) and a detached header (payload offset 0).
 #[test]
 fn header_backups_and_detached_headers_open() {
-    let dir = scratch("header-only");
+    let dir = scratch("luks1", "header-only");
     let key = key_file(&dir, "key", PASSPHRASE);
     let file = luks_format(&dir, "v.img", "aes-xts-plain64", 512, "sha512", &key);
     let backup = dir.join("backup.img");
@@ -316,7 +254,7 @@ fn header_backups_and_detached_headers_open() {
 /// past the end of a header-only file) is accepted here as well.
 #[test]
 fn refuses_the_headers_cryptsetup_refuses() {
-    let dir = scratch("damaged");
+    let dir = scratch("luks1", "damaged");
     let key = key_file(&dir, "key", PASSPHRASE);
     let original = luks_format(&dir, "v.img", "aes-xts-plain64", 512, "sha256", &key);
     let image = fs::read(&original).unwrap();

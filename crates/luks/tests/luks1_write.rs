@@ -8,9 +8,11 @@
 //! cryptsetup and qemu-img are installed by the test set-up (scripts/install-test-deps.sh); a
 //! missing tool fails the test. Everything runs on regular files with PBKDF2 at 1000 iterations.
 
+mod luks1_support;
+
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use sectorcrypt_cipher::spec::CipherSpec;
 use sectorcrypt_cipher::{SectorCipher, SectorOptions};
@@ -20,41 +22,10 @@ use sectorcrypt_luks::Error;
 use sectorcrypt_storage::{FileStorage, MemStorage, Storage};
 use zeroize::Zeroizing;
 
+use luks1_support::*;
+
 const PASSPHRASE: &[u8] = b"correct horse battery staple";
 const VOLUME_LEN: u64 = 4 << 20;
-
-fn scratch(test: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("luks1_write")
-        .join(test);
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn output(cmd: &mut Command) -> Output {
-    cmd.output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (run scripts/install-test-deps.sh)"))
-}
-
-/// Run `cmd`; failing is a test failure.
-fn run(cmd: &mut Command) -> Output {
-    let out = output(cmd);
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn key_file(dir: &Path, name: &str, passphrase: &[u8]) -> PathBuf {
-    let path = dir.join(name);
-    fs::write(&path, passphrase).unwrap();
-    path
-}
 
 fn empty_file(dir: &Path, name: &str, len: u64) -> PathBuf {
     let path = dir.join(name);
@@ -91,33 +62,6 @@ fn cryptsetup_opens(file: &Path, key: &Path, slot: Option<usize>) -> bool {
     output(cmd.arg(file)).status.success()
 }
 
-fn cryptsetup_volume_key(file: &Path, key: &Path) -> Vec<u8> {
-    let out = run(Command::new("cryptsetup")
-        .args(["luksDump", "--dump-volume-key", "-q", "--key-file"])
-        .arg(key)
-        .arg(file));
-    let text = String::from_utf8(out.stdout).unwrap();
-    let mut lines = text.lines().skip_while(|l| !l.starts_with("MK dump:"));
-    let first = lines
-        .next()
-        .unwrap_or_else(|| panic!("no 'MK dump:' in:\n{text}"));
-    let mut hex = first["MK dump:".len()..].to_string();
-    for l in lines.take_while(|l| l.starts_with(char::is_whitespace)) {
-        hex += l;
-    }
-    hex::decode(hex.split_whitespace().collect::<String>()).unwrap()
-}
-
-/// `cryptsetup luksDump` without its two heading lines.
-fn cryptsetup_dump(file: &Path) -> String {
-    let out = run(Command::new("cryptsetup").arg("luksDump").arg(file));
-    let text = String::from_utf8(out.stdout).unwrap();
-    let heading = format!("LUKS header information for {}\n\n", file.display());
-    text.strip_prefix(&heading)
-        .unwrap_or_else(|| panic!("unexpected luksDump heading:\n{text}"))
-        .to_string()
-}
-
 fn read(file: &Path) -> (FileStorage, Header) {
     let dev = FileStorage::open(file).unwrap();
     let h = Header::read(&dev).unwrap();
@@ -129,7 +73,7 @@ fn read(file: &Path) -> (FileStorage, Header) {
 /// with the same parameters has the same layout.
 #[test]
 fn formatted_volumes_open_in_cryptsetup() {
-    let dir = scratch("format");
+    let dir = scratch("luks1_write", "format");
     let key = key_file(&dir, "key", PASSPHRASE);
     let wrong = key_file(&dir, "wrong", b"wrong");
     for hash in [Hash::Sha1, Hash::Sha256, Hash::Sha512] {
@@ -148,7 +92,7 @@ fn formatted_volumes_open_in_cryptsetup() {
             assert_eq!(h.keyslots[0].iterations, 1000, "{what}");
             assert!(cryptsetup_opens(&file, &key, Some(0)), "{what}");
             assert!(!cryptsetup_opens(&file, &wrong, None), "{what}");
-            assert_eq!(cryptsetup_volume_key(&file, &key), &vk[..], "{what}");
+            assert_eq!(cryptsetup_volume_key(&file, &key, &[]), &vk[..], "{what}");
 
             let theirs = empty_file(&dir, "theirs.img", VOLUME_LEN);
             run(Command::new("cryptsetup")
@@ -179,7 +123,7 @@ fn formatted_volumes_open_in_cryptsetup() {
 /// A given UUID (any case), volume key and keyslot are used as given.
 #[test]
 fn format_takes_uuid_volume_key_and_slot() {
-    let dir = scratch("given");
+    let dir = scratch("luks1_write", "given");
     let key = key_file(&dir, "key", PASSPHRASE);
     let file = empty_file(&dir, "v.img", VOLUME_LEN);
     let vk: Vec<u8> = (0..64u8).collect();
@@ -197,7 +141,7 @@ fn format_takes_uuid_volume_key_and_slot() {
     );
     assert!(cryptsetup_opens(&file, &key, Some(5)));
     assert!(!cryptsetup_opens(&file, &key, Some(0)));
-    assert_eq!(cryptsetup_volume_key(&file, &key), vk);
+    assert_eq!(cryptsetup_volume_key(&file, &key, &[]), vk);
 }
 
 /// Bad parameters and a device too small are refused before anything is written.
@@ -271,7 +215,7 @@ fn format_refuses_bad_parameters_and_small_devices() {
 /// gone for cryptsetup, and a changed key opens in cryptsetup while the old one does not.
 #[test]
 fn keyslot_changes_interoperate_with_cryptsetup() {
-    let dir = scratch("keyslots");
+    let dir = scratch("luks1_write", "keyslots");
     let key = key_file(&dir, "key", PASSPHRASE);
     let second = key_file(&dir, "second", b"second");
     let third = key_file(&dir, "third", b"third");
@@ -298,7 +242,7 @@ fn keyslot_changes_interoperate_with_cryptsetup() {
     assert_eq!(h.dump_text(), cryptsetup_dump(&file));
     assert!(cryptsetup_opens(&file, &second, Some(6)));
     assert!(cryptsetup_opens(&file, &third, Some(1)));
-    assert_eq!(cryptsetup_volume_key(&file, &second), &vk[..]);
+    assert_eq!(cryptsetup_volume_key(&file, &second, &[]), &vk[..]);
     // The slot in use and a wrong volume key are refused.
     assert!(matches!(
         h.add_keyslot(&dev, &vk, b"x", Some(6), Some(1000), 2000),
@@ -362,7 +306,7 @@ fn keyslot_changes_interoperate_with_cryptsetup() {
 /// With all eight slots in use, a change rewrites the slot in place (as cryptsetup does).
 #[test]
 fn change_with_no_free_slot_reuses_the_slot() {
-    let dir = scratch("change-full");
+    let dir = scratch("luks1_write", "change-full");
     let file = empty_file(&dir, "v.img", VOLUME_LEN);
     let vk = format_file(&file, &params("aes-xts-plain64", 256, Hash::Sha256), b"p0");
     let (dev, mut h) = read(&file);
@@ -389,7 +333,7 @@ fn change_with_no_free_slot_reuses_the_slot() {
 /// cryptsetup's backup restores here. Both onto a device whose header and keyslots were wiped.
 #[test]
 fn header_backups_interoperate_with_cryptsetup() {
-    let dir = scratch("backup");
+    let dir = scratch("luks1_write", "backup");
     let key = key_file(&dir, "key", PASSPHRASE);
     let file = empty_file(&dir, "v.img", VOLUME_LEN);
     let vk = format_file(
@@ -424,7 +368,7 @@ fn header_backups_interoperate_with_cryptsetup() {
         .arg(&ours_path)
         .arg(&file));
     assert!(cryptsetup_opens(&file, &key, Some(0)));
-    assert_eq!(cryptsetup_volume_key(&file, &key), &vk[..]);
+    assert_eq!(cryptsetup_volume_key(&file, &key, &[]), &vk[..]);
     // Theirs into ours.
     wipe(&file);
     let dev = FileStorage::open(&file).unwrap();
@@ -476,7 +420,7 @@ fn restore_validates_before_writing() {
 /// key at our payload offset.
 #[test]
 fn qemu_img_reads_a_volume_formatted_here() {
-    let dir = scratch("qemu");
+    let dir = scratch("luks1_write", "qemu");
     let key = key_file(&dir, "key", PASSPHRASE);
     let file = empty_file(&dir, "v.img", 2 << 20);
     let vk = format_file(

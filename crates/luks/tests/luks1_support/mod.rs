@@ -1,0 +1,75 @@
+//! What the LUKS1 integration tests share: scratch folders, running the real tools (installed by
+//! scripts/install-test-deps.sh), and reading cryptsetup's answers.
+#![allow(dead_code)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// An empty folder for `test` of test file `group`.
+pub fn scratch(group: &str, test: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(group)
+        .join(test);
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Run `cmd`; a tool that cannot start is a test failure, its exit status is the caller's.
+pub fn output(cmd: &mut Command) -> Output {
+    cmd.output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (run scripts/install-test-deps.sh)"))
+}
+
+/// Run `cmd`; a tool that cannot start or fails is a test failure.
+pub fn run(cmd: &mut Command) -> Output {
+    let out = output(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Write `passphrase` to a key file in `dir` (cryptsetup reads the whole file, no newline).
+pub fn key_file(dir: &Path, name: &str, passphrase: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    fs::write(&path, passphrase).unwrap();
+    path
+}
+
+/// The volume key `cryptsetup luksDump --dump-volume-key` reports (`extra`: e.g. `--header`).
+pub fn cryptsetup_volume_key(file: &Path, key: &Path, extra: &[&str]) -> Vec<u8> {
+    let out = run(Command::new("cryptsetup")
+        .args(["luksDump", "--dump-volume-key", "-q", "--key-file"])
+        .arg(key)
+        .args(extra)
+        .arg(file));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut lines = text.lines().skip_while(|l| !l.starts_with("MK dump:"));
+    let first = lines
+        .next()
+        .unwrap_or_else(|| panic!("no 'MK dump:' in cryptsetup output:\n{text}"));
+    let mut hex = first["MK dump:".len()..].to_string();
+    for l in lines.take_while(|l| l.starts_with(char::is_whitespace)) {
+        hex += l;
+    }
+    let key = hex::decode(hex.split_whitespace().collect::<String>()).unwrap();
+    assert!(!key.is_empty(), "empty volume key in:\n{text}");
+    key
+}
+
+/// `cryptsetup luksDump` output without its first two lines (`LUKS header information for
+/// DEVICE` and an empty line), which `luks1::Header::dump_text` leaves to the caller.
+pub fn cryptsetup_dump(file: &Path) -> String {
+    let out = run(Command::new("cryptsetup").arg("luksDump").arg(file));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let heading = format!("LUKS header information for {}\n\n", file.display());
+    text.strip_prefix(&heading)
+        .unwrap_or_else(|| panic!("unexpected luksDump heading:\n{text}"))
+        .to_string()
+}
