@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Installs everything the tests and peer benchmarks need on a fresh Debian 12 machine (run as root,
 # or with sudo available): the Rust toolchain's components, the independent implementations the
-# tests cross-check against (OpenSSL through Python's `cryptography`, Crypto++), and openssl(1)
-# for the peer benchmarks. Safe to run again: it only installs what is missing.
+# tests cross-check against (OpenSSL through Python's `cryptography`, Crypto++), the real clients
+# and peers of the NBD and FUSE exports (qemu-img, libnbd's nbdcopy/nbdinfo, fio, nbdkit with its
+# luks filter, fuse3, e2fsprogs and fuse2fs), and openssl(1) for the peer benchmarks. Safe to run
+# again: it only installs what is missing.
 set -euo pipefail
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
-debs=(g++ libcrypto++-dev libcrypto++-utils openssl python3 cryptsetup-bin qemu-utils)
+debs=(g++ libcrypto++-dev libcrypto++-utils openssl python3 cryptsetup-bin qemu-utils
+  nbdkit libnbd-bin fio fuse3 e2fsprogs fuse2fs util-linux mount)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

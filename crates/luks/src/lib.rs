@@ -227,7 +227,12 @@ impl FormatOptions {
 
     fn key_bits(&self) -> Result<usize, Error> {
         let spec = self.spec()?;
-        let bits = self.key_bits.unwrap_or(spec.default_key_bits());
+        // cipher_null takes any key; cryptsetup's luksFormat still makes a 256-bit one.
+        let default_bits = match spec.default_key_bits() {
+            0 => 256,
+            bits => bits,
+        };
+        let bits = self.key_bits.unwrap_or(default_bits);
         if !bits.is_multiple_of(8) {
             return Err(Error::Unsupported(format!(
                 "a key of {bits} bits (not whole bytes)"

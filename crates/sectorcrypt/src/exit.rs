@@ -4,7 +4,7 @@ use std::fmt;
 use std::process::ExitCode;
 
 /// cryptsetup's exit codes (CLI.md): 1 usage or other error, 2 no key slot opens, 3 out of
-/// memory, 4 wrong device, 5 busy. No command so far can report 3 or 5.
+/// memory, 4 wrong device, 5 busy. No command so far can report 3.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Code {
@@ -14,6 +14,8 @@ pub enum Code {
     Permission = 2,
     /// The device is missing, too small, or not LUKS where LUKS is required.
     Device = 4,
+    /// The device, socket or mount point is already in use.
+    Busy = 5,
 }
 
 /// A failed command.

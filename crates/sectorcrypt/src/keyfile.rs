@@ -4,7 +4,7 @@
 //! is not a terminal. Secrets never come from argv or the environment.
 
 use std::fs::File;
-use std::io::{IsTerminal, Read, Seek, SeekFrom};
+use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 
 use zeroize::Zeroizing;
@@ -49,20 +49,18 @@ impl KeyArgs {
         let name = path.display().to_string();
         let read_err =
             |e: std::io::Error| CliError::usage(format!("cannot read key file {name}: {e}"));
-        if name == "-" {
-            let mut stdin = std::io::stdin().lock();
-            std::io::copy(
-                &mut (&mut stdin).take(self.keyfile_offset),
-                &mut std::io::sink(),
-            )
-            .map_err(read_err)?;
-            stdin.take(limit).read_to_end(&mut out).map_err(read_err)?;
+        // The offset is skipped by reading, not seeking, so pipes and FIFOs work as files do.
+        let mut source: Box<dyn Read> = if name == "-" {
+            Box::new(std::io::stdin().lock())
         } else {
-            let mut f = File::open(path).map_err(read_err)?;
-            f.seek(SeekFrom::Start(self.keyfile_offset))
-                .map_err(read_err)?;
-            f.take(limit).read_to_end(&mut out).map_err(read_err)?;
-        }
+            Box::new(File::open(path).map_err(read_err)?)
+        };
+        std::io::copy(
+            &mut (&mut source).take(self.keyfile_offset),
+            &mut std::io::sink(),
+        )
+        .map_err(read_err)?;
+        source.take(limit).read_to_end(&mut out).map_err(read_err)?;
         if let Some(size) = self.keyfile_size {
             if (out.len() as u64) < size {
                 return Err(CliError::usage(format!(

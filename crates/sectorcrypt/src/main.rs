@@ -8,7 +8,9 @@ mod exit;
 mod header;
 mod keyfile;
 mod keyslots;
+mod open;
 mod pbkdf_args;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -64,6 +66,8 @@ enum Command {
     /// Restore the header and keyslots from a backup file (cryptsetup luksHeaderRestore).
     #[command(name = "header-restore", alias = "luksHeaderRestore")]
     HeaderRestore(keyslots::BackupArgs),
+    /// Unlock DEVICE and export the decrypted volume over NBD until SIGINT/SIGTERM.
+    Serve(Box<serve::ServeArgs>),
 }
 
 fn main() -> ExitCode {
@@ -84,6 +88,7 @@ fn main() -> ExitCode {
         Command::KillSlot(args) => keyslots::kill_slot(args),
         Command::HeaderBackup(args) => keyslots::header_backup(args),
         Command::HeaderRestore(args) => keyslots::header_restore(args),
+        Command::Serve(args) => serve::run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -24,6 +24,12 @@ pub trait Storage: Send + Sync {
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// Make every completed write durable.
     fn sync(&self) -> io::Result<()>;
+    /// Release `len` bytes at `offset` (a hint, like a block device's discard: afterwards they
+    /// read back as zeros or as they were). Devices that cannot release space ignore it.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        let _ = (offset, len);
+        Ok(())
+    }
     /// The length in bytes.
     fn len(&self) -> io::Result<u64>;
     /// Whether the device has no bytes.
@@ -102,6 +108,26 @@ impl Storage for FileStorage {
         self.file.sync_data()
     }
 
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        use rustix::fs::{fallocate, FallocateFlags};
+        let size = self.len()?;
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(past_end("a discard", offset, len as usize, size));
+        }
+        // Punching a hole works on regular files and (since Linux 4.9) block devices; where
+        // the file system cannot, the hint is dropped.
+        match fallocate(
+            &self.file,
+            FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+            offset,
+            len,
+        ) {
+            Ok(()) => Ok(()),
+            Err(rustix::io::Errno::OPNOTSUPP) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     fn len(&self) -> io::Result<u64> {
         let meta = self.file.metadata()?;
         if meta.file_type().is_file() {
@@ -164,6 +190,12 @@ impl Storage for MemStorage {
 
     fn sync(&self) -> io::Result<()> {
         Ok(())
+    }
+
+    /// Released bytes read back as zeros, as from a file with a hole.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        let zeros = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
+        self.write_at(&zeros, offset)
     }
 
     fn len(&self) -> io::Result<u64> {

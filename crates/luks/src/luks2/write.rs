@@ -388,10 +388,23 @@ struct NewKeyslot {
     material: Zeroizing<Vec<u8>>,
 }
 
+/// The cipher of keyslot areas for volumes whose data segment uses `segment_cipher` with a key of
+/// `key_len` bytes, and its key length: the segment's own, except that `cipher_null` would store
+/// the volume key in the clear, so there cryptsetup (`LUKS2_keyslot_cipher_incompatible`) uses
+/// aes-xts-plain64 with a 512-bit key, and so do we.
+fn keyslot_area_cipher(segment_cipher: &str, key_len: usize) -> (String, usize) {
+    if segment_cipher.starts_with("cipher_null") {
+        ("aes-xts-plain64".to_string(), 64)
+    } else {
+        (segment_cipher.to_string(), key_len)
+    }
+}
+
 /// Build a keyslot holding `volume_key` for `passphrase` at `offset`, encrypted like the data
-/// segment (`cipher`), as `luks2_keyslot_alloc` and `luks2_keyslot_set_key` do.
+/// segment (`segment_cipher`, see [`keyslot_area_cipher`]), as `luks2_keyslot_alloc` and
+/// `luks2_keyslot_set_key` do.
 fn make_keyslot(
-    cipher: &str,
+    segment_cipher: &str,
     af_hash: Hash,
     volume_key: &[u8],
     passphrase: &[u8],
@@ -399,12 +412,13 @@ fn make_keyslot(
     offset: u64,
 ) -> Result<NewKeyslot, Error> {
     let key_len = volume_key.len();
-    let kdf = pbkdf.resolve(key_len)?;
+    let (cipher, area_key_len) = keyslot_area_cipher(segment_cipher, key_len);
+    let kdf = pbkdf.resolve(area_key_len)?;
     let salt = random_bytes(KDF_SALT_LEN);
     let area = KeyslotArea {
         offset,
-        cipher: cipher.to_string(),
-        key_size: key_len,
+        cipher: cipher.clone(),
+        key_size: area_key_len,
         volume_key_size: key_len,
         stripes: STRIPES as usize,
         af_hash,
@@ -420,8 +434,8 @@ fn make_keyslot(
         area: Area {
             offset,
             size: keyslot_area_size(key_len),
-            encryption: cipher.to_string(),
-            key_size: key_len as u32,
+            encryption: cipher,
+            key_size: area_key_len as u32,
             extra: Map::new(),
         },
         kdf: kdf_json(&kdf, salt.to_vec()),

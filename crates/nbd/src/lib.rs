@@ -1,0 +1,56 @@
+//! An NBD server for sectorcrypt volumes: any NBD client (qemu, `nbdcopy`, `nbdinfo`, fio's
+//! `nbd` engine, the kernel's `nbd-client`) reads and writes the decrypted volume.
+//!
+//! Modules: [`proto`] (wire constants and encodings), `handshake` (fixed newstyle option
+//! haggling), `transmission` (one connection's requests: a reader thread feeding a few workers
+//! that reply out of order), `server` (listeners, connections, stopping).
+//!
+//! Design choices:
+//! - The volume does the work: each NBD request becomes one volume call, and so one extended
+//!   request for the cipher, whatever its size. The server adds no lock of its own around the
+//!   volume; partial-sector writes lock only their sector inside the volume.
+//! - Writes are encrypted in the buffer the payload was received into, and reads are decrypted in
+//!   the buffer the reply is sent from, header included: one copy in, one copy out, one
+//!   `write` per reply.
+//! - Block sizes advertised: minimum = the encryption sector size (smaller requests work, by
+//!   read-modify-write, but cost a read), preferred = at least 4 KiB, maximum payload 32 MiB.
+//! - Only the fixed newstyle handshake, as every current client speaks it; no TLS (use the Unix
+//!   socket, mode 0600, or a tunnel), no block status (the volume has no holes to report).
+
+#![forbid(unsafe_code)]
+
+mod handshake;
+pub mod proto;
+mod server;
+mod stream;
+mod transmission;
+
+pub use handshake::ExportInfo;
+pub use server::{Listen, Server, ServerOptions, StopHandle, MAX_PAYLOAD};
+
+use std::fmt;
+use std::io;
+
+/// What can stop a server from starting or finishing.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The address or socket path is taken by a live server (or is not a socket).
+    Busy(String),
+    /// Binding failed for another reason.
+    Bind { address: String, source: io::Error },
+    /// The final flush failed.
+    Volume(sectorcrypt_volume::Error),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Busy(why) => write!(f, "{why}"),
+            Error::Bind { address, source } => write!(f, "cannot listen on {address}: {source}"),
+            Error::Volume(e) => write!(f, "flushing the volume failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}

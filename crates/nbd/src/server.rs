@@ -1,0 +1,336 @@
+//! Listening, accepting and stopping.
+//!
+//! One thread per connection (it runs the handshake, then reads requests and feeds the
+//! connection's workers). Every connection serves the same [`Volume`]; since the volume's flush
+//! is an fdatasync of the whole device, a flush on any connection covers writes completed on all
+//! of them, which is what `NBD_FLAG_CAN_MULTI_CONN` promises.
+
+use std::fs;
+use std::io;
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use sectorcrypt_volume::Volume;
+
+use crate::handshake::{negotiate, ExportInfo, Outcome};
+use crate::proto::*;
+use crate::stream::Stream;
+use crate::transmission;
+use crate::Error;
+
+/// The largest READ or WRITE payload (the protocol's recommended minimum maximum).
+pub const MAX_PAYLOAD: u32 = 32 << 20;
+
+/// A client must finish the handshake within this time.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A client that does not take a reply within this time is dropped.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Where to listen.
+#[derive(Clone, Debug)]
+pub enum Listen {
+    /// A Unix socket at this path, mode 0600.
+    Unix(PathBuf),
+    /// TCP on `host:port`.
+    Tcp(String),
+}
+
+/// How to serve.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// The export's name (the empty name always reaches it too).
+    pub export_name: String,
+    /// A description for `nbdinfo` and friends.
+    pub description: String,
+    /// Worker threads per connection.
+    pub workers: usize,
+    /// Connections served at once; more are closed straight away.
+    pub max_connections: usize,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            export_name: String::new(),
+            description: String::new(),
+            workers: 4,
+            max_connections: 64,
+        }
+    }
+}
+
+enum Listener {
+    Unix(UnixListener, PathBuf),
+    Tcp(TcpListener),
+}
+
+/// A bound server, ready to [`run`](Server::run).
+pub struct Server {
+    listener: Listener,
+    volume: Arc<Volume>,
+    export: ExportInfo,
+    options: ServerOptions,
+    stop: Arc<AtomicBool>,
+}
+
+/// Stops a running server from another thread (a signal handler's thread, a test).
+#[derive(Clone)]
+pub struct StopHandle {
+    stop: Arc<AtomicBool>,
+    wake: Wake,
+}
+
+#[derive(Clone)]
+enum Wake {
+    Unix(PathBuf),
+    Tcp(std::net::SocketAddr),
+}
+
+impl StopHandle {
+    /// Ask the server to stop: it stops accepting, lets each connection finish the requests it
+    /// has read, flushes the volume and returns from `run`.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the accept loop with a connection of our own.
+        let _ = match &self.wake {
+            Wake::Unix(p) => UnixStream::connect(p).map(drop),
+            Wake::Tcp(a) => TcpStream::connect(a).map(drop),
+        };
+    }
+}
+
+impl Server {
+    /// Bind `listen` for `volume`. A Unix socket path that holds a stale socket is replaced;
+    /// one where a server still answers is [`Error::Busy`].
+    pub fn bind(
+        listen: &Listen,
+        volume: Arc<Volume>,
+        options: ServerOptions,
+    ) -> Result<Self, Error> {
+        let listener = match listen {
+            Listen::Unix(path) => Listener::Unix(bind_unix(path)?, path.clone()),
+            Listen::Tcp(addr) => {
+                let l = TcpListener::bind(addr).map_err(|source| {
+                    if source.kind() == io::ErrorKind::AddrInUse {
+                        Error::Busy(format!("{addr} is already in use"))
+                    } else {
+                        Error::Bind {
+                            address: addr.clone(),
+                            source,
+                        }
+                    }
+                })?;
+                Listener::Tcp(l)
+            }
+        };
+        let mut flags = FLAG_HAS_FLAGS
+            | FLAG_SEND_FLUSH
+            | FLAG_SEND_FUA
+            | FLAG_SEND_WRITE_ZEROES
+            | FLAG_CAN_MULTI_CONN;
+        if volume.is_read_only() {
+            flags |= FLAG_READ_ONLY;
+        }
+        if volume.allows_discards() {
+            flags |= FLAG_SEND_TRIM;
+        }
+        let sector = volume.sector_size() as u32;
+        let export = ExportInfo {
+            name: options.export_name.clone(),
+            description: options.description.clone(),
+            size: volume.size(),
+            flags,
+            min_block: sector,
+            preferred_block: sector.max(4096),
+            max_payload: MAX_PAYLOAD,
+        };
+        Ok(Server {
+            listener,
+            volume,
+            export,
+            options,
+            stop: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    /// Where the server listens, as an NBD URI.
+    pub fn uri(&self) -> String {
+        match &self.listener {
+            Listener::Unix(_, p) => {
+                format!("nbd+unix:///{}?socket={}", self.export.name, p.display())
+            }
+            Listener::Tcp(l) => match l.local_addr() {
+                Ok(a) => format!("nbd://{a}/{}", self.export.name),
+                Err(_) => "nbd://".into(),
+            },
+        }
+    }
+
+    /// A handle that stops [`run`](Server::run).
+    pub fn stop_handle(&self) -> io::Result<StopHandle> {
+        let wake = match &self.listener {
+            Listener::Unix(_, p) => Wake::Unix(p.clone()),
+            Listener::Tcp(l) => {
+                let mut a = l.local_addr()?;
+                if a.ip().is_unspecified() {
+                    a.set_ip(match a {
+                        std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                        std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+                    });
+                }
+                Wake::Tcp(a)
+            }
+        };
+        Ok(StopHandle {
+            stop: Arc::clone(&self.stop),
+            wake,
+        })
+    }
+
+    /// Accept and serve clients until stopped; then finish the requests already read, flush the
+    /// volume and remove the socket file.
+    pub fn run(self) -> Result<(), Error> {
+        let live: Arc<Mutex<Vec<(u64, Stream)>>> = Arc::default();
+        let mut threads: Vec<JoinHandle<()>> = Vec::new();
+        let mut next_id = 0u64;
+        loop {
+            let accepted = match &self.listener {
+                Listener::Unix(l, _) => l.accept().map(|(s, _)| Stream::Unix(s)),
+                Listener::Tcp(l) => l.accept().map(|(s, _)| {
+                    // Replies go out as soon as they are written.
+                    let _ = s.set_nodelay(true);
+                    Stream::Tcp(s)
+                }),
+            };
+            if self.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let stream = match accepted {
+                Ok(s) => s,
+                // A client that gave up before we accepted it, or a shortage of descriptors:
+                // neither is a reason to stop serving the others.
+                Err(_) => {
+                    thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            };
+            threads.retain(|t| !t.is_finished());
+            if threads.len() >= self.options.max_connections {
+                stream.shutdown();
+                continue;
+            }
+            let id = next_id;
+            next_id += 1;
+            if let Ok(clone) = stream.try_clone() {
+                live.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push((id, clone));
+            }
+            let (volume, export, workers, registry) = (
+                Arc::clone(&self.volume),
+                self.export.clone(),
+                self.options.workers,
+                Arc::clone(&live),
+            );
+            let spawned = thread::Builder::new()
+                .name(format!("nbd-conn-{id}"))
+                .spawn(move || {
+                    let _ = serve_client(stream, volume, &export, workers);
+                    registry
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .retain(|(i, _)| *i != id);
+                });
+            match spawned {
+                Ok(t) => threads.push(t),
+                Err(_) => live
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .retain(|(i, s)| {
+                        if *i == id {
+                            s.shutdown();
+                        }
+                        *i != id
+                    }),
+            }
+        }
+        // Stop reading from every client; each connection answers what it has read, then ends.
+        for (_, s) in live.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+            s.shutdown_read();
+        }
+        for t in threads {
+            let _ = t.join();
+        }
+        let flushed = self.volume.flush();
+        if let Listener::Unix(_, path) = &self.listener {
+            let _ = fs::remove_file(path);
+        }
+        flushed.map_err(Error::Volume)
+    }
+}
+
+/// One client from greeting to goodbye.
+fn serve_client(
+    mut stream: Stream,
+    volume: Arc<Volume>,
+    export: &ExportInfo,
+    workers: usize,
+) -> io::Result<()> {
+    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    stream.set_write_timeout(Some(REPLY_TIMEOUT))?;
+    let outcome = negotiate(&mut stream, export);
+    match outcome {
+        Ok(Outcome::Transmission { structured }) => {
+            // Between requests a client may idle as long as it likes.
+            stream.set_read_timeout(None)?;
+            transmission::serve(stream, volume, structured, export.max_payload, workers)
+        }
+        Ok(Outcome::Closed) | Err(_) => {
+            stream.shutdown();
+            Ok(())
+        }
+    }
+}
+
+/// Bind a Unix socket readable and writable by the owner only, replacing a stale socket file.
+fn bind_unix(path: &Path) -> Result<UnixListener, Error> {
+    if let Ok(meta) = fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(Error::Busy(format!(
+                "{} exists and is not a socket",
+                path.display()
+            )));
+        }
+        if UnixStream::connect(path).is_ok() {
+            return Err(Error::Busy(format!(
+                "a server is already listening on {}",
+                path.display()
+            )));
+        }
+        fs::remove_file(path).map_err(|source| Error::Bind {
+            address: path.display().to_string(),
+            source,
+        })?;
+    }
+    // The socket is created with mode 0600 from the start (no window in which another user
+    // could connect), then set explicitly in case the umask was stricter about the owner.
+    let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+    let bound = UnixListener::bind(path);
+    rustix::process::umask(old);
+    let listener = bound.map_err(|source| Error::Bind {
+        address: path.display().to_string(),
+        source,
+    })?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(|source| Error::Bind {
+        address: path.display().to_string(),
+        source,
+    })?;
+    Ok(listener)
+}

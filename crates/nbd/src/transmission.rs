@@ -1,0 +1,342 @@
+//! The transmission phase of one connection.
+//!
+//! The connection's thread only reads: a request header, then a write's payload, then hands the
+//! request to the connection's small pool of workers and reads the next one. Workers do the
+//! storage I/O and the cipher (one extended request per NBD request, spread over the cipher's
+//! threads when large) and send their replies, in whatever order they finish (the protocol
+//! matches replies by cookie). Reading ahead like this keeps a client's queue depth busy.
+//!
+//! Limits that keep a hostile or broken client from hurting anyone else:
+//! - payloads over the advertised maximum are refused (a write's payload is read and dropped, so
+//!   the stream stays in step);
+//! - the bytes of requests in flight are bounded per connection (the reader waits);
+//! - a client that stops reading its replies hits a write timeout and is dropped;
+//! - a request is only acted on once all of it has arrived: a client that vanishes halfway
+//!   through a write leaves the volume untouched.
+
+use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread;
+
+use sectorcrypt_volume::{Error as VolumeError, Volume};
+
+use crate::proto::*;
+use crate::stream::Stream;
+
+/// Bytes of requests one connection may have in flight.
+const IN_FLIGHT_BYTES: u64 = 128 << 20;
+
+/// Every request counts at least this much against [`IN_FLIGHT_BYTES`], so a flood of
+/// zero-length requests is bounded too.
+const MIN_REQUEST_COST: u64 = 4096;
+
+/// Counts bytes in flight; the reader waits while the budget is spent.
+struct Budget {
+    available: Mutex<u64>,
+    freed: Condvar,
+}
+
+impl Budget {
+    fn take(self: &Arc<Self>, cost: u64) -> Ticket {
+        let cost = cost.max(MIN_REQUEST_COST);
+        let mut avail = self
+            .available
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        while *avail < cost {
+            avail = self
+                .freed
+                .wait(avail)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        *avail -= cost;
+        Ticket {
+            budget: Arc::clone(self),
+            cost,
+        }
+    }
+}
+
+/// A request's share of the budget, returned when dropped (after its reply is sent).
+struct Ticket {
+    budget: Arc<Budget>,
+    cost: u64,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut avail = self
+            .budget
+            .available
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *avail += self.cost;
+        self.budget.freed.notify_all();
+    }
+}
+
+/// What the connection's threads share.
+struct Connection {
+    volume: Arc<Volume>,
+    writer: Mutex<Stream>,
+    structured: bool,
+    max_payload: u32,
+    /// Set when a reply could not be sent: the client is gone or stuck, stop serving it.
+    broken: AtomicBool,
+}
+
+impl Connection {
+    /// Send a whole reply, or mark the connection broken.
+    fn send(&self, bytes: &[u8]) {
+        if self.broken.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut w = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        if w.write_all(bytes).is_err() {
+            self.broken.store(true, Ordering::Relaxed);
+            // Wake the reader too: nothing more will be answered.
+            w.shutdown();
+        }
+    }
+
+    /// A reply without payload: success or an error.
+    fn reply(&self, req: &Request, error: u32, why: &str) {
+        if self.structured && req.kind == CMD_READ {
+            if error == 0 {
+                // A zero-length read: no data chunk may be empty, so a bare final chunk.
+                let mut out = [0u8; 20];
+                chunk_header(&mut out, REPLY_FLAG_DONE, REPLY_TYPE_NONE, req.cookie, 0);
+                self.send(&out);
+            } else {
+                self.send(&structured_error(req.cookie, error, why));
+            }
+        } else {
+            let mut out = [0u8; SIMPLE_REPLY_LEN];
+            simple_reply_header(&mut out, error, req.cookie);
+            self.send(&out);
+        }
+    }
+
+    fn reply_result(&self, req: &Request, result: Result<(), VolumeError>) {
+        match result {
+            Ok(()) => self.reply(req, 0, ""),
+            Err(e) => self.reply(req, errno(req.kind, &e), &e.to_string()),
+        }
+    }
+
+    /// Read and decrypt, then send header and data in one write.
+    fn read(&self, req: &Request) {
+        let len = req.length as usize;
+        if len == 0 {
+            return self.reply_result(req, self.volume.read(&mut [], req.offset));
+        }
+        let head = if self.structured {
+            OFFSET_DATA_HEADER_LEN
+        } else {
+            SIMPLE_REPLY_LEN
+        };
+        let mut out = vec![0u8; head + len];
+        if let Err(e) = self.volume.read(&mut out[head..], req.offset) {
+            return self.reply(req, errno(req.kind, &e), &e.to_string());
+        }
+        if self.structured {
+            chunk_header(
+                &mut out,
+                REPLY_FLAG_DONE,
+                REPLY_TYPE_OFFSET_DATA,
+                req.cookie,
+                (8 + len) as u32,
+            );
+            out[20..28].copy_from_slice(&req.offset.to_be_bytes());
+        } else {
+            simple_reply_header(&mut out, 0, req.cookie);
+        }
+        self.send(&out);
+    }
+
+    /// Run one request that passed the reader's checks.
+    fn execute(&self, req: &Request, payload: Option<Vec<u8>>) {
+        let fua = req.flags & CMD_FLAG_FUA != 0;
+        let with_fua = |r: Result<(), VolumeError>| match r {
+            Ok(()) if fua => self.volume.flush(),
+            other => other,
+        };
+        let len = u64::from(req.length);
+        match req.kind {
+            CMD_READ => self.read(req),
+            CMD_WRITE => {
+                let mut data = payload.unwrap_or_default();
+                let r = self.volume.write_in_place(&mut data, req.offset);
+                self.reply_result(req, with_fua(r));
+            }
+            CMD_FLUSH => self.reply_result(req, self.volume.flush()),
+            CMD_TRIM => {
+                let r = self.volume.discard(req.offset, len);
+                self.reply_result(req, with_fua(r));
+            }
+            CMD_WRITE_ZEROES => {
+                let r = self.volume.write_zeroes(req.offset, len);
+                self.reply_result(req, with_fua(r));
+            }
+            _ => self.reply(req, EINVAL, "unknown command"),
+        }
+    }
+}
+
+/// The protocol's errno for a volume error on command `kind`.
+fn errno(kind: u16, e: &VolumeError) -> u32 {
+    match e {
+        VolumeError::OutOfRange { .. } if kind == CMD_WRITE || kind == CMD_WRITE_ZEROES => ENOSPC,
+        VolumeError::OutOfRange { .. } | VolumeError::DiscardsNotAllowed => EINVAL,
+        VolumeError::ReadOnly => EPERM,
+        VolumeError::Io(io) if io.raw_os_error() == Some(28) => ENOSPC,
+        _ => EIO,
+    }
+}
+
+/// A job for the connection's workers.
+struct Job {
+    req: Request,
+    payload: Option<Vec<u8>>,
+    _ticket: Ticket,
+}
+
+/// Serve requests on `stream` until the client disconnects, breaks the protocol or the stream
+/// is shut down. Returns once every reply has been sent.
+pub(crate) fn serve(
+    mut stream: Stream,
+    volume: Arc<Volume>,
+    structured: bool,
+    max_payload: u32,
+    workers: usize,
+) -> io::Result<()> {
+    let conn = Arc::new(Connection {
+        volume,
+        writer: Mutex::new(stream.try_clone()?),
+        structured,
+        max_payload,
+        broken: AtomicBool::new(false),
+    });
+    let budget = Arc::new(Budget {
+        available: Mutex::new(IN_FLIGHT_BYTES),
+        freed: Condvar::new(),
+    });
+    let (tx, rx) = crossbeam_channel::unbounded::<Job>();
+    let pool: Vec<_> = (0..workers.max(1))
+        .map(|i| {
+            let (rx, conn) = (rx.clone(), Arc::clone(&conn));
+            thread::Builder::new()
+                .name(format!("nbd-worker-{i}"))
+                .spawn(move || {
+                    for job in rx {
+                        if !conn.broken.load(Ordering::Relaxed) {
+                            conn.execute(&job.req, job.payload);
+                        }
+                    }
+                })
+        })
+        .collect::<io::Result<_>>()?;
+    drop(rx);
+
+    let result = read_requests(&mut stream, &conn, &budget, &tx);
+    drop(tx);
+    for worker in pool {
+        let _ = worker.join();
+    }
+    stream.shutdown();
+    match result {
+        // The client leaving (or being dropped) is how a connection ends.
+        Err(e) if is_disconnect(&e) => Ok(()),
+        other => other,
+    }
+}
+
+fn is_disconnect(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+    )
+}
+
+/// The reader: parse, check and queue requests until `NBD_CMD_DISC`, end of stream or a
+/// protocol error that leaves the stream out of step.
+fn read_requests(
+    stream: &mut Stream,
+    conn: &Arc<Connection>,
+    budget: &Arc<Budget>,
+    tx: &crossbeam_channel::Sender<Job>,
+) -> io::Result<()> {
+    const KNOWN_FLAGS: u16 = CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_DF;
+    loop {
+        let mut head = [0u8; REQUEST_LEN];
+        stream.read_exact(&mut head)?;
+        if conn.broken.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        // A bad magic means the stream is out of step: nothing after it can be trusted.
+        let Some(req) = Request::parse(&head) else {
+            return Ok(());
+        };
+        let len = req.length;
+        if req.kind == CMD_DISC {
+            return Ok(());
+        }
+        if req.kind == CMD_WRITE {
+            if len > conn.max_payload {
+                skip(stream, u64::from(len))?;
+                conn.reply(&req, EINVAL, "write larger than the maximum payload");
+                continue;
+            }
+            let ticket = budget.take(u64::from(len));
+            let mut payload = vec![0u8; len as usize];
+            // A client vanishing here leaves nothing half-written: the write never started.
+            stream.read_exact(&mut payload)?;
+            if req.flags & !KNOWN_FLAGS != 0 {
+                conn.reply(&req, EINVAL, "unknown command flags");
+                continue;
+            }
+            let _ = tx.send(Job {
+                req,
+                payload: Some(payload),
+                _ticket: ticket,
+            });
+            continue;
+        }
+        let refusal = match req.kind {
+            _ if req.flags & !KNOWN_FLAGS != 0 => Some("unknown command flags"),
+            CMD_READ if len > conn.max_payload => Some("read larger than the maximum payload"),
+            CMD_READ | CMD_FLUSH | CMD_WRITE_ZEROES => None,
+            CMD_TRIM if conn.volume.allows_discards() => None,
+            CMD_TRIM => Some("discards are off (--allow-discards)"),
+            _ => Some("unknown command"),
+        };
+        if let Some(why) = refusal {
+            conn.reply(&req, EINVAL, why);
+            continue;
+        }
+        let cost = if req.kind == CMD_READ {
+            u64::from(len)
+        } else {
+            0
+        };
+        let ticket = budget.take(cost);
+        let _ = tx.send(Job {
+            req,
+            payload: None,
+            _ticket: ticket,
+        });
+    }
+}
+
+/// Read and drop `len` bytes.
+fn skip(stream: &mut Stream, len: u64) -> io::Result<()> {
+    let copied = io::copy(&mut (&mut *stream).take(len), &mut io::sink())?;
+    if copied < len {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(())
+}

@@ -1,0 +1,97 @@
+//! Unlocking a volume for the commands that serve it (`serve`, `mount`): the device (and a
+//! detached header), the passphrase, and how the volume is opened.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use sectorcrypt_luks::Header;
+use sectorcrypt_storage::{FileStorage, Storage};
+use sectorcrypt_volume::{Volume, VolumeOptions};
+
+use crate::exit::{CliError, Code};
+use crate::header::luks_error;
+use crate::keyfile::KeyArgs;
+
+/// The volume to open and how.
+#[derive(clap::Args, Debug)]
+pub struct VolumeArgs {
+    /// The LUKS device or image file.
+    #[arg(value_name = "DEVICE")]
+    pub device: PathBuf,
+    /// Read the header from this detached header file; DEVICE then holds only data.
+    #[arg(long, value_name = "FILE")]
+    pub header: Option<PathBuf>,
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// Only try this keyslot.
+    #[arg(short = 'S', long = "key-slot", value_name = "N")]
+    pub key_slot: Option<usize>,
+    /// Refuse writes (the device is opened read-only).
+    #[arg(short = 'r', long)]
+    pub readonly: bool,
+    /// Pass discards (TRIM) down to the device. Off by default: holes show which blocks are in use.
+    #[arg(long = "allow-discards")]
+    pub allow_discards: bool,
+    /// Cipher threads for large requests (default: the number of CPUs).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub threads: Option<u32>,
+}
+
+impl VolumeArgs {
+    /// Threads for the cipher and for serving requests.
+    pub fn threads(&self) -> usize {
+        self.threads.map_or_else(
+            || std::thread::available_parallelism().map_or(1, |n| n.get()),
+            |n| n as usize,
+        )
+    }
+
+    /// Read the header, unlock it with the passphrase, and open the data segment.
+    pub fn open(&self) -> Result<Arc<Volume>, CliError> {
+        let open = |path: &PathBuf, write: bool| {
+            let opened = if write {
+                FileStorage::open(path)
+            } else {
+                FileStorage::open_read_only(path)
+            };
+            opened.map_err(|e| CliError {
+                code: if e.kind() == std::io::ErrorKind::PermissionDenied {
+                    Code::Usage
+                } else {
+                    Code::Device
+                },
+                message: format!("cannot open {}: {e}", path.display()),
+            })
+        };
+        let data: Arc<dyn Storage> = Arc::new(open(&self.device, !self.readonly)?);
+        let header_dev: Arc<dyn Storage> = match &self.header {
+            Some(h) => Arc::new(open(h, false)?),
+            None => Arc::clone(&data),
+        };
+        let header = Header::read(&*header_dev).map_err(luks_error)?;
+        let pass = self
+            .key
+            .read(&format!("Enter passphrase for {}: ", self.device.display()))?;
+        let unlocked = header
+            .unlock(&*header_dev, &pass, self.key_slot)
+            .map_err(luks_error)?;
+        let volume = Volume::open(
+            &header,
+            data,
+            &unlocked.volume_key,
+            &VolumeOptions {
+                read_only: self.readonly,
+                allow_discards: self.allow_discards,
+                threads: self.threads(),
+                ..Default::default()
+            },
+        )
+        .map_err(|e| {
+            CliError::usage(format!(
+                "cannot open the volume on {}: {e}",
+                self.device.display()
+            ))
+        })?;
+        Ok(Arc::new(volume))
+    }
+}

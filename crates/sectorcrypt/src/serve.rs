@@ -1,0 +1,80 @@
+//! `serve`: unlock a volume and export it over NBD until SIGINT/SIGTERM.
+
+use std::path::PathBuf;
+
+use sectorcrypt_nbd::{Error as NbdError, Listen, Server, ServerOptions};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+use crate::exit::{CliError, Code};
+use crate::open::VolumeArgs;
+
+#[derive(clap::Args, Debug)]
+#[command(group = clap::ArgGroup::new("address").required(true).args(["socket", "listen"]))]
+pub struct ServeArgs {
+    #[command(flatten)]
+    volume: VolumeArgs,
+    /// Listen on this Unix socket (created with mode 0600).
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Listen on TCP at HOST:PORT instead (anyone who can reach it reads the decrypted data).
+    #[arg(long, value_name = "HOST:PORT")]
+    listen: Option<String>,
+    /// The export name clients ask for (the empty name reaches it too).
+    #[arg(long = "export-name", value_name = "NAME", default_value = "")]
+    export_name: String,
+}
+
+pub fn run(args: ServeArgs) -> Result<(), CliError> {
+    // Signals are caught before the volume is opened, so a signal at any point ends in an
+    // orderly exit rather than the default termination.
+    let mut signals = Signals::new([SIGINT, SIGTERM])
+        .map_err(|e| CliError::usage(format!("cannot install signal handlers: {e}")))?;
+    let volume = args.volume.open()?;
+    let listen = match (&args.socket, &args.listen) {
+        (Some(path), _) => Listen::Unix(path.clone()),
+        (None, Some(addr)) => Listen::Tcp(addr.clone()),
+        (None, None) => unreachable!("clap requires --socket or --listen"),
+    };
+    let threads = args.volume.threads();
+    let description = format!(
+        "{} ({}, {}-byte sectors)",
+        args.volume.device.display(),
+        volume.layout().cipher,
+        volume.sector_size()
+    );
+    let size = volume.size();
+    let server = Server::bind(
+        &listen,
+        volume,
+        ServerOptions {
+            export_name: args.export_name.clone(),
+            description,
+            // Enough workers per connection to keep the disk and the cipher threads busy at
+            // once, without one client tying up the whole machine.
+            workers: (2 * threads).max(4),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| match e {
+        NbdError::Busy(why) => CliError {
+            code: Code::Busy,
+            message: why,
+        },
+        other => CliError::usage(other),
+    })?;
+    let stop = server
+        .stop_handle()
+        .map_err(|e| CliError::usage(format!("cannot set up the server: {e}")))?;
+    std::thread::spawn(move || {
+        if signals.forever().next().is_some() {
+            stop.stop();
+        }
+    });
+    eprintln!(
+        "sectorcrypt: serving {} ({size} bytes) at {}",
+        args.volume.device.display(),
+        server.uri()
+    );
+    server.run().map_err(CliError::usage)
+}

@@ -1,0 +1,446 @@
+//! An unlocked volume: a LUKS data segment, its keyed [`SectorCipher`] and the [`Storage`] it
+//! lives on, read and written at any byte offset and length.
+//!
+//! # How a request is cut
+//!
+//! The cipher works on whole encryption sectors, clients on bytes. A request is split into
+//!
+//! - an unaligned *head*: the part of the first sector it covers, if it does not start on a
+//!   sector boundary;
+//! - the aligned *body*: whole sectors, handed to the cipher as **one extended request** (all
+//!   tweaks in one batch, one pass over the buffer, spread over the cipher's worker threads when
+//!   it is large);
+//! - an unaligned *tail*: the part of the last sector it covers.
+//!
+//! Reads of an unaligned request read the whole sector span once and decrypt it as one extended
+//! request too. Writes of a partial sector are read-modify-write: read the sector, decrypt,
+//! patch, encrypt, write. That must not race with another partial write of the same sector (the
+//! second would write back the first one's sector as it was before), so each RMW holds the lock
+//! of its sector's stripe in a small table of locks, never a global one: writes to different
+//! sectors, and all aligned writes, proceed in parallel. Overlapping writes in flight at the same
+//! time have no defined order (as on any block device), but bytes that two writes do not share
+//! are never lost.
+//!
+//! The volume itself is `Sync`: servers call it from many threads at once.
+
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::io;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use sectorcrypt_cipher::{BackendChoice, CipherSpec, SectorCipher, SectorOptions};
+use sectorcrypt_luks::Header;
+use sectorcrypt_storage::Storage;
+
+/// Locks for read-modify-write of partial sectors; a sector uses stripe `sector % STRIPES`.
+const STRIPES: usize = 64;
+
+/// Write-zeroes and discard fallbacks work through buffers of this size.
+const ZERO_CHUNK: usize = 1 << 20;
+
+/// What went wrong in the volume layer.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The request reaches past the end of the volume (or its end overflows 64 bits).
+    OutOfRange {
+        /// First byte asked for.
+        offset: u64,
+        /// Bytes asked for.
+        len: u64,
+        /// The volume size.
+        size: u64,
+    },
+    /// A write, write-zeroes or discard on a read-only volume.
+    ReadOnly,
+    /// A discard on a volume opened without `allow_discards`.
+    DiscardsNotAllowed,
+    /// The storage failed.
+    Io(io::Error),
+    /// The header describes a volume this layer cannot open.
+    Unsupported(String),
+    /// The header layer refused.
+    Luks(sectorcrypt_luks::Error),
+    /// The cipher refused (bad key, spec or sector size).
+    Cipher(sectorcrypt_cipher::Error),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::OutOfRange { offset, len, size } => write!(
+                f,
+                "{len} bytes at offset {offset} reach past the end of the volume ({size} bytes)"
+            ),
+            Error::ReadOnly => write!(f, "the volume is read-only"),
+            Error::DiscardsNotAllowed => {
+                write!(
+                    f,
+                    "discards are off (they reveal which blocks are in use); see --allow-discards"
+                )
+            }
+            Error::Io(e) => write!(f, "storage error: {e}"),
+            Error::Unsupported(what) => write!(f, "unsupported volume: {what}"),
+            Error::Luks(e) => write!(f, "{e}"),
+            Error::Cipher(e) => write!(f, "cipher error: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Self {
+        Error::Io(e)
+    }
+}
+
+impl From<sectorcrypt_cipher::Error> for Error {
+    fn from(e: sectorcrypt_cipher::Error) -> Self {
+        Error::Cipher(e)
+    }
+}
+
+/// Where the encrypted data is and how it is encrypted: a LUKS data segment, resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Byte offset of the first data sector on the data device.
+    pub offset: u64,
+    /// Payload bytes (whole encryption sectors).
+    pub size: u64,
+    /// dm-crypt cipher spec, e.g. `aes-xts-plain64`.
+    pub cipher: String,
+    /// Encryption sector size in bytes.
+    pub sector_size: usize,
+    /// Added to every IV, in 512-byte units.
+    pub iv_offset: u64,
+}
+
+impl Layout {
+    /// The data segment `header` describes on a data device of `device_len` bytes (a dynamic
+    /// LUKS2 segment, and LUKS1's payload, reach to the device's end, rounded down to a sector).
+    pub fn from_header(header: &Header, device_len: u64) -> Result<Self, Error> {
+        let (offset, size, cipher, sector_size, iv_offset) = match header {
+            Header::Luks2(h) => {
+                let seg = h.data_segment().map_err(Error::Luks)?;
+                (
+                    seg.offset,
+                    seg.size,
+                    seg.cipher,
+                    seg.sector_size as usize,
+                    seg.iv_tweak,
+                )
+            }
+            Header::Luks1(h) => (h.payload_offset_bytes(), None, h.cipher_spec(), 512, 0),
+        };
+        if offset > device_len {
+            return Err(Error::Unsupported(format!(
+                "the data starts at byte {offset}, past the end of the {device_len}-byte device"
+            )));
+        }
+        let available = device_len - offset;
+        let size = match size {
+            Some(s) if s > available => {
+                return Err(Error::Unsupported(format!(
+                    "the header says the data is {s} bytes, but only {available} follow its offset"
+                )))
+            }
+            Some(s) => s,
+            None => available - available % sector_size as u64,
+        };
+        Ok(Layout {
+            offset,
+            size,
+            cipher,
+            sector_size,
+            iv_offset,
+        })
+    }
+}
+
+/// How to open a volume.
+#[derive(Clone, Debug)]
+pub struct VolumeOptions {
+    /// Refuse every write.
+    pub read_only: bool,
+    /// Pass discards down to the storage (dm-crypt's `allow_discards`). Off by default: discarded
+    /// blocks read back as holes, which shows an observer which blocks are in use.
+    pub allow_discards: bool,
+    /// Cipher worker threads for large requests (1 = all inline).
+    pub threads: usize,
+    /// Which cipher backend to use.
+    pub backend: BackendChoice,
+}
+
+impl Default for VolumeOptions {
+    fn default() -> Self {
+        VolumeOptions {
+            read_only: false,
+            allow_discards: false,
+            threads: 1,
+            backend: BackendChoice::Auto,
+        }
+    }
+}
+
+/// An open, decrypted view of a volume.
+pub struct Volume {
+    storage: Arc<dyn Storage>,
+    layout: Layout,
+    cipher: SectorCipher,
+    read_only: bool,
+    allow_discards: bool,
+    stripes: Vec<Mutex<()>>,
+}
+
+impl fmt::Debug for Volume {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Volume")
+            .field("storage", &self.storage.name())
+            .field("layout", &self.layout)
+            .field("read_only", &self.read_only)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Volume {
+    /// Open the data segment of `header` on `storage` with `volume_key` (from
+    /// [`Header::unlock`]).
+    pub fn open(
+        header: &Header,
+        storage: Arc<dyn Storage>,
+        volume_key: &[u8],
+        opts: &VolumeOptions,
+    ) -> Result<Self, Error> {
+        let layout = Layout::from_header(header, storage.len()?)?;
+        Self::with_layout(storage, layout, volume_key, opts)
+    }
+
+    /// Open the data at `layout` on `storage` with `key`.
+    pub fn with_layout(
+        storage: Arc<dyn Storage>,
+        layout: Layout,
+        key: &[u8],
+        opts: &VolumeOptions,
+    ) -> Result<Self, Error> {
+        let spec = CipherSpec::parse(&layout.cipher)?;
+        let end = layout.offset.checked_add(layout.size);
+        if end.is_none_or(|end| end > storage.len().unwrap_or(0)) {
+            return Err(Error::Unsupported(format!(
+                "{} bytes of data at offset {} do not fit on {}",
+                layout.size,
+                layout.offset,
+                storage.name()
+            )));
+        }
+        if !layout.size.is_multiple_of(layout.sector_size as u64) {
+            return Err(Error::Unsupported(format!(
+                "a data size of {} bytes, not a multiple of the {}-byte sector",
+                layout.size, layout.sector_size
+            )));
+        }
+        let cipher = SectorCipher::new(
+            spec,
+            key,
+            &SectorOptions {
+                sector_size: layout.sector_size,
+                backend: opts.backend,
+                iv_large_sectors: false,
+                iv_offset: layout.iv_offset,
+                threads: opts.threads.max(1),
+            },
+        )?;
+        Ok(Volume {
+            storage,
+            layout,
+            cipher,
+            read_only: opts.read_only,
+            allow_discards: opts.allow_discards,
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+        })
+    }
+
+    /// Payload size in bytes.
+    pub fn size(&self) -> u64 {
+        self.layout.size
+    }
+
+    /// The encryption sector size in bytes.
+    pub fn sector_size(&self) -> usize {
+        self.layout.sector_size
+    }
+
+    /// Where the data is and how it is encrypted.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The keyed cipher (for its name, backend and threads).
+    pub fn cipher(&self) -> &SectorCipher {
+        &self.cipher
+    }
+
+    /// Whether writes are refused.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// Whether discards reach the storage.
+    pub fn allows_discards(&self) -> bool {
+        self.allow_discards
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<(), Error> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.layout.size => Ok(()),
+            _ => Err(Error::OutOfRange {
+                offset,
+                len,
+                size: self.layout.size,
+            }),
+        }
+    }
+
+    fn check_writable(&self) -> Result<(), Error> {
+        if self.read_only {
+            Err(Error::ReadOnly)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Read and decrypt whole sectors into `buf`, the first being `sector`.
+    fn read_sectors(&self, buf: &mut [u8], sector: u64) -> Result<(), Error> {
+        let at = self.layout.offset + sector * self.layout.sector_size as u64;
+        self.storage.read_at(buf, at)?;
+        self.cipher.decrypt(buf, sector)?;
+        Ok(())
+    }
+
+    /// Encrypt whole sectors of plaintext in `buf` in place and write them, the first being
+    /// `sector`.
+    fn write_sectors(&self, buf: &mut [u8], sector: u64) -> Result<(), Error> {
+        self.cipher.encrypt(buf, sector)?;
+        let at = self.layout.offset + sector * self.layout.sector_size as u64;
+        self.storage.write_at(buf, at)?;
+        Ok(())
+    }
+
+    /// Fill `buf` with the plaintext at `offset`.
+    pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), Error> {
+        self.check_range(offset, buf.len() as u64)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let ss = self.layout.sector_size as u64;
+        let len = buf.len() as u64;
+        if offset.is_multiple_of(ss) && len.is_multiple_of(ss) {
+            // The common case: straight into the caller's buffer, one extended request.
+            return self.read_sectors(buf, offset / ss);
+        }
+        // Head or tail unaligned: read the whole sector span once, decrypt it as one request.
+        let first = offset / ss;
+        let end = (offset + len).div_ceil(ss);
+        let mut span = vec![0u8; ((end - first) * ss) as usize];
+        self.read_sectors(&mut span, first)?;
+        let skip = (offset - first * ss) as usize;
+        buf.copy_from_slice(&span[skip..skip + buf.len()]);
+        Ok(())
+    }
+
+    /// Write `data` at `offset`.
+    pub fn write(&self, data: &[u8], offset: u64) -> Result<(), Error> {
+        let mut owned = data.to_vec();
+        self.write_in_place(&mut owned, offset)
+    }
+
+    /// Write `data` at `offset`, encrypting the aligned part in place: `data` is scrambled
+    /// afterwards. Saves a copy for callers that own their buffer (network servers).
+    pub fn write_in_place(&self, data: &mut [u8], offset: u64) -> Result<(), Error> {
+        self.check_writable()?;
+        self.check_range(offset, data.len() as u64)?;
+        let ss = self.layout.sector_size;
+        let ss64 = ss as u64;
+        let mut pos = offset;
+        let mut rest = data;
+        // Head: from `offset` to the next sector boundary (or all of a short request).
+        let head_skip = (pos % ss64) as usize;
+        if head_skip != 0 && !rest.is_empty() {
+            let n = (ss - head_skip).min(rest.len());
+            let (head, body) = rest.split_at_mut(n);
+            self.patch_sector(pos / ss64, head_skip, head)?;
+            pos += n as u64;
+            rest = body;
+        }
+        // Body: whole sectors, one extended request.
+        let whole = rest.len() - rest.len() % ss;
+        let (body, tail) = rest.split_at_mut(whole);
+        if !body.is_empty() {
+            self.write_sectors(body, pos / ss64)?;
+            pos += whole as u64;
+        }
+        // Tail: the start of the last sector.
+        if !tail.is_empty() {
+            self.patch_sector(pos / ss64, 0, tail)?;
+        }
+        Ok(())
+    }
+
+    /// Read-modify-write: replace `bytes` of sector `sector` from byte `skip`, under the sector's
+    /// stripe lock.
+    fn patch_sector(&self, sector: u64, skip: usize, bytes: &[u8]) -> Result<(), Error> {
+        let stripe = &self.stripes[(sector % STRIPES as u64) as usize];
+        let _guard = stripe.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut buf = vec![0u8; self.layout.sector_size];
+        self.read_sectors(&mut buf, sector)?;
+        buf[skip..skip + bytes.len()].copy_from_slice(bytes);
+        self.write_sectors(&mut buf, sector)
+    }
+
+    /// Make `len` bytes at `offset` read back as zeros (by writing encrypted zeros: a hole in
+    /// the storage would decrypt to noise).
+    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), Error> {
+        self.check_writable()?;
+        self.check_range(offset, len)?;
+        let mut zeros = Vec::new();
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(ZERO_CHUNK as u64) as usize;
+            // The buffer is scrambled by each in-place write, so it is zeroed again each round.
+            zeros.clear();
+            zeros.resize(n, 0);
+            self.write_in_place(&mut zeros, offset + done)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Discard `len` bytes at `offset`: the whole sectors inside the range are released in the
+    /// storage (they read back as noise afterwards, as with dm-crypt); partial sectors at the
+    /// edges are left as they are, as a block device may. Only with `allow_discards`.
+    pub fn discard(&self, offset: u64, len: u64) -> Result<(), Error> {
+        self.check_writable()?;
+        self.check_range(offset, len)?;
+        if !self.allow_discards {
+            return Err(Error::DiscardsNotAllowed);
+        }
+        let ss = self.layout.sector_size as u64;
+        let start = offset.div_ceil(ss) * ss;
+        let end = (offset + len) / ss * ss;
+        if end > start {
+            self.storage
+                .discard(self.layout.offset + start, end - start)?;
+        }
+        Ok(())
+    }
+
+    /// Make every completed write durable (fdatasync).
+    pub fn flush(&self) -> Result<(), Error> {
+        self.storage.sync()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,293 @@
+use super::*;
+use rand::{Rng, RngCore, SeedableRng};
+use sectorcrypt_luks::{FormatOptions, PbkdfOptions};
+use sectorcrypt_storage::{CrashingStorage, MemStorage};
+
+const KEY: [u8; 64] = [7; 64];
+
+/// A key of the default size for `cipher`.
+fn key(cipher: &str) -> &'static [u8] {
+    &KEY[..CipherSpec::parse(cipher).unwrap().default_key_bits() / 8]
+}
+
+fn layout(cipher: &str, sector_size: usize, offset: u64, size: u64) -> Layout {
+    Layout {
+        offset,
+        size,
+        cipher: cipher.into(),
+        sector_size,
+        iv_offset: 0,
+    }
+}
+
+fn mem_volume(cipher: &str, sector_size: usize, size: u64) -> (Arc<MemStorage>, Volume) {
+    let offset = 8192;
+    let mem = Arc::new(MemStorage::new(vec![0xa5; (offset + size) as usize]));
+    let vol = Volume::with_layout(
+        mem.clone(),
+        layout(cipher, sector_size, offset, size),
+        key(cipher),
+        &VolumeOptions {
+            threads: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    (mem, vol)
+}
+
+/// The ciphertext a per-sector encryption of `plain` gives: the reference the volume's extended
+/// requests and read-modify-writes must match byte for byte.
+fn per_sector_ciphertext(cipher: &str, sector_size: usize, plain: &[u8]) -> Vec<u8> {
+    let c = SectorCipher::new(
+        CipherSpec::parse(cipher).unwrap(),
+        key(cipher),
+        &SectorOptions {
+            sector_size,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut out = plain.to_vec();
+    for (i, s) in out.chunks_mut(sector_size).enumerate() {
+        c.encrypt(s, i as u64).unwrap();
+    }
+    out
+}
+
+#[test]
+fn random_unaligned_io_matches_a_plaintext_model() {
+    for (cipher, ss) in [
+        ("aes-xts-plain64", 512),
+        ("aes-xts-plain64", 4096),
+        ("lea-xts-plain64", 1024),
+        ("aes-cbc-essiv:sha256", 512),
+    ] {
+        let size = 1 << 20;
+        let (mem, vol) = mem_volume(cipher, ss, size);
+        let mut model = vec![0u8; size as usize];
+        vol.write_zeroes(0, size).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(ss as u64);
+        for round in 0..300 {
+            // Mostly small and unaligned, sometimes large enough for the worker threads.
+            let len = if round % 10 == 0 {
+                rng.gen_range(256 * 1024..600 * 1024)
+            } else {
+                rng.gen_range(0..3 * ss)
+            };
+            let off = rng.gen_range(0..=size as usize - len);
+            if rng.gen_bool(0.5) {
+                let mut data = vec![0u8; len];
+                rng.fill_bytes(&mut data);
+                vol.write(&data, off as u64).unwrap();
+                model[off..off + len].copy_from_slice(&data);
+            } else {
+                let mut got = vec![0u8; len];
+                vol.read(&mut got, off as u64).unwrap();
+                assert_eq!(
+                    got,
+                    model[off..off + len],
+                    "{cipher}/{ss} read at {off}+{len}"
+                );
+            }
+        }
+        let stored = mem.contents();
+        assert!(
+            stored[..8192].iter().all(|&b| b == 0xa5),
+            "header area touched"
+        );
+        assert_eq!(
+            stored[8192..],
+            per_sector_ciphertext(cipher, ss, &model)[..],
+            "{cipher}/{ss}: ciphertext differs from per-sector encryption"
+        );
+    }
+}
+
+#[test]
+fn concurrent_partial_writes_to_one_sector_all_survive() {
+    let (_, vol) = mem_volume("aes-xts-plain64", 4096, 64 * 1024);
+    vol.write_zeroes(0, 64 * 1024).unwrap();
+    // 8 threads each write their own 64-byte pieces of the same two sectors, many times.
+    std::thread::scope(|s| {
+        for t in 0..8u8 {
+            let vol = &vol;
+            s.spawn(move || {
+                for round in 0..200u32 {
+                    for piece in 0..8u64 {
+                        let off = 4096 - 256 + (piece * 8 + u64::from(t)) * 64;
+                        let byte = t.wrapping_mul(31).wrapping_add(round as u8) | 1;
+                        vol.write(&[byte; 64], off).unwrap();
+                    }
+                }
+            });
+        }
+    });
+    let mut got = vec![0u8; 8 * 8 * 64];
+    vol.read(&mut got, 4096 - 256).unwrap();
+    for (i, chunk) in got.chunks(64).enumerate() {
+        let t = (i % 8) as u8;
+        let want = t.wrapping_mul(31).wrapping_add(199) | 1;
+        assert!(chunk.iter().all(|&b| b == want), "piece {i} lost an update");
+    }
+}
+
+#[test]
+fn requests_past_the_end_or_overflowing_are_refused_without_touching_data() {
+    let (mem, vol) = mem_volume("aes-xts-plain64", 512, 4096);
+    let before = mem.contents();
+    let mut buf = [0u8; 512];
+    for (off, len) in [
+        (4096u64, 1u64),
+        (3585, 512),
+        (u64::MAX, 2),
+        (u64::MAX - 10, 512),
+    ] {
+        assert!(matches!(
+            vol.read(&mut buf[..len.min(512) as usize], off),
+            Err(Error::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            vol.write_zeroes(off, len),
+            Err(Error::OutOfRange { .. })
+        ));
+    }
+    assert!(matches!(
+        vol.write(&buf, 4000),
+        Err(Error::OutOfRange { .. })
+    ));
+    assert_eq!(mem.contents(), before);
+    // Zero-length requests at the very end are fine.
+    vol.read(&mut [], 4096).unwrap();
+    vol.write(&[], 4096).unwrap();
+}
+
+#[test]
+fn read_only_and_discard_policy() {
+    let mem = Arc::new(MemStorage::new(vec![1; 8192]));
+    let ro = Volume::with_layout(
+        mem.clone(),
+        layout("aes-xts-plain64", 512, 0, 8192),
+        &KEY,
+        &VolumeOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(matches!(ro.write(&[0; 10], 0), Err(Error::ReadOnly)));
+    assert!(matches!(ro.write_zeroes(0, 10), Err(Error::ReadOnly)));
+    assert!(matches!(ro.discard(0, 512), Err(Error::ReadOnly)));
+    let mut buf = [0u8; 100];
+    ro.read(&mut buf, 7).unwrap();
+
+    let (mem, vol) = mem_volume("aes-xts-plain64", 512, 8192);
+    vol.write(&[9; 8192], 0).unwrap();
+    let before = mem.contents();
+    assert!(matches!(
+        vol.discard(0, 8192),
+        Err(Error::DiscardsNotAllowed)
+    ));
+    assert_eq!(
+        mem.contents(),
+        before,
+        "a refused discard changed the storage"
+    );
+
+    let mem = Arc::new(MemStorage::new(vec![1; 8192]));
+    let vol = Volume::with_layout(
+        mem.clone(),
+        layout("aes-xts-plain64", 512, 0, 8192),
+        &KEY,
+        &VolumeOptions {
+            allow_discards: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // Only the whole sectors inside the range are released.
+    vol.discard(100, 2000).unwrap();
+    let after = mem.contents();
+    assert!(after[..512].iter().all(|&b| b == 1));
+    assert!(after[512..2048].iter().all(|&b| b == 0));
+    assert!(after[2048..].iter().all(|&b| b == 1));
+}
+
+#[test]
+fn storage_failure_is_an_error_not_a_panic() {
+    let dev = Arc::new(CrashingStorage::new(vec![0; 16384], Some(0)));
+    let vol = Volume::with_layout(
+        dev,
+        layout("aes-xts-plain64", 512, 0, 16384),
+        &KEY,
+        &VolumeOptions::default(),
+    )
+    .unwrap();
+    assert!(matches!(vol.write(&[1; 4096], 0), Err(Error::Io(_))));
+    assert!(matches!(vol.write(&[1; 10], 3), Err(Error::Io(_))));
+    assert!(matches!(vol.flush(), Err(Error::Io(_))));
+}
+
+#[test]
+fn opens_the_data_segment_of_a_luks2_header() {
+    let mem = Arc::new(MemStorage::new(vec![0; 32 << 20]));
+    let opts = FormatOptions {
+        version: 2,
+        cipher: Some("aes-xts-plain64".into()),
+        sector_size: Some(4096),
+        pbkdf: PbkdfOptions {
+            kind: Some("pbkdf2".into()),
+            force_iterations: Some(1000),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let (header, unlocked) =
+        sectorcrypt_luks::format(&*mem, 32 << 20, &opts, b"passphrase").unwrap();
+    let vol = Volume::open(
+        &header,
+        mem.clone(),
+        &unlocked.volume_key,
+        &VolumeOptions::default(),
+    )
+    .unwrap();
+    let l = vol.layout();
+    assert_eq!(l.offset, 16 << 20);
+    assert_eq!(l.size + l.offset, 32 << 20);
+    assert_eq!(l.sector_size, 4096);
+    let data: Vec<u8> = (0..20000u32).map(|i| (i * 7) as u8).collect();
+    vol.write(&data, 12345).unwrap();
+    let mut back = vec![0; data.len()];
+    vol.read(&mut back, 12345).unwrap();
+    assert_eq!(back, data);
+
+    // A LUKS1 header: 512-byte sectors, payload after the keyslots.
+    let mem1 = Arc::new(MemStorage::new(vec![0; 4 << 20]));
+    let opts1 = FormatOptions { version: 1, ..opts };
+    let (h1, u1) = sectorcrypt_luks::format(
+        &*mem1,
+        4 << 20,
+        &FormatOptions {
+            sector_size: None,
+            ..opts1
+        },
+        b"pw",
+    )
+    .unwrap();
+    let v1 = Volume::open(&h1, mem1, &u1.volume_key, &VolumeOptions::default()).unwrap();
+    assert_eq!(v1.sector_size(), 512);
+    assert_eq!(v1.size() + v1.layout().offset, 4 << 20);
+}
+
+#[test]
+fn a_header_claiming_more_data_than_the_device_has_is_refused() {
+    let mem: Arc<dyn Storage> = Arc::new(MemStorage::new(vec![0; 4096]));
+    let err = Volume::with_layout(
+        mem,
+        layout("aes-xts-plain64", 512, 1024, 4096),
+        &KEY,
+        &VolumeOptions::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::Unsupported(_)), "{err}");
+}
