@@ -259,8 +259,8 @@ impl SectorCipher {
         self.process(buf, first_sector, Direction::Decrypt)
     }
 
-    /// Encrypt or decrypt `buf` in place.
-    pub fn process(&self, buf: &mut [u8], first_sector: u64, dir: Direction) -> Result<(), Error> {
+    /// Check that `buf` is whole sectors whose IVs do not overflow; `false` if it is empty.
+    fn check(&self, buf: &[u8], first_sector: u64) -> Result<bool, Error> {
         let ss = self.sector_size;
         if !buf.len().is_multiple_of(ss) {
             return Err(Error::NotWholeSectors {
@@ -269,7 +269,7 @@ impl SectorCipher {
             });
         }
         if buf.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         // Validate the IV arithmetic of the last sector once; the per-sector code can then use
         // plain arithmetic.
@@ -279,6 +279,31 @@ impl SectorCipher {
         last.checked_mul(1u64 << self.iv_shift)
             .and_then(|v| v.checked_add(self.iv_offset))
             .ok_or(Error::SectorOverflow)?;
+        Ok(true)
+    }
+
+    /// Like [`process`](Self::process), but all on the calling thread whatever the size: for
+    /// callers whose other requests already keep every core busy, where handing pieces to the
+    /// worker threads would only add hand-off and waiting.
+    pub fn process_inline(
+        &self,
+        buf: &mut [u8],
+        first_sector: u64,
+        dir: Direction,
+    ) -> Result<(), Error> {
+        if self.check(buf, first_sector)? {
+            self.run(buf, first_sector, dir);
+        }
+        Ok(())
+    }
+
+    /// Encrypt or decrypt `buf` in place; requests of at least [`PARALLEL_MIN`] bytes are shared
+    /// with the worker threads.
+    pub fn process(&self, buf: &mut [u8], first_sector: u64, dir: Direction) -> Result<(), Error> {
+        if !self.check(buf, first_sector)? {
+            return Ok(());
+        }
+        let ss = self.sector_size;
         match &self.workers {
             Some(workers) if buf.len() >= PARALLEL_MIN => {
                 let pool = &workers.pool;

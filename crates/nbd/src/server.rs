@@ -7,7 +7,9 @@
 
 use std::fs;
 use std::io;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -84,13 +86,7 @@ pub struct Server {
 #[derive(Clone)]
 pub struct StopHandle {
     stop: Arc<AtomicBool>,
-    wake: Wake,
-}
-
-#[derive(Clone)]
-enum Wake {
-    Unix(PathBuf),
-    Tcp(std::net::SocketAddr),
+    listener: Arc<OwnedFd>,
 }
 
 impl StopHandle {
@@ -98,11 +94,9 @@ impl StopHandle {
     /// has read, flushes the volume and returns from `run`.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
-        // Wake the accept loop with a connection of our own.
-        let _ = match &self.wake {
-            Wake::Unix(p) => UnixStream::connect(p).map(drop),
-            Wake::Tcp(a) => TcpStream::connect(a).map(drop),
-        };
+        // Shutting down the listening socket wakes a blocked accept() with an error; unlike
+        // connecting to it, that works even if someone removed the socket file.
+        let _ = rustix::net::shutdown(&*self.listener, rustix::net::Shutdown::ReadWrite);
     }
 }
 
@@ -160,14 +154,16 @@ impl Server {
         })
     }
 
-    /// Where the server listens, as an NBD URI.
+    /// Where the server listens, as an NBD URI (percent-encoded, so any path or name works).
     pub fn uri(&self) -> String {
+        let name = percent_encode(self.export.name.as_bytes(), false);
         match &self.listener {
-            Listener::Unix(_, p) => {
-                format!("nbd+unix:///{}?socket={}", self.export.name, p.display())
-            }
+            Listener::Unix(_, p) => format!(
+                "nbd+unix:///{name}?socket={}",
+                percent_encode(p.as_os_str().as_bytes(), true)
+            ),
             Listener::Tcp(l) => match l.local_addr() {
-                Ok(a) => format!("nbd://{a}/{}", self.export.name),
+                Ok(a) => format!("nbd://{a}/{name}"),
                 Err(_) => "nbd://".into(),
             },
         }
@@ -175,22 +171,13 @@ impl Server {
 
     /// A handle that stops [`run`](Server::run).
     pub fn stop_handle(&self) -> io::Result<StopHandle> {
-        let wake = match &self.listener {
-            Listener::Unix(_, p) => Wake::Unix(p.clone()),
-            Listener::Tcp(l) => {
-                let mut a = l.local_addr()?;
-                if a.ip().is_unspecified() {
-                    a.set_ip(match a {
-                        std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
-                        std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-                    });
-                }
-                Wake::Tcp(a)
-            }
+        let fd = match &self.listener {
+            Listener::Unix(l, _) => l.as_fd().try_clone_to_owned()?,
+            Listener::Tcp(l) => l.as_fd().try_clone_to_owned()?,
         };
         Ok(StopHandle {
             stop: Arc::clone(&self.stop),
-            wake,
+            listener: Arc::new(fd),
         })
     }
 
@@ -276,6 +263,20 @@ impl Server {
     }
 }
 
+/// Percent-encode `raw` for a URI path or query value: everything but unreserved characters (and
+/// `/` in a socket path) is escaped.
+fn percent_encode(raw: &[u8], keep_slash: bool) -> String {
+    let mut out = String::with_capacity(raw.len());
+    for &b in raw {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) || (keep_slash && b == b'/') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// One client from greeting to goodbye.
 fn serve_client(
     mut stream: Stream,
@@ -333,4 +334,19 @@ fn bind_unix(path: &Path) -> Result<UnixListener, Error> {
         source,
     })?;
     Ok(listener)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percent_encode;
+
+    #[test]
+    fn uri_parts_are_percent_encoded() {
+        assert_eq!(
+            percent_encode(b"/tmp/a b/s?.sock", true),
+            "/tmp/a%20b/s%3F.sock"
+        );
+        assert_eq!(percent_encode(b"my disk/1%", false), "my%20disk%2F1%25");
+        assert_eq!(percent_encode(b"plain-name_1.~", false), "plain-name_1.~");
+    }
 }

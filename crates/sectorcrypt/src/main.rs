@@ -8,6 +8,7 @@ mod exit;
 mod header;
 mod keyfile;
 mod keyslots;
+mod mount;
 mod open;
 mod pbkdf_args;
 mod serve;
@@ -68,6 +69,8 @@ enum Command {
     HeaderRestore(keyslots::BackupArgs),
     /// Unlock DEVICE and export the decrypted volume over NBD until SIGINT/SIGTERM.
     Serve(Box<serve::ServeArgs>),
+    /// Unlock DEVICE and expose the decrypted volume as MOUNTPOINT/volume via FUSE until unmounted.
+    Mount(Box<mount::MountArgs>),
 }
 
 fn main() -> ExitCode {
@@ -89,6 +92,7 @@ fn main() -> ExitCode {
         Command::HeaderBackup(args) => keyslots::header_backup(args),
         Command::HeaderRestore(args) => keyslots::header_restore(args),
         Command::Serve(args) => serve::run(*args),
+        Command::Mount(args) => mount::run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -67,7 +67,7 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
         .stop_handle()
         .map_err(|e| CliError::usage(format!("cannot set up the server: {e}")))?;
     std::thread::spawn(move || {
-        if signals.forever().next().is_some() {
+        for _ in signals.forever() {
             stop.stop();
         }
     });

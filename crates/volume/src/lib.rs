@@ -21,23 +21,33 @@
 //! time have no defined order (as on any block device), but bytes that two writes do not share
 //! are never lost.
 //!
-//! The volume itself is `Sync`: servers call it from many threads at once.
+//! The volume itself is `Sync`: servers call it from many threads at once. A large request is
+//! spread over the cipher's worker threads only while it is the only request in progress: when
+//! other requests are running, the cores are already busy with them, and splitting would only
+//! add hand-offs (and the workers' spinning) to the CPU time of every request.
 
 #![forbid(unsafe_code)]
 
 use std::fmt;
 use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use sectorcrypt_cipher::{BackendChoice, CipherSpec, SectorCipher, SectorOptions};
+use sectorcrypt_cipher::sector::PARALLEL_MIN;
+use sectorcrypt_cipher::{BackendChoice, CipherSpec, Direction, SectorCipher, SectorOptions};
 use sectorcrypt_luks::Header;
 use sectorcrypt_storage::Storage;
 
 /// Locks for read-modify-write of partial sectors; a sector uses stripe `sector % STRIPES`.
 const STRIPES: usize = 64;
 
-/// Write-zeroes and discard fallbacks work through buffers of this size.
+/// Write-zeroes works through buffers of this size.
 const ZERO_CHUNK: usize = 1 << 20;
+
+/// Requests handled on the calling thread go to storage and cipher in pieces of this size (a
+/// multiple of every sector size), small enough to stay in a core's L2 cache between the copy
+/// and the cipher.
+const CACHE_PIECE: usize = 256 * 1024;
 
 /// What went wrong in the volume layer.
 #[derive(Debug)]
@@ -192,6 +202,17 @@ pub struct Volume {
     read_only: bool,
     allow_discards: bool,
     stripes: Vec<Mutex<()>>,
+    /// Requests in progress (reads and writes), to decide whether to spread one over threads.
+    in_progress: AtomicUsize,
+}
+
+/// Counts a request as in progress while alive.
+struct InProgress<'a>(&'a AtomicUsize);
+
+impl Drop for InProgress<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl fmt::Debug for Volume {
@@ -258,6 +279,7 @@ impl Volume {
             read_only: opts.read_only,
             allow_discards: opts.allow_discards,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            in_progress: AtomicUsize::new(0),
         })
     }
 
@@ -310,20 +332,56 @@ impl Volume {
         }
     }
 
+    /// Mark a request in progress until the guard drops.
+    fn begin(&self) -> InProgress<'_> {
+        self.in_progress.fetch_add(1, Ordering::Relaxed);
+        InProgress(&self.in_progress)
+    }
+
+    /// Whether a request of `len` bytes should be spread over the cipher's worker threads: it
+    /// is large and the only one in progress.
+    fn spread(&self, len: usize) -> bool {
+        len >= PARALLEL_MIN && self.in_progress.load(Ordering::Relaxed) == 1
+    }
+
     /// Read and decrypt whole sectors into `buf`, the first being `sector`.
     fn read_sectors(&self, buf: &mut [u8], sector: u64) -> Result<(), Error> {
-        let at = self.layout.offset + sector * self.layout.sector_size as u64;
-        self.storage.read_at(buf, at)?;
-        self.cipher.decrypt(buf, sector)?;
+        let ss = self.layout.sector_size;
+        let at = self.layout.offset + sector * ss as u64;
+        if self.spread(buf.len()) {
+            self.storage.read_at(buf, at)?;
+            self.cipher.process(buf, sector, Direction::Decrypt)?;
+            return Ok(());
+        }
+        // Inline: read and decrypt a cache-sized piece at a time, so the cipher finds the data
+        // the read just brought in still in cache.
+        for (i, piece) in buf.chunks_mut(CACHE_PIECE).enumerate() {
+            let first = sector + (i * CACHE_PIECE / ss) as u64;
+            self.storage.read_at(piece, at + (i * CACHE_PIECE) as u64)?;
+            self.cipher
+                .process_inline(piece, first, Direction::Decrypt)?;
+        }
         Ok(())
     }
 
     /// Encrypt whole sectors of plaintext in `buf` in place and write them, the first being
     /// `sector`.
     fn write_sectors(&self, buf: &mut [u8], sector: u64) -> Result<(), Error> {
-        self.cipher.encrypt(buf, sector)?;
-        let at = self.layout.offset + sector * self.layout.sector_size as u64;
-        self.storage.write_at(buf, at)?;
+        let ss = self.layout.sector_size;
+        let at = self.layout.offset + sector * ss as u64;
+        if self.spread(buf.len()) {
+            self.cipher.process(buf, sector, Direction::Encrypt)?;
+            self.storage.write_at(buf, at)?;
+            return Ok(());
+        }
+        // Inline: each piece is written while its ciphertext is still in cache.
+        for (i, piece) in buf.chunks_mut(CACHE_PIECE).enumerate() {
+            let first = sector + (i * CACHE_PIECE / ss) as u64;
+            self.cipher
+                .process_inline(piece, first, Direction::Encrypt)?;
+            self.storage
+                .write_at(piece, at + (i * CACHE_PIECE) as u64)?;
+        }
         Ok(())
     }
 
@@ -333,6 +391,7 @@ impl Volume {
         if buf.is_empty() {
             return Ok(());
         }
+        let _busy = self.begin();
         let ss = self.layout.sector_size as u64;
         let len = buf.len() as u64;
         if offset.is_multiple_of(ss) && len.is_multiple_of(ss) {
@@ -360,6 +419,7 @@ impl Volume {
     pub fn write_in_place(&self, data: &mut [u8], offset: u64) -> Result<(), Error> {
         self.check_writable()?;
         self.check_range(offset, data.len() as u64)?;
+        let _busy = self.begin();
         let ss = self.layout.sector_size;
         let ss64 = ss as u64;
         let mut pos = offset;

@@ -65,3 +65,9 @@ pub fn cryptsetup_volume_key(img: &Path, key: &Path) -> String {
         .take_while(|w| w.len() == 2 && w.chars().all(|c| c.is_ascii_hexdigit()))
         .collect()
 }
+
+/// The Python interpreter that has `cryptography` (scripts/install-test-deps.sh installs it):
+/// `$SECTORCRYPT_PYTHON`, or `python3` on PATH.
+pub fn python() -> String {
+    std::env::var("SECTORCRYPT_PYTHON").unwrap_or_else(|_| "python3".to_string())
+}

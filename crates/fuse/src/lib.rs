@@ -1,0 +1,422 @@
+//! An unlocked volume as a regular file, through FUSE: `MOUNTPOINT/volume`, readable and
+//! writable with ordinary file I/O, so that `mkfs.ext4`, `losetup`, `fuse2fs` or a plain `dd`
+//! work on the decrypted data without device-mapper or any kernel module beyond `fuse`.
+//!
+//! # The file system
+//!
+//! One directory (inode 1, mode 0555) with one file, `volume` (inode 2): its size is the
+//! volume's payload size and never changes, its mode 0600 (0400 when the volume is read-only),
+//! its owner the user who mounted it. Reads and writes go to [`Volume::read`] and
+//! [`Volume::write`] at any byte offset and length (the volume does the read-modify-write of
+//! partial sectors); reads at or past the end return short, as for any file, and writes past it
+//! fail with ENOSPC. `fsync` and `close` (FUSE `flush`) make completed writes durable with
+//! [`Volume::flush`]. Truncation to another size, chmod and chown fail with EPERM; `fallocate`
+//! can zero a range but not punch a hole (see `fs::fallocate_plan` for why). Writes to a
+//! read-only volume fail with EROFS, and the mount itself is read-only then.
+//!
+//! # Caching
+//!
+//! The kernel's page cache stays on (no `direct_io`): small and repeated reads, `mmap` and the
+//! loop driver's buffered I/O all want it, and it is coherent because every change to the file
+//! comes through this one mount. Writes are write-through (no `writeback_cache`): a `write(2)`
+//! returns only once the volume has encrypted the data and written it to its storage, so nothing
+//! is left dirty in the kernel when the mount goes away, and `fsync` has only the storage to
+//! flush. Attributes are cached for a day; they cannot change. Requests are served by
+//! [`MountOptions::threads`] threads, each on its own clone of the FUSE device, and the kernel
+//! may send them as large as it allows (fuser asks for 16 MiB; Linux caps this at its
+//! `max_pages_limit`, 1 MiB by default).
+//!
+//! # Lifetime
+//!
+//! [`mount`] checks the mount point (an existing, empty directory that is not already a mount
+//! point), catches SIGINT and SIGTERM, mounts and answers requests on background threads.
+//! [`MountSession::wait`] returns when the file system is unmounted from outside
+//! (`fusermount3 -u`, `umount`) or a signal arrives; [`MountSession::unmount`] then unmounts,
+//! and [`MountSession::close`] waits for the kernel to let go and flushes the volume (there
+//! rather than in FUSE's `destroy`, which has no way to report a failure). A mount still in use
+//! (a loop device on `volume`, an open file) is detached instead, as `umount -l` does: it
+//! disappears from the tree at once and is served until its last user closes it, so that no
+//! write in flight is lost.
+
+#![forbid(unsafe_code)]
+
+mod fs;
+mod mountpoint;
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::mpsc::{self, Receiver};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+
+use fuser::{Config, MountOption, Session, SessionACL};
+use rustix::mount::UnmountFlags;
+use sectorcrypt_volume::Volume;
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::{Handle, Signals};
+
+pub use crate::mountpoint::check_mountpoint;
+
+/// The name of the file that holds the volume, in the root of the mount.
+pub const FILE_NAME: &str = fs::FILE_NAME;
+
+/// Why a mount point cannot be used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Busy {
+    /// It is not a directory.
+    NotDirectory,
+    /// The directory has entries, which the mount would hide.
+    NotEmpty,
+    /// Something is mounted there already.
+    Mounted,
+    /// A FUSE file system whose process is gone is still mounted there.
+    Stale,
+}
+
+impl fmt::Display for Busy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Busy::NotDirectory => "it is not a directory",
+            Busy::NotEmpty => "the directory is not empty",
+            Busy::Mounted => "something is already mounted there",
+            Busy::Stale => "a file system whose process has gone is still mounted there (fusermount3 -u clears it)",
+        })
+    }
+}
+
+/// What went wrong while mounting or serving.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The mount point does not exist.
+    NoMountpoint(PathBuf),
+    /// The mount point exists but cannot take a mount.
+    MountpointBusy {
+        /// The mount point as given.
+        path: PathBuf,
+        /// What is in the way.
+        reason: Busy,
+    },
+    /// The mount point could not be inspected.
+    Mountpoint {
+        /// The mount point as given.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// The kernel or fusermount3 refused the mount (no `/dev/fuse`, no permission, ...).
+    Mount {
+        /// The mount point.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// The signal handlers or the serving threads could not be set up.
+    Setup(io::Error),
+    /// Unmounting failed.
+    Unmount {
+        /// The mount point.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// Serving stopped on an error from the FUSE device.
+    Session(io::Error),
+    /// The final flush failed: what was written may not be durable.
+    Flush(sectorcrypt_volume::Error),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::NoMountpoint(p) => write!(f, "mount point {} does not exist", p.display()),
+            Error::MountpointBusy { path, reason } => {
+                write!(f, "cannot mount on {}: {reason}", path.display())
+            }
+            Error::Mountpoint { path, source } => {
+                write!(f, "cannot use {} as a mount point: {source}", path.display())
+            }
+            Error::Mount { path, source } => write!(
+                f,
+                "cannot mount on {}: {source} (FUSE needs /dev/fuse, and fusermount3 from the fuse3 package when not root)",
+                path.display()
+            ),
+            Error::Setup(e) => write!(f, "cannot set up the FUSE session: {e}"),
+            Error::Unmount { path, source } => {
+                write!(f, "cannot unmount {}: {source}", path.display())
+            }
+            Error::Session(e) => write!(f, "the FUSE session failed: {e}"),
+            Error::Flush(e) => write!(f, "cannot flush the volume: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Mountpoint { source, .. }
+            | Error::Mount { source, .. }
+            | Error::Unmount { source, .. } => Some(source),
+            Error::Setup(e) | Error::Session(e) => Some(e),
+            Error::Flush(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// How to mount.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// Threads answering requests (each reads its own clone of the FUSE device).
+    pub threads: usize,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions { threads: 1 }
+    }
+}
+
+/// Why [`MountSession::wait`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// The file system was unmounted from outside.
+    Unmounted,
+    /// SIGINT or SIGTERM (the number) arrived; the file system is still mounted.
+    Signal(i32),
+}
+
+/// How [`MountSession::unmount`] went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unmounted {
+    /// Unmounted (or it already was).
+    Now,
+    /// Still in use: detached from the tree, served until its last user closes it.
+    WhenClosed,
+}
+
+/// What the serving threads report to [`MountSession`].
+enum Event {
+    Ended(io::Result<()>),
+    Signal(i32),
+}
+
+/// A mounted volume.
+///
+/// Call [`close`](MountSession::close) before dropping it: that waits for the kernel to let
+/// go of the file system and flushes the volume.
+pub struct MountSession {
+    mountpoint: PathBuf,
+    volume: Arc<Volume>,
+    events: Receiver<Event>,
+    /// The session's result, once it has ended.
+    ended: Option<io::Result<()>>,
+    session: JoinHandle<()>,
+    signals: Handle,
+    listener: JoinHandle<()>,
+}
+
+/// Mount `volume` as `mountpoint/volume` and serve it on background threads.
+///
+/// SIGINT and SIGTERM no longer end the process from here on: they are reported by
+/// [`MountSession::wait`] (registered before mounting, so that a signal cannot end the process
+/// while the file system is mounted).
+pub fn mount(
+    volume: Arc<Volume>,
+    mountpoint: &Path,
+    options: &MountOptions,
+) -> Result<MountSession, Error> {
+    let mountpoint = check_mountpoint(mountpoint)?;
+    let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(Error::Setup)?;
+    let handle = signals.handle();
+    let uid = rustix::process::getuid().as_raw();
+    let gid = rustix::process::getgid().as_raw();
+    let fs = fs::VolumeFs::new(Arc::clone(&volume), uid, gid);
+    let session = Session::new(fs, &mountpoint, &config(&volume, options)).map_err(|source| {
+        Error::Mount {
+            path: mountpoint.clone(),
+            source,
+        }
+    })?;
+    let (tx, events) = mpsc::channel();
+    let on_signal = tx.clone();
+    // If this spawn fails, dropping `session` unmounts.
+    let session = thread::Builder::new()
+        .name("fuse-session".into())
+        .spawn(move || {
+            let _ = tx.send(Event::Ended(session.run()));
+        })
+        .map_err(Error::Setup)?;
+    let listener = thread::Builder::new()
+        .name("fuse-signals".into())
+        .spawn(move || {
+            for signal in signals.forever() {
+                if on_signal.send(Event::Signal(signal)).is_err() {
+                    break;
+                }
+            }
+        });
+    let listener = match listener {
+        Ok(listener) => listener,
+        Err(e) => {
+            // Nothing would report a signal: take the mount down again.
+            let _ = unmount_path(&mountpoint);
+            let _ = session.join();
+            return Err(Error::Setup(e));
+        }
+    };
+    Ok(MountSession {
+        mountpoint,
+        volume,
+        events,
+        ended: None,
+        session,
+        signals: handle,
+        listener,
+    })
+}
+
+/// The session configuration: mount options and threads.
+fn config(volume: &Volume, options: &MountOptions) -> Config {
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName("sectorcrypt".into()),
+        MountOption::Subtype("sectorcrypt".into()),
+        // The kernel checks the file's mode and owner itself.
+        MountOption::DefaultPermissions,
+        MountOption::NoSuid,
+        MountOption::NoDev,
+        if volume.is_read_only() {
+            MountOption::RO
+        } else {
+            MountOption::RW
+        },
+    ];
+    // Only the mounting user (root included when root mounted it, as for loop devices) may
+    // use the file: allow_other would need user_allow_other in /etc/fuse.conf for others.
+    config.acl = SessionACL::Owner;
+    config.n_threads = Some(options.threads.max(1));
+    config.clone_fd = true;
+    config
+}
+
+impl MountSession {
+    /// The mount point, canonical.
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// Block until the file system is unmounted from outside or SIGINT/SIGTERM arrives.
+    pub fn wait(&mut self) -> Stop {
+        if self.ended.is_some() {
+            return Stop::Unmounted;
+        }
+        match self.events.recv() {
+            Ok(Event::Signal(signal)) => Stop::Signal(signal),
+            Ok(Event::Ended(result)) => {
+                self.ended = Some(result);
+                Stop::Unmounted
+            }
+            // The session thread always reports before it goes, and the listener lives until
+            // `close`: both senders gone means the session thread died.
+            Err(_) => {
+                self.ended = Some(Err(io::Error::other("the FUSE session thread died")));
+                Stop::Unmounted
+            }
+        }
+    }
+
+    /// Unmount the file system, or detach it if it is in use.
+    pub fn unmount(&mut self) -> Result<Unmounted, Error> {
+        if self.ended.is_some() {
+            return Ok(Unmounted::Now);
+        }
+        unmount_path(&self.mountpoint).map_err(|source| Error::Unmount {
+            path: self.mountpoint.clone(),
+            source,
+        })
+    }
+
+    /// Wait until the kernel has let go of the file system (after [`wait`](Self::wait)
+    /// returned [`Stop::Unmounted`] or after [`unmount`](Self::unmount); signals meanwhile are
+    /// ignored), then flush the volume.
+    pub fn close(mut self) -> Result<(), Error> {
+        let ended = loop {
+            if let Some(ended) = self.ended.take() {
+                break ended;
+            }
+            self.wait();
+        };
+        self.signals.close();
+        let _ = self.listener.join();
+        let _ = self.session.join();
+        // Flush even when serving failed: whatever was written should be kept.
+        let flushed = self.volume.flush().map_err(Error::Flush);
+        match ended {
+            // The kernel ended the connection (seen at the end of a detached mount's last
+            // user as ECONNABORTED rather than ENODEV): nothing was left to serve.
+            Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => {}
+            ended => ended.map_err(Error::Session)?,
+        }
+        flushed
+    }
+}
+
+/// Unmount `path`: at once if nothing uses it, else detached (`umount -l`).
+fn unmount_path(path: &Path) -> io::Result<Unmounted> {
+    match rustix::mount::unmount(path, UnmountFlags::empty()) {
+        // EINVAL: not a mount point (any more): someone unmounted it first.
+        Ok(()) | Err(rustix::io::Errno::INVAL) => Ok(Unmounted::Now),
+        Err(rustix::io::Errno::BUSY) => {
+            rustix::mount::unmount(path, UnmountFlags::DETACH)?;
+            Ok(Unmounted::WhenClosed)
+        }
+        // Only root may unmount; others go through the setuid helper, as fuser does.
+        Err(rustix::io::Errno::PERM) => {
+            if fusermount(path, &[])? {
+                Ok(Unmounted::Now)
+            } else if fusermount(path, &["-z"])? {
+                Ok(Unmounted::WhenClosed)
+            } else {
+                Err(io::Error::other("fusermount3 -u -z failed"))
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Run `fusermount3 -u EXTRA PATH` quietly; whether it succeeded.
+fn fusermount(path: &Path, extra: &[&str]) -> io::Result<bool> {
+    let status = Command::new("fusermount3")
+        .args(["-u", "-q"])
+        .args(extra)
+        .arg("--")
+        .arg(path)
+        .status()?;
+    Ok(status.success())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_read_as_one_sentence() {
+        let busy = Error::MountpointBusy {
+            path: "/mnt/x".into(),
+            reason: Busy::NotEmpty,
+        };
+        assert_eq!(
+            busy.to_string(),
+            "cannot mount on /mnt/x: the directory is not empty"
+        );
+        let missing = Error::NoMountpoint("/nope".into());
+        assert_eq!(missing.to_string(), "mount point /nope does not exist");
+        for e in [busy, missing] {
+            assert!(!e.to_string().contains('\n'));
+        }
+    }
+}
