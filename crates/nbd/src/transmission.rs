@@ -1,80 +1,29 @@
 //! The transmission phase of one connection.
 //!
-//! The connection's thread only reads: a request header, then a write's payload, then hands the
-//! request to the connection's small pool of workers and reads the next one. Workers do the
-//! storage I/O and the cipher (one extended request per NBD request, spread over the cipher's
-//! threads when large) and send their replies, in whatever order they finish (the protocol
-//! matches replies by cookie). Reading ahead like this keeps a client's queue depth busy.
+//! A few workers per connection take turns at the socket (leader/follower, as nbdkit does): the
+//! worker holding the read lock reads one request (header, and a write's payload), passes the lock
+//! on, then runs the request itself and sends its reply, in whatever order requests finish (the
+//! protocol matches replies by cookie). The thread that received a write's payload is the one that
+//! encrypts and stores it, so the data is still in that core's cache; there is no hand-off queue.
+//! Requests not yet read wait in the socket, so a client's queue depth beyond the workers costs
+//! the server nothing.
 //!
 //! Limits that keep a hostile or broken client from hurting anyone else:
 //! - payloads over the advertised maximum are refused (a write's payload is read and dropped, so
-//!   the stream stays in step);
-//! - the bytes of requests in flight are bounded per connection (the reader waits);
+//!   the stream stays in step); at most one request per worker is in memory;
 //! - a client that stops reading its replies hits a write timeout and is dropped;
 //! - a request is only acted on once all of it has arrived: a client that vanishes halfway
 //!   through a write leaves the volume untouched.
 
 use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 
-use sectorcrypt_volume::{Error as VolumeError, Volume};
+use sectorcrypt_volume::{Announced, Error as VolumeError, Volume};
 
 use crate::proto::*;
 use crate::stream::Stream;
-
-/// Bytes of requests one connection may have in flight.
-const IN_FLIGHT_BYTES: u64 = 128 << 20;
-
-/// Every request counts at least this much against [`IN_FLIGHT_BYTES`], so a flood of
-/// zero-length requests is bounded too.
-const MIN_REQUEST_COST: u64 = 4096;
-
-/// Counts bytes in flight; the reader waits while the budget is spent.
-struct Budget {
-    available: Mutex<u64>,
-    freed: Condvar,
-}
-
-impl Budget {
-    fn take(self: &Arc<Self>, cost: u64) -> Ticket {
-        let cost = cost.max(MIN_REQUEST_COST);
-        let mut avail = self
-            .available
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        while *avail < cost {
-            avail = self
-                .freed
-                .wait(avail)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
-        *avail -= cost;
-        Ticket {
-            budget: Arc::clone(self),
-            cost,
-        }
-    }
-}
-
-/// A request's share of the budget, returned when dropped (after its reply is sent).
-struct Ticket {
-    budget: Arc<Budget>,
-    cost: u64,
-}
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        let mut avail = self
-            .budget
-            .available
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        *avail += self.cost;
-        self.budget.freed.notify_all();
-    }
-}
 
 /// Pooled buffers up to this size (a 4 MiB request and its reply header).
 const POOLED_MAX: usize = (4 << 20) + OFFSET_DATA_HEADER_LEN;
@@ -117,6 +66,8 @@ impl BufferPool {
 /// What the connection's threads share.
 struct Connection {
     volume: Arc<Volume>,
+    /// The read side; whoever holds it reads the next request.
+    reader: Mutex<Reader>,
     writer: Mutex<Stream>,
     structured: bool,
     max_payload: u32,
@@ -239,17 +190,24 @@ fn errno(kind: u16, e: &VolumeError) -> u32 {
     }
 }
 
-/// A job for the connection's workers.
+/// The read side of the connection.
+struct Reader {
+    stream: Stream,
+    /// The client said goodbye, broke the protocol or went away: read no more.
+    done: bool,
+}
+
+/// A request read in full and ready to run.
 struct Job {
     req: Request,
     payload: Option<Vec<u8>>,
-    _ticket: Ticket,
+    _announced: Announced,
 }
 
 /// Serve requests on `stream` until the client disconnects, breaks the protocol or the stream
 /// is shut down. Returns once every reply has been sent.
 pub(crate) fn serve(
-    mut stream: Stream,
+    stream: Stream,
     volume: Arc<Volume>,
     structured: bool,
     max_payload: u32,
@@ -258,98 +216,92 @@ pub(crate) fn serve(
     let conn = Arc::new(Connection {
         volume,
         writer: Mutex::new(stream.try_clone()?),
+        reader: Mutex::new(Reader {
+            stream,
+            done: false,
+        }),
         structured,
         max_payload,
         broken: AtomicBool::new(false),
         buffers: BufferPool::default(),
     });
-    let budget = Arc::new(Budget {
-        available: Mutex::new(IN_FLIGHT_BYTES),
-        freed: Condvar::new(),
-    });
-    let (tx, rx) = crossbeam_channel::unbounded::<Job>();
-    let pool: Vec<_> = (0..workers.max(1))
+    // This thread is one of the workers.
+    let others: Vec<_> = (1..workers.max(1))
         .map(|i| {
-            let (rx, conn) = (rx.clone(), Arc::clone(&conn));
+            let conn = Arc::clone(&conn);
             thread::Builder::new()
                 .name(format!("nbd-worker-{i}"))
-                .spawn(move || {
-                    for job in rx {
-                        if !conn.broken.load(Ordering::Relaxed) {
-                            conn.execute(&job.req, job.payload);
-                        }
-                    }
-                })
+                .spawn(move || work(&conn))
         })
         .collect::<io::Result<_>>()?;
-    drop(rx);
-
-    let result = read_requests(&mut stream, &conn, &budget, &tx);
-    drop(tx);
-    for worker in pool {
+    work(&conn);
+    for worker in others {
         let _ = worker.join();
     }
-    stream.shutdown();
-    match result {
-        // The client leaving (or being dropped) is how a connection ends.
-        Err(e) if is_disconnect(&e) => Ok(()),
-        other => other,
+    conn.reader
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .stream
+        .shutdown();
+    Ok(())
+}
+
+/// One worker: take the read lock, read a request, let go, run it; until the reading is done.
+fn work(conn: &Connection) {
+    loop {
+        let job = {
+            let mut reader = conn.reader.lock().unwrap_or_else(PoisonError::into_inner);
+            if reader.done {
+                return;
+            }
+            match next_job(&mut reader.stream, conn) {
+                Some(job) => job,
+                None => {
+                    reader.done = true;
+                    return;
+                }
+            }
+        };
+        if !conn.broken.load(Ordering::Relaxed) {
+            conn.execute(&job.req, job.payload);
+        }
     }
 }
 
-fn is_disconnect(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::UnexpectedEof
-            | io::ErrorKind::ConnectionReset
-            | io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::BrokenPipe
-    )
-}
-
-/// The reader: parse, check and queue requests until `NBD_CMD_DISC`, end of stream or a
-/// protocol error that leaves the stream out of step.
-fn read_requests(
-    stream: &mut Stream,
-    conn: &Arc<Connection>,
-    budget: &Arc<Budget>,
-    tx: &crossbeam_channel::Sender<Job>,
-) -> io::Result<()> {
+/// Read requests until one is ready to run, answering those refused on sight; `None` at
+/// `NBD_CMD_DISC`, the end of the stream, or a protocol error that leaves the stream out of step.
+fn next_job(stream: &mut Stream, conn: &Connection) -> Option<Job> {
     const KNOWN_FLAGS: u16 = CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_DF;
     loop {
         let mut head = [0u8; REQUEST_LEN];
-        stream.read_exact(&mut head)?;
+        stream.read_exact(&mut head).ok()?;
         if conn.broken.load(Ordering::Relaxed) {
-            return Ok(());
+            return None;
         }
         // A bad magic means the stream is out of step: nothing after it can be trusted.
-        let Some(req) = Request::parse(&head) else {
-            return Ok(());
-        };
+        let req = Request::parse(&head)?;
         let len = req.length;
         if req.kind == CMD_DISC {
-            return Ok(());
+            return None;
         }
         if req.kind == CMD_WRITE {
             if len > conn.max_payload {
-                skip(stream, u64::from(len))?;
+                skip(stream, u64::from(len)).ok()?;
                 conn.reply(&req, EINVAL, "write larger than the maximum payload");
                 continue;
             }
-            let ticket = budget.take(u64::from(len));
             let mut payload = conn.buffers.take(len as usize);
             // A client vanishing here leaves nothing half-written: the write never started.
-            stream.read_exact(&mut payload[..len as usize])?;
+            stream.read_exact(&mut payload[..len as usize]).ok()?;
             if req.flags & !KNOWN_FLAGS != 0 {
                 conn.reply(&req, EINVAL, "unknown command flags");
                 continue;
             }
-            let _ = tx.send(Job {
+            return Some(Job {
                 req,
                 payload: Some(payload),
-                _ticket: ticket,
+                _announced: conn.volume.announce(),
             });
-            continue;
         }
         let refusal = match req.kind {
             _ if req.flags & !KNOWN_FLAGS != 0 => Some("unknown command flags"),
@@ -359,21 +311,16 @@ fn read_requests(
             CMD_TRIM => Some("discards are off (--allow-discards)"),
             _ => Some("unknown command"),
         };
-        if let Some(why) = refusal {
-            conn.reply(&req, EINVAL, why);
-            continue;
+        match refusal {
+            Some(why) => conn.reply(&req, EINVAL, why),
+            None => {
+                return Some(Job {
+                    req,
+                    payload: None,
+                    _announced: conn.volume.announce(),
+                })
+            }
         }
-        let cost = if req.kind == CMD_READ {
-            u64::from(len)
-        } else {
-            0
-        };
-        let ticket = budget.take(cost);
-        let _ = tx.send(Job {
-            req,
-            payload: None,
-            _ticket: ticket,
-        });
     }
 }
 

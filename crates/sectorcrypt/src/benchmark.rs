@@ -57,7 +57,8 @@ const DEFAULT_TABLE: [(&str, usize); 9] = [
     ("cipher_null-ecb", 0),
 ];
 
-fn backend_choice(arg: Option<&str>) -> Result<BackendChoice, CliError> {
+/// `--backend NAME`, else `$SECTORCRYPT_BACKEND`, else auto.
+pub fn backend_choice(arg: Option<&str>) -> Result<BackendChoice, CliError> {
     let from_env = std::env::var("SECTORCRYPT_BACKEND").ok();
     match arg.or(from_env.as_deref()) {
         None => Ok(BackendChoice::Auto),

@@ -35,6 +35,10 @@ pub struct VolumeArgs {
     /// Cipher threads for large requests (default: the number of CPUs).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
     pub threads: Option<u32>,
+    /// Block-cipher implementation: auto, portable, aesni, vaes512, avx2, avx512
+    /// (default: $SECTORCRYPT_BACKEND, else auto).
+    #[arg(long, value_name = "NAME")]
+    pub backend: Option<String>,
 }
 
 impl VolumeArgs {
@@ -83,7 +87,7 @@ impl VolumeArgs {
                 read_only: self.readonly,
                 allow_discards: self.allow_discards,
                 threads: self.threads(),
-                ..Default::default()
+                backend: crate::benchmark::backend_choice(self.backend.as_deref())?,
             },
         )
         .map_err(|e| {

@@ -22,9 +22,10 @@
 //! are never lost.
 //!
 //! The volume itself is `Sync`: servers call it from many threads at once. A large request is
-//! spread over the cipher's worker threads only while it is the only request in progress: when
-//! other requests are running, the cores are already busy with them, and splitting would only
-//! add hand-offs (and the workers' spinning) to the CPU time of every request.
+//! spread over the cipher's worker threads only while it is the only request in progress (and,
+//! for servers that queue requests, the only one queued: see [`Volume::announce`]): when other
+//! requests are waiting or running, the cores have work already, and splitting would only add
+//! hand-offs (and the workers' spinning) to the CPU time of every request.
 
 #![forbid(unsafe_code)]
 
@@ -204,6 +205,17 @@ pub struct Volume {
     stripes: Vec<Mutex<()>>,
     /// Requests in progress (reads and writes), to decide whether to spread one over threads.
     in_progress: AtomicUsize,
+    /// Requests servers have received and not yet finished ([`Volume::announce`]).
+    announced: AtomicUsize,
+}
+
+/// A request a server has received and will run on the volume; see [`Volume::announce`].
+pub struct Announced(Arc<Volume>);
+
+impl Drop for Announced {
+    fn drop(&mut self) {
+        self.0.announced.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Counts a request as in progress while alive.
@@ -280,6 +292,7 @@ impl Volume {
             allow_discards: opts.allow_discards,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             in_progress: AtomicUsize::new(0),
+            announced: AtomicUsize::new(0),
         })
     }
 
@@ -341,7 +354,17 @@ impl Volume {
     /// Whether a request of `len` bytes should be spread over the cipher's worker threads: it
     /// is large and the only one in progress.
     fn spread(&self, len: usize) -> bool {
-        len >= PARALLEL_MIN && self.in_progress.load(Ordering::Relaxed) == 1
+        len >= PARALLEL_MIN
+            && self.in_progress.load(Ordering::Relaxed) == 1
+            && self.announced.load(Ordering::Relaxed) <= 1
+    }
+
+    /// Tell the volume that a request has been received and will run (until the returned value
+    /// drops): servers that queue requests call this on arrival, so that a large request is not
+    /// spread over the cipher threads while others wait for a core.
+    pub fn announce(self: &Arc<Self>) -> Announced {
+        self.announced.fetch_add(1, Ordering::Relaxed);
+        Announced(Arc::clone(self))
     }
 
     /// Read and decrypt whole sectors into `buf`, the first being `sector`.
