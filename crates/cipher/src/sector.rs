@@ -63,6 +63,10 @@ pub struct SectorOptions {
     pub iv_offset: u64,
     /// Worker threads for large requests (1 = everything inline).
     pub threads: usize,
+    /// How long a worker spins after a large request waiting for the next one
+    /// ([`WORKER_LINGER`] by default). Zero suits callers that keep every core busy with other
+    /// work, where the spinning would only take a core from it.
+    pub linger: Duration,
 }
 
 impl Default for SectorOptions {
@@ -73,6 +77,7 @@ impl Default for SectorOptions {
             iv_large_sectors: false,
             iv_offset: 0,
             threads: 1,
+            linger: WORKER_LINGER,
         }
     }
 }
@@ -156,6 +161,8 @@ struct Workers {
     pool: rayon::ThreadPool,
     /// Bumped at the start of every large request; a lingering worker stops spinning when it moves.
     generation: Arc<AtomicU64>,
+    /// How long workers spin after a large request.
+    linger: Duration,
 }
 
 impl SectorCipher {
@@ -200,6 +207,7 @@ impl SectorCipher {
                     .build()
                     .map_err(|_| Error::ThreadPool)?,
                 generation: Arc::new(AtomicU64::new(0)),
+                linger: opts.linger,
             })
         } else {
             None
@@ -336,9 +344,12 @@ impl SectorCipher {
                             let mine = drain(me);
                             // Queued on this worker's own deque, so it runs as soon as this job
                             // returns, without a trip through the pool's idle loop.
-                            let latest = Arc::clone(&workers.generation);
-                            let seen = latest.load(Ordering::Relaxed);
-                            rayon::spawn(move || linger(&latest, seen));
+                            if !workers.linger.is_zero() {
+                                let latest = Arc::clone(&workers.generation);
+                                let seen = latest.load(Ordering::Relaxed);
+                                let time = workers.linger;
+                                rayon::spawn(move || linger(&latest, seen, time));
+                            }
                             // Last: once the caller sees every piece done it joins the scope, and
                             // the job must have returned by then or the caller sleeps.
                             done.0.fetch_add(mine, Ordering::Release);
@@ -414,9 +425,9 @@ impl SectorCipher {
     }
 }
 
-/// Spin until another large request starts or [`WORKER_LINGER`] has passed, so that a request
+/// Spin until another large request starts or `time` has passed, so that a request
 /// following soon finds the worker awake.
-fn linger(latest: &AtomicU64, seen: u64) {
+fn linger(latest: &AtomicU64, seen: u64, time: Duration) {
     let start = Instant::now();
     // `pause` takes ~140 cycles on recent x86 cores: look at the generation after every one, and
     // at the clock only now and then.
@@ -427,7 +438,7 @@ fn linger(latest: &AtomicU64, seen: u64) {
             }
             std::hint::spin_loop();
         }
-        if start.elapsed() >= WORKER_LINGER {
+        if start.elapsed() >= time {
             break;
         }
     }

@@ -318,6 +318,20 @@ fn ext4_on_the_volume_survives_a_remount_and_is_stored_encrypted() {
         "the tree after a remount"
     );
     ext4.unmount();
+    // fuse2fs reads the same file system straight from MOUNTPOINT/volume (FUSE on FUSE).
+    let fuse2fs_dir = dir.join("fuse2fs");
+    fs::create_dir_all(&fuse2fs_dir).unwrap();
+    ok(
+        run(Command::new("fuse2fs").args(["-o", "ro", p(&m.volume()), p(&fuse2fs_dir)])),
+        "fuse2fs -o ro",
+    );
+    // Unmounted on drop if anything below fails.
+    let fuse2fs = Ext4 {
+        dir: fs::canonicalize(&fuse2fs_dir).unwrap(),
+    };
+    let via_fuse2fs = tree(&fuse2fs.dir.join("tree"));
+    fuse2fs.unmount();
+    assert_eq!(via_fuse2fs, written, "the tree as fuse2fs reads it");
     let fsck = run(Command::new("e2fsck").args(["-f", "-n", p(&m.volume())]));
     assert_eq!(
         fsck.status.code(),

@@ -282,6 +282,9 @@ impl Volume {
                 iv_large_sectors: false,
                 iv_offset: layout.iv_offset,
                 threads: opts.threads.max(1),
+                // A volume's callers have other requests to run: workers that spin after a large
+                // request would only take a core from them.
+                linger: std::time::Duration::ZERO,
             },
         )?;
         Ok(Volume {
