@@ -5,7 +5,9 @@
 #    8 in flight, one connection): plain `nbdkit file`, sectorcrypt (LUKS2 aes-xts-plain64 with
 #    4096-byte sectors, and the LUKS1 image with 512-byte sectors), nbdkit's luks filter and
 #    qemu-nbd with LUKS (both LUKS1-only, so on the LUKS1 image). CPU is the server process's
-#    utime+stime from /proc, all threads, read before and after each copy.
+#    whole-life user+system time from wait4's rusage (all threads, microseconds; /proc's clock
+#    ticks are too coarse), one server per copy, less the same server's cost of starting,
+#    unlocking and stopping with no copy.
 # 2. fio through its nbd engine: sectorcrypt with aes-xts-plain64 against the same server with
 #    cipher_null-ecb (same format, sector size and code path): 4 KiB QD1 random read/write
 #    latency, 4 KiB QD64 random 70/30, 128 KiB QD8 sequential read and write.
@@ -54,9 +56,28 @@ make_image luks2 --cipher aes-xts-plain64 --sector-size 4096
 make_image null2 --cipher cipher_null-ecb --sector-size 4096
 make_image luks1 --type luks1 --cipher aes-xts-plain64
 
+# Runs a command as a child, passes SIGTERM on to it, and when it exits writes its rusage (user +
+# system seconds of every thread it ever had) to $usage.
+usage="$out/usage"
+rusage_py='
+import os, signal, sys
+out, argv = sys.argv[1], sys.argv[2:]
+pid = os.fork()
+if pid == 0:
+    os.execvp(argv[0], argv)
+for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, lambda s, f: os.kill(pid, signal.SIGTERM))
+while True:
+    try:
+        _, status, ru = os.wait4(pid, 0)
+        break
+    except InterruptedError:
+        continue
+open(out, "w").write(f"{ru.ru_utime + ru.ru_stime:.6f}\n")
+'
 start() { # command...
-  rm -f "$sock"
-  "$@" >/dev/null 2>"$out/server.log" &
+  rm -f "$sock" "$usage"
+  python3 -c "$rusage_py" "$usage" "$@" >/dev/null 2>"$out/server.log" &
   server=$!
   for _ in $(seq 200); do
     if [ -S "$sock" ] && nbdinfo --size "$uri" >/dev/null 2>&1; then return; fi
@@ -66,12 +87,12 @@ start() { # command...
   cat "$out/server.log" >&2
   exit 1
 }
-stop() {
+stop() { # sets $cpu to the server's CPU seconds (not in a subshell: wait needs the parent)
   kill "$server"
   wait "$server" 2>/dev/null || true
   server=""
+  cpu=$(cat "$usage")
 }
-ticks() { awk '{print $14 + $15}' "/proc/$server/stat"; }
 server_cmd() { # contender name -> command
   case "$1" in
   nbdkit-file) echo "nbdkit -f -U $sock file $dir/plain.img" ;;
@@ -97,13 +118,19 @@ for r in $(seq "$rounds"); do
   for c in "${contenders[@]}"; do
     # shellcheck disable=SC2046
     start $(server_cmd "$c")
-    t0=$(ticks)
-    "${copy[@]}" --flush "$dir/source.raw" "$uri"
-    t1=$(ticks)
-    "${copy[@]}" "$uri" null:
-    t2=$(ticks)
     stop
-    echo "{\"round\":$r,\"server\":\"$c\",\"write_ticks\":$((t1 - t0)),\"read_ticks\":$((t2 - t1))}" >>"$out/cpu.jsonl"
+    idle=$cpu
+    # shellcheck disable=SC2046
+    start $(server_cmd "$c")
+    "${copy[@]}" --flush "$dir/source.raw" "$uri"
+    stop
+    write=$cpu
+    # shellcheck disable=SC2046
+    start $(server_cmd "$c")
+    "${copy[@]}" "$uri" null:
+    stop
+    read=$cpu
+    echo "{\"round\":$r,\"server\":\"$c\",\"idle\":$idle,\"write\":$write,\"read\":$read}" >>"$out/cpu.jsonl"
   done
   for c in sectorcrypt-luks2 sectorcrypt-null2; do
     # shellcheck disable=SC2046
@@ -118,16 +145,17 @@ for r in $(seq "$rounds"); do
   done
 done
 
-python3 - "$out" "$rounds" "$(getconf CLK_TCK)" <<'PY'
+python3 - "$out" "$rounds" <<'PY'
 import json, sys, pathlib, statistics, subprocess
-out, rounds, hz = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+out, rounds = pathlib.Path(sys.argv[1]), int(sys.argv[2])
 med = statistics.median
 cpu = [json.loads(l) for l in (out / "cpu.jsonl").read_text().splitlines()]
 def sec(server, op, r):
-    return next(m for m in cpu if m["server"] == server and m["round"] == r)[f"{op}_ticks"] / hz
+    m = next(m for m in cpu if m["server"] == server and m["round"] == r)
+    return m[op] - m["idle"]
 model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
-print(f"Machine: {model}, {nproc} cores; {rounds} rounds; CPU ticks of {1/hz*1000:.0f} ms.\n")
+print(f"Machine: {model}, {nproc} cores; {rounds} rounds.\n")
 print("Server CPU seconds per GiB, nbdcopy 1 GiB, 1 MiB requests, 8 in flight (median; ratio to nbdkit file, median of per-round ratios):\n")
 print("| server | image | write s/GiB | x nbdkit file | read s/GiB | x nbdkit file |")
 print("|---|---|---|---|---|---|")
