@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use common::{p, python, sc};
+use common::{ok, p, python, sc};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sectorcrypt");
 
@@ -229,15 +229,10 @@ fn wait_within(child: &mut Child, deadline: Duration) -> Option<ExitStatus> {
 
 /// Run a client tool and assert it succeeded.
 fn tool(program: &str, args: &[&str]) -> Output {
-    let out = run_within(Command::new(program).args(args), TOOL_DEADLINE);
-    assert!(
-        out.status.success(),
-        "{program} {args:?} failed ({}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    ok(
+        run_within(Command::new(program).args(args), TOOL_DEADLINE),
+        &format!("{program} {args:?}"),
+    )
 }
 
 /// Run `sectorcrypt serve ARGS` expecting it to refuse: its exit code and stderr.

@@ -21,11 +21,13 @@ pub fn run(cmd: &mut Command) -> Output {
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (run scripts/install-test-deps.sh)"))
 }
 
-/// `out`, after asserting it succeeded.
+/// `out`, after asserting it succeeded (else its status and both outputs are the message).
 pub fn ok(out: Output, what: &str) -> Output {
     assert!(
         out.status.success(),
-        "{what}: {}",
+        "{what} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     out
