@@ -34,7 +34,10 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
     let listen = match (&args.socket, &args.listen) {
         // Absolute, so that the URI printed below works from any directory.
         (Some(path), _) => Listen::Unix(std::path::absolute(path).map_err(|e| {
-            CliError::usage(format!("cannot use the socket path {}: {e}", path.display()))
+            CliError::usage(format!(
+                "cannot use the socket path {}: {e}",
+                path.display()
+            ))
         })?),
         (None, Some(addr)) => Listen::Tcp(addr.clone()),
         (None, None) => unreachable!("clap requires --socket or --listen"),
