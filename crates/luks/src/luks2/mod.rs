@@ -17,6 +17,7 @@ mod backup;
 pub mod binary;
 mod dump;
 pub mod metadata;
+pub mod reencrypt;
 mod unlock;
 pub mod validate;
 mod write;
