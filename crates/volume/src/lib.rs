@@ -528,5 +528,7 @@ impl Volume {
     }
 }
 
+pub mod reencrypt;
+
 #[cfg(test)]
 mod tests;

@@ -1306,6 +1306,132 @@ pub fn init_encrypt(header: &Header, new_vk: &[u8], opts: &InitOptions) -> Resul
     )
 }
 
+/// The metadata of a forward encryption in place (detached header, no data shift) with `done`
+/// bytes encrypted from the start of the data and, if `hot` is given, the next `hot` bytes being
+/// written (flagged `in-reencryption`): the "hot" and "post" segment sets of cryptsetup's
+/// `reencrypt_make_hot_segments` / `_post_segments` for this mode. Regular segments: `crypt(0,
+/// done)`, `crypt(done, hot, in-reencryption)`, `linear(rest, dynamic)`; then the backup segments
+/// unchanged; the new volume key's digest lists `backup-final` and every regular crypt segment.
+///
+/// Errors: [`Error::Unsupported`] unless `r` is a forward encryption without a data shift.
+pub fn encrypt_forward_progress(
+    md: &Metadata,
+    r: &Reencryption,
+    done: u64,
+    hot: Option<u64>,
+) -> Result<Metadata, Error> {
+    if r.keyslot.mode != Mode::Encrypt
+        || r.keyslot.direction != Direction::Forward
+        || r.backup_moved.is_some()
+    {
+        return Err(Error::Unsupported(
+            "progress of anything but a forward encryption without a data shift".into(),
+        ));
+    }
+    let SegmentKind::Crypt {
+        iv_tweak,
+        encryption,
+        sector_size,
+    } = &r.backup_final.kind
+    else {
+        return Err(Error::Corrupt(
+            "the backup-final segment is not a crypt segment".into(),
+        ));
+    };
+    let digest = r
+        .digest_new
+        .ok_or_else(|| Error::Corrupt("no digest lists the backup-final segment".into()))?;
+    let base = r.backup_final.offset;
+    let crypt_at = |at: u64, size: u64, flags: Vec<String>| ReencryptSegment {
+        id: 0,
+        offset: base + at,
+        size: Some(size),
+        kind: SegmentKind::Crypt {
+            iv_tweak: iv_tweak + at / 512,
+            encryption: encryption.clone(),
+            sector_size: *sector_size,
+        },
+        flags,
+    };
+    let mut regular = Vec::new();
+    if done > 0 {
+        regular.push(crypt_at(0, done, Vec::new()));
+    }
+    if let Some(len) = hot {
+        regular.push(crypt_at(done, len, vec![FLAG_IN_REENCRYPTION.into()]));
+    }
+    let rest = done + hot.unwrap_or(0);
+    regular.push(ReencryptSegment {
+        id: 0,
+        offset: base + rest,
+        size: None,
+        kind: SegmentKind::Linear,
+        flags: Vec::new(),
+    });
+    let crypt_ids: Vec<u32> = (0..regular.len() as u32)
+        .filter(|&i| matches!(regular[i as usize].kind, SegmentKind::Crypt { .. }))
+        .collect();
+    let mut out = md.clone();
+    let backups: Vec<SegmentEntry> = md
+        .segments
+        .0
+        .iter()
+        .filter(|(_, e)| is_backup(e))
+        .map(|(_, e)| e.clone())
+        .collect();
+    let n = regular.len() as u32;
+    out.segments.0 = regular
+        .iter()
+        .enumerate()
+        .map(|(i, seg)| (i as u32, seg.to_entry()))
+        .chain(
+            backups
+                .into_iter()
+                .enumerate()
+                .map(|(i, e)| (n + i as u32, e)),
+        )
+        .collect();
+    clear_segment_digests(&mut out);
+    let final_id = segment_by_flag(&out, FLAG_BACKUP_FINAL)
+        .map(|(id, _)| id)
+        .ok_or_else(|| Error::Corrupt("there is no backup-final segment".into()))?;
+    assign_segment(&mut out, digest, final_id)?;
+    for id in crypt_ids {
+        assign_segment(&mut out, digest, id)?;
+    }
+    Ok(out)
+}
+
+/// The metadata once a reencryption has converted everything (`reencrypt_teardown_ok`): the
+/// `backup-final` layout as the only segment, no reencrypt keyslot, no reencryption digest, no
+/// reencryption requirement, and the volume key's digest listing segment 0.
+pub fn finished(md: &Metadata, r: &Reencryption) -> Result<Metadata, Error> {
+    let mut out = md.clone();
+    let mut last = r.backup_final.clone();
+    last.flags.clear();
+    out.segments.0 = vec![(0, last.to_entry())];
+    out.keyslots.0.retain(|(n, _)| *n != r.keyslot.slot);
+    if let Some(d) = r.digest {
+        out.digests.0.retain(|(n, _)| *n != d);
+    }
+    clear_segment_digests(&mut out);
+    if let (Some(d), SegmentKind::Crypt { .. }) = (r.digest_new, &r.backup_final.kind) {
+        assign_segment(&mut out, d, 0)?;
+    }
+    if let Some(req) = out.config.requirements.as_mut() {
+        if let Some(m) = req.mandatory.as_mut() {
+            m.retain(|x| !x.starts_with("online-reencrypt"));
+            if m.is_empty() {
+                req.mandatory = None;
+            }
+        }
+        if req.mandatory.is_none() && req.extra.is_empty() {
+            out.config.requirements = None;
+        }
+    }
+    Ok(out)
+}
+
 /// The metadata `cryptsetup reencrypt --encrypt --reduce-device-size 2*S --init-only DEV`
 /// writes (header attached, `CRYPT_REENCRYPT_MOVE_FIRST_SEGMENT`), from a freshly formatted
 /// header whose data offset is the shift S, for a device of `device_size` bytes.
