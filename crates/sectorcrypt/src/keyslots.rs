@@ -22,7 +22,7 @@ use crate::keyfile::KeyArgs;
 use crate::pbkdf_args::{NewKeyArgs, PbkdfArgs};
 
 /// Open `path` for writing: exit 4 if it is missing or not writable.
-fn open_rw(path: &Path) -> Result<FileStorage, CliError> {
+pub(crate) fn open_rw(path: &Path) -> Result<FileStorage, CliError> {
     FileStorage::open(path).map_err(|e| CliError {
         code: Code::Device,
         message: format!(
@@ -34,7 +34,7 @@ fn open_rw(path: &Path) -> Result<FileStorage, CliError> {
 
 /// Ask "Are you sure?" on a terminal unless `batch`; like cryptsetup, proceed without asking when
 /// standard input is not a terminal.
-fn confirm(batch: bool, warning: &str) -> Result<(), CliError> {
+pub(crate) fn confirm(batch: bool, warning: &str) -> Result<(), CliError> {
     if batch || !std::io::stdin().is_terminal() {
         return Ok(());
     }
@@ -50,7 +50,7 @@ fn confirm(batch: bool, warning: &str) -> Result<(), CliError> {
 }
 
 /// A new passphrase: from `file` if given, else asked twice on the terminal.
-fn new_passphrase(
+pub(crate) fn new_passphrase(
     file: Option<&PathBuf>,
     key: &KeyArgs,
     prompt: &str,
@@ -72,7 +72,7 @@ fn new_passphrase(
     Ok(first)
 }
 
-fn pbkdf_options(args: &PbkdfArgs) -> Result<PbkdfOptions, CliError> {
+pub(crate) fn pbkdf_options(args: &PbkdfArgs) -> Result<PbkdfOptions, CliError> {
     let hash = args
         .hash
         .as_deref()

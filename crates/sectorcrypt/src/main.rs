@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod benchmark;
+mod convert;
 mod exit;
 mod header;
 mod keyfile;
@@ -67,6 +68,8 @@ enum Command {
     /// Restore the header and keyslots from a backup file (cryptsetup luksHeaderRestore).
     #[command(name = "header-restore", alias = "luksHeaderRestore")]
     HeaderRestore(keyslots::BackupArgs),
+    /// Encrypt a plaintext device in place, resumably, with a detached header.
+    Encrypt(Box<convert::EncryptArgs>),
     /// Unlock DEVICE and export the decrypted volume over NBD until SIGINT/SIGTERM.
     Serve(Box<serve::ServeArgs>),
     /// Unlock DEVICE and expose the decrypted volume as MOUNTPOINT/volume via FUSE until unmounted.
@@ -92,6 +95,7 @@ fn main() -> ExitCode {
         Command::HeaderBackup(args) => keyslots::header_backup(args),
         Command::HeaderRestore(args) => keyslots::header_restore(args),
         Command::Serve(args) => serve::run(*args),
+        Command::Encrypt(args) => convert::encrypt(*args),
         Command::Mount(args) => mount::run(*args),
     };
     match result {

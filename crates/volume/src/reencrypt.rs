@@ -82,8 +82,8 @@ fn io_at(dev: &dyn Storage, what: &str, e: io::Error) -> Error {
 }
 
 /// Resume (or start, from the init state) the reencryption recorded in the LUKS2 header on
-/// `header_dev`, converting the data on `data_dev`. `progress` is called after every step; when
-/// it returns `false` the run stops at that clean point.
+/// `header_dev`, converting the data on `data_dev`. `progress` is called after every step (the
+/// last one included); when it returns `false` the run stops at that clean point.
 ///
 /// Errors: [`Error::Unsupported`] for modes this code does not run yet (see the module docs);
 /// [`Error::Luks`] for a wrong passphrase or metadata whose digest does not verify (nothing is
@@ -207,15 +207,17 @@ pub fn run(
             return Ok(Outcome::Finished);
         }
         let len = hotzone.min(total - done);
-        step.protect(done, len)?;
+        // Read once: nothing else writes the device while it is converted offline.
+        let mut buf = step.read(done, len)?;
+        step.protect(&buf)?;
         header = step.commit(&header, &r, done, Some(len))?;
-        step.convert(done, len)?;
+        step.convert(&mut buf, done)?;
         header = step.commit(&header, &r, done + len, None)?;
         let now = Progress {
             done: done + len,
             total,
         };
-        if now.done < total && !progress(now) {
+        if !progress(now) && now.done < total {
             return Ok(Outcome::Paused(now));
         }
     }
@@ -262,23 +264,22 @@ impl Step<'_> {
         out
     }
 
-    /// Step 1: the hash of every block of the hotzone as it is now, durable before the header
-    /// names the hotzone.
-    fn protect(&self, done: u64, len: u64) -> Result<(), Error> {
-        let hashes = self.hashes(&self.read(done, len)?);
+    /// Step 1: the hash of every block of the hotzone as it is now (`data`), durable before the
+    /// header names the hotzone.
+    fn protect(&self, data: &[u8]) -> Result<(), Error> {
+        let hashes = self.hashes(data);
         self.header_dev
             .write_at(&hashes, self.area)
             .and_then(|()| self.header_dev.sync())
             .map_err(|e| io_at(self.header_dev, "writing the resilience hashes", e))
     }
 
-    /// Step 3: encrypt the hotzone in place, durably.
-    fn convert(&self, done: u64, len: u64) -> Result<(), Error> {
-        let mut buf = self.read(done, len)?;
+    /// Step 3: encrypt the hotzone (`buf`, read from `done`) and write it over itself, durably.
+    fn convert(&self, buf: &mut [u8], done: u64) -> Result<(), Error> {
         self.cipher
-            .encrypt(&mut buf, done / self.cipher.sector_size() as u64)?;
+            .encrypt(buf, done / self.cipher.sector_size() as u64)?;
         self.data_dev
-            .write_at(&buf, self.base + done)
+            .write_at(buf, self.base + done)
             .and_then(|()| self.data_dev.sync())
             .map_err(|e| io_at(self.data_dev, "writing the hotzone", e))
     }

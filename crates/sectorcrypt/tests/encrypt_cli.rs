@@ -1,0 +1,282 @@
+//! `sectorcrypt encrypt` (in place, detached header) with the real cryptsetup: what we encrypt,
+//! cryptsetup decrypts back to the original; a run killed with SIGKILL at random moments and
+//! resumed loses nothing; SIGINT pauses at a safe point; bad input changes nothing.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{cs, ok, p, sc, scratch};
+use rand::{Rng, RngCore, SeedableRng};
+
+const FAST: [&str; 5] = [
+    "--pbkdf",
+    "pbkdf2",
+    "--pbkdf-force-iterations",
+    "1000",
+    "-q",
+];
+
+fn random_file(path: &Path, len: usize, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
+    std::fs::write(path, &v).unwrap();
+    v
+}
+
+/// cryptsetup decrypts DATA in place with header HDR; DATA must then equal `plain`.
+fn cryptsetup_decrypts_to(hdr: &Path, data: &Path, key: &Path, plain: &[u8]) {
+    ok(
+        cs(&[
+            "reencrypt",
+            "--decrypt",
+            "--force-offline-reencrypt",
+            "--header",
+            p(hdr),
+            "--batch-mode",
+            "--key-file",
+            p(key),
+            p(data),
+        ]),
+        "cryptsetup reencrypt --decrypt",
+    );
+    assert!(
+        std::fs::read(data).unwrap() == plain,
+        "cryptsetup's decryption is not the original"
+    );
+}
+
+fn encrypt_args<'a>(
+    data: &'a Path,
+    hdr: &'a Path,
+    key: &'a Path,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec!["encrypt", p(data), "--header", p(hdr), "--key-file", p(key)];
+    args.extend_from_slice(&FAST);
+    args.extend_from_slice(extra);
+    args
+}
+
+#[test]
+fn encrypted_in_place_and_decrypted_by_cryptsetup() {
+    let dir = scratch("encrypt_cli-roundtrip");
+    let key = dir.join("pass");
+    std::fs::write(&key, "passphrase").unwrap();
+    let data = dir.join("data.img");
+    let hdr = dir.join("hdr.img");
+    let plain = random_file(&data, 48 << 20, 1);
+    let out = ok(
+        sc(&encrypt_args(
+            &data,
+            &hdr,
+            &key,
+            &["--hotzone-size", "8388608", "--json"],
+        )),
+        "encrypt",
+    );
+    // One JSON line per step, the last one complete.
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 6);
+    assert_eq!(lines[5]["done"], 48u64 << 20);
+    assert_eq!(lines[5]["total"], 48u64 << 20);
+    assert!(
+        std::fs::read(&data).unwrap() != plain,
+        "the data is still plaintext"
+    );
+    ok(
+        cs(&[
+            "open",
+            "--test-passphrase",
+            "--header",
+            p(&hdr),
+            "--key-file",
+            p(&key),
+            p(&data),
+        ]),
+        "cryptsetup open --test-passphrase",
+    );
+    cryptsetup_decrypts_to(&hdr, &data, &key, &plain);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Start `sectorcrypt encrypt` (or `--resume-only`) and, once the header shows progress, wait a
+/// random moment and send `signal`. Returns the exit status.
+fn signalled(
+    args: &[&str],
+    hdr: &Path,
+    signal: &str,
+    rng: &mut impl Rng,
+) -> std::process::ExitStatus {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sectorcrypt"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut sent = false;
+    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        let progressed = cs(&["luksDump", "--dump-json-metadata", p(hdr)])
+            .status
+            .success()
+            && std::fs::metadata(hdr).is_ok();
+        if progressed && !sent {
+            std::thread::sleep(Duration::from_millis(rng.gen_range(0..400)));
+            let _ = Command::new("kill")
+                .args(["-s", signal, &child.id().to_string()])
+                .status();
+            sent = true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.wait().unwrap()
+}
+
+/// The test: a real 512 MiB encryption killed with SIGKILL at random moments, then run
+/// again until done: cryptsetup decrypts the result to the original.
+#[test]
+fn sigkill_at_random_moments_then_resume_loses_nothing() {
+    let dir = scratch("encrypt_cli-sigkill");
+    let key = dir.join("pass");
+    std::fs::write(&key, "passphrase").unwrap();
+    let data = dir.join("data.img");
+    let hdr = dir.join("hdr.img");
+    let plain = random_file(&data, 512 << 20, 2);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let small_steps = ["--hotzone-size", "16777216"];
+    let first = encrypt_args(&data, &hdr, &key, &small_steps);
+    let status = signalled(&first, &hdr, "KILL", &mut rng);
+    let mut kills = u32::from(!status.success());
+    let mut resume = encrypt_args(&data, &hdr, &key, &small_steps);
+    resume.push("--resume-only");
+    for _ in 0..3 {
+        let status = signalled(&resume, &hdr, "KILL", &mut rng);
+        if status.success() {
+            break;
+        }
+        kills += 1;
+    }
+    eprintln!("sigkill: {kills} runs killed before the last one");
+    assert!(kills >= 1, "no run was killed part way");
+    // Finish whatever is left.
+    let last = sc(&resume);
+    if !last.status.success() {
+        let err = String::from_utf8_lossy(&last.stderr);
+        assert!(
+            err.contains("no encryption in progress"),
+            "resume failed: {err}"
+        );
+    }
+    cryptsetup_decrypts_to(&hdr, &data, &key, &plain);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn sigint_pauses_at_a_safe_point_and_resume_finishes() {
+    let dir = scratch("encrypt_cli-sigint");
+    let key = dir.join("pass");
+    std::fs::write(&key, "passphrase").unwrap();
+    let data = dir.join("data.img");
+    let hdr = dir.join("hdr.img");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let mut interrupted = false;
+    // A run may finish before the signal lands; then try again from the start.
+    for attempt in 0..5 {
+        let _ = std::fs::remove_file(&hdr);
+        let plain = random_file(&data, 256 << 20, 3 + attempt);
+        let args = encrypt_args(&data, &hdr, &key, &["--hotzone-size", "4194304"]);
+        let status = signalled(&args, &hdr, "INT", &mut rng);
+        if status.success() {
+            continue;
+        }
+        assert_eq!(status.code(), Some(1), "an interrupted run exits 1");
+        let json = ok(
+            cs(&["luksDump", "--dump-json-metadata", p(&hdr)]),
+            "luksDump",
+        )
+        .stdout;
+        let md: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        let segments = md["segments"].to_string();
+        assert!(
+            segments.contains("backup-final") && !segments.contains("in-reencryption"),
+            "a SIGINT must leave a clean, resumable state: {segments}"
+        );
+        let mut resume = args.clone();
+        resume.push("--resume-only");
+        ok(sc(&resume), "encrypt --resume-only");
+        cryptsetup_decrypts_to(&hdr, &data, &key, &plain);
+        interrupted = true;
+        break;
+    }
+    assert!(interrupted, "no run was interrupted by SIGINT");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    let dir = scratch("encrypt_cli-bad");
+    let key = dir.join("pass");
+    std::fs::write(&key, "passphrase").unwrap();
+    let data = dir.join("data.img");
+    let hdr = dir.join("hdr.img");
+    let plain = random_file(&data, 8 << 20, 4);
+    let code = |args: &[&str]| {
+        let out = sc(args);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(err.trim().lines().count(), 1, "one line on stderr: {err}");
+        out.status.code()
+    };
+    // No --header; --reduce-device-size; an unsupported cipher: nothing written, no header made.
+    let mut no_header = vec!["encrypt", p(&data), "--key-file", p(&key)];
+    no_header.extend_from_slice(&FAST);
+    assert_eq!(code(&no_header), Some(1));
+    let mut shift = no_header.clone();
+    shift.extend_from_slice(&["--reduce-device-size", "32M"]);
+    assert_eq!(code(&shift), Some(1));
+    assert_eq!(
+        code(&encrypt_args(
+            &data,
+            &hdr,
+            &key,
+            &["--cipher", "twofish-xts-plain64"]
+        )),
+        Some(1)
+    );
+    assert!(!hdr.exists(), "a refused encrypt created the header file");
+    assert_eq!(std::fs::read(&data).unwrap(), plain);
+    // A device that is LUKS already.
+    let luks = dir.join("luks.img");
+    std::fs::write(&luks, vec![0u8; 32 << 20]).unwrap();
+    let mut fmt = vec!["format", p(&luks), "--key-file", p(&key)];
+    fmt.extend_from_slice(&FAST);
+    ok(sc(&fmt), "format");
+    let before = std::fs::read(&luks).unwrap();
+    assert_eq!(code(&encrypt_args(&luks, &hdr, &key, &[])), Some(5));
+    assert_eq!(std::fs::read(&luks).unwrap(), before);
+    // Nothing to resume once it is done.
+    let out = sc(&encrypt_args(
+        &data,
+        &hdr,
+        &key,
+        &["--hotzone-size", "1048576", "--json"],
+    ));
+    ok(out, "encrypt");
+    let encrypted = std::fs::read(&data).unwrap();
+    let header_before = std::fs::read(&hdr).unwrap();
+    assert_eq!(
+        code(&encrypt_args(&data, &hdr, &key, &["--resume-only"])),
+        Some(1),
+        "nothing to resume"
+    );
+    assert_eq!(std::fs::read(&hdr).unwrap(), header_before);
+    assert_eq!(std::fs::read(&data).unwrap(), encrypted);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
