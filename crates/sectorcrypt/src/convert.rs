@@ -1,10 +1,10 @@
-//! `encrypt`: encrypt a plaintext device in place, resumably, keeping the progress in LUKS2's own
-//! reencryption metadata (so `cryptsetup reencrypt --resume-only` can take over, and so can we
+//! `encrypt` and `decrypt`: convert a device in place, resumably, keeping the progress in LUKS2's
+//! own reencryption metadata (so `cryptsetup reencrypt --resume-only` can take over, and so can we
 //! from a state cryptsetup left).
 //!
-//! Today: a detached header (`--header FILE`, the data stays where it is). Making room for the
-//! header on the device itself (`--reduce-device-size`, a data shift) is refused with a clear
-//! message, not attempted.
+//! Today: a detached header (`--header FILE`, the data stays where it is). Conversions that move
+//! the data (a header on the device itself: `encrypt --reduce-device-size`, `decrypt` without
+//! `--header`) are refused with a clear message, not attempted.
 
 use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Write};
@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, State};
+use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, Mode, State};
 use sectorcrypt_luks::luks2::Header as Luks2Header;
 use sectorcrypt_luks::{FormatOptions, Header};
 use sectorcrypt_storage::{FileStorage, MemStorage, Storage};
@@ -55,6 +55,16 @@ pub struct EncryptArgs {
     pbkdf: PbkdfArgs,
     #[command(flatten)]
     key: KeyArgs,
+    #[command(flatten)]
+    run: RunArgs,
+    /// Do not ask for confirmation.
+    #[arg(short = 'q', long = "batch-mode")]
+    batch: bool,
+}
+
+/// How a conversion runs: what `encrypt` and `decrypt` share.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
     /// Bytes converted per step (default 64 MiB).
     #[arg(long = "hotzone-size", value_name = "BYTES")]
     hotzone_size: Option<u64>,
@@ -64,9 +74,96 @@ pub struct EncryptArgs {
     /// Progress as JSON lines on standard output (one per step) instead of a bar.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DecryptArgs {
+    /// The encrypted device or image file to decrypt in place.
+    #[arg(value_name = "DEVICE")]
+    device: PathBuf,
+    /// The detached LUKS2 header of DEVICE.
+    #[arg(long, value_name = "FILE")]
+    header: Option<PathBuf>,
+    /// Only continue a decryption already in progress.
+    #[arg(long = "resume-only")]
+    resume_only: bool,
+    #[command(flatten)]
+    key: KeyArgs,
+    #[command(flatten)]
+    run: RunArgs,
     /// Do not ask for confirmation.
     #[arg(short = 'q', long = "batch-mode")]
     batch: bool,
+}
+
+/// SIGINT and SIGTERM set the returned flag; the conversion stops at its next safe point.
+/// Installed before anything is written.
+fn stop_on_signals() -> Result<Arc<AtomicBool>, CliError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [SIGINT, SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .map_err(|e| CliError::usage(format!("cannot install signal handlers: {e}")))?;
+    }
+    Ok(stop)
+}
+
+/// Run the conversion recorded in the header at `header_path` to its end, with progress; an
+/// interruption is an error that says how to resume.
+fn convert(
+    verb: &str,
+    device: &Path,
+    header_path: &Path,
+    data: &FileStorage,
+    pass: &[u8],
+    args: &RunArgs,
+    stop: &AtomicBool,
+) -> Result<(), CliError> {
+    let header = open_rw(header_path)?;
+    let options = Options {
+        hotzone: args.hotzone_size.unwrap_or(DEFAULT_HOTZONE),
+        threads: args.threads.map_or_else(
+            || std::thread::available_parallelism().map_or(1, |n| n.get()),
+            |n| n as usize,
+        ),
+    };
+    let mut report = Reporter::new(args.json);
+    let outcome = run(&header, data, pass, &options, &mut |p| {
+        report.step(p);
+        !stop.load(Ordering::Relaxed)
+    })
+    .map_err(volume_error)?;
+    report.done();
+    match outcome {
+        Outcome::Finished => Ok(()),
+        Outcome::Paused(p) => Err(CliError::usage(format!(
+            "interrupted after {} of {} bytes, at a safe point; resume with: sectorcrypt {verb} \
+             {} --header {} --resume-only",
+            p.done,
+            p.total,
+            device.display(),
+            header_path.display()
+        ))),
+    }
+}
+
+/// The header at `path` must record a conversion in progress of `mode`.
+fn check_in_progress(path: &Path, mode: Mode) -> Result<(), CliError> {
+    let h = read_luks2(&open_rw(path)?)?;
+    let r = reencrypt::parse(h.metadata()).map_err(luks_error)?;
+    match r {
+        Some(r) if r.keyslot.mode == mode => Ok(()),
+        Some(r) => Err(CliError::usage(format!(
+            "{} records {} in progress, not {}",
+            path.display(),
+            r.keyslot.mode.as_str(),
+            mode.as_str()
+        ))),
+        None => Err(CliError::usage(format!(
+            "{} has no {} in progress to resume",
+            path.display(),
+            mode.as_str()
+        ))),
+    }
 }
 
 pub fn encrypt(args: EncryptArgs) -> Result<(), CliError> {
@@ -85,52 +182,86 @@ pub fn encrypt(args: EncryptArgs) -> Result<(), CliError> {
     let data_len = data
         .len()
         .map_err(|e| CliError::usage(format!("cannot read the size of {}: {e}", data.name())))?;
-    // Signals only stop the run at the next clean point; installed before anything is written.
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [SIGINT, SIGTERM] {
-        signal_hook::flag::register(sig, Arc::clone(&stop))
-            .map_err(|e| CliError::usage(format!("cannot install signal handlers: {e}")))?;
-    }
+    let stop = stop_on_signals()?;
     let pass = if args.resume_only {
-        let header = open_rw(&header_path)?;
-        let h = read_luks2(&header)?;
-        if reencrypt::state(h.metadata()) == State::None {
-            return Err(CliError::usage(format!(
-                "{} has no encryption in progress to resume",
-                header_path.display()
-            )));
-        }
+        check_in_progress(&header_path, Mode::Encrypt)?;
         args.key
             .read(&format!("Enter passphrase for {}: ", args.device.display()))?
     } else {
         start(&args, &header_path, &data, data_len)?
     };
-    let header = open_rw(&header_path)?;
-    let options = Options {
-        hotzone: args.hotzone_size.unwrap_or(DEFAULT_HOTZONE),
-        threads: args.threads.map_or_else(
-            || std::thread::available_parallelism().map_or(1, |n| n.get()),
-            |n| n as usize,
-        ),
+    convert(
+        "encrypt",
+        &args.device,
+        &header_path,
+        &data,
+        &pass,
+        &args.run,
+        &stop,
+    )
+}
+
+pub fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
+    let Some(header_path) = args.header.clone() else {
+        return Err(CliError::usage(
+            "decrypting in place needs the detached header (--header FILE); a header on the \
+             device itself would have to be moved off it first, which is not supported yet",
+        ));
     };
-    let mut report = Reporter::new(args.json);
-    let outcome = run(&header, &data, &pass, &options, &mut |p| {
-        report.step(p);
-        !stop.load(Ordering::Relaxed)
-    })
-    .map_err(volume_error)?;
-    report.done();
-    match outcome {
-        Outcome::Finished => Ok(()),
-        Outcome::Paused(p) => Err(CliError::usage(format!(
-            "interrupted after {} of {} bytes, at a safe point; resume with: sectorcrypt encrypt \
-             {} --header {} --resume-only",
-            p.done,
-            p.total,
-            args.device.display(),
-            header_path.display()
-        ))),
+    let data = open_rw(&args.device)?;
+    let stop = stop_on_signals()?;
+    let header = open_rw(&header_path)?;
+    let h = read_luks2(&header)?;
+    let in_progress = reencrypt::state(h.metadata()) != State::None;
+    if args.resume_only || in_progress {
+        check_in_progress(&header_path, Mode::Decrypt)?;
     }
+    let pass = args
+        .key
+        .read(&format!("Enter passphrase for {}: ", args.device.display()))?;
+    if !in_progress {
+        if h.metadata()
+            .segments
+            .get(0)
+            .is_some_and(|s| s.kind() == "linear")
+        {
+            return Err(CliError::usage(format!(
+                "{} is not encrypted (its header describes plaintext): nothing to decrypt",
+                args.device.display()
+            )));
+        }
+        let seg = h.data_segment().map_err(luks_error)?;
+        if seg.offset != 0 {
+            return Err(CliError::usage(format!(
+                "the data of {} starts at byte {} of {}: not a detached-header volume",
+                header_path.display(),
+                seg.offset,
+                args.device.display()
+            )));
+        }
+        let unlocked = h.unlock(&header, &pass, None).map_err(luks_error)?;
+        confirm(
+            args.batch,
+            &format!(
+                "WARNING!\n========\nThis will decrypt {} in place; afterwards {} holds no keys.",
+                args.device.display(),
+                header_path.display()
+            ),
+        )?;
+        // One header write records the decryption's start: before it the volume is as it was.
+        let md = reencrypt::init_decrypt(&h, &unlocked.volume_key, &InitOptions::default())
+            .map_err(luks_error)?;
+        reencrypt::write_metadata(&header, &h, &md).map_err(luks_error)?;
+    }
+    convert(
+        "decrypt",
+        &args.device,
+        &header_path,
+        &data,
+        &pass,
+        &args.run,
+        &stop,
+    )
 }
 
 /// A new encryption: check everything, format the detached header for the device's data, and

@@ -70,6 +70,8 @@ enum Command {
     HeaderRestore(keyslots::BackupArgs),
     /// Encrypt a plaintext device in place, resumably, with a detached header.
     Encrypt(Box<convert::EncryptArgs>),
+    /// Decrypt a device with a detached header in place, resumably.
+    Decrypt(Box<convert::DecryptArgs>),
     /// Unlock DEVICE and export the decrypted volume over NBD until SIGINT/SIGTERM.
     Serve(Box<serve::ServeArgs>),
     /// Unlock DEVICE and expose the decrypted volume as MOUNTPOINT/volume via FUSE until unmounted.
@@ -96,6 +98,7 @@ fn main() -> ExitCode {
         Command::HeaderRestore(args) => keyslots::header_restore(args),
         Command::Serve(args) => serve::run(*args),
         Command::Encrypt(args) => convert::encrypt(*args),
+        Command::Decrypt(args) => convert::decrypt(*args),
         Command::Mount(args) => mount::run(*args),
     };
     match result {

@@ -1,21 +1,23 @@
 //! In-place conversion, driven by LUKS2's own reencryption metadata so that cryptsetup sees (and
 //! can resume) the same state (`docs/LUKS2-REENCRYPT.md`).
 //!
-//! What runs today: **forward encryption with a detached header** and `checksum` resilience (the
-//! state `cryptsetup reencrypt --encrypt --header HDR --init-only` leaves, or ours). Each step of
-//! one hotzone follows cryptsetup's order, so that a power cut at any write leaves a state that
-//! this code or cryptsetup recovers without losing a byte:
+//! What runs today, with a detached header and `checksum` resilience (the states `cryptsetup
+//! reencrypt --encrypt|--decrypt --header HDR --init-only` leave, or ours): **encryption**,
+//! forward from the start of the data, and **decryption**, backward from its end (cryptsetup's
+//! directions). Each step of one hotzone follows cryptsetup's order, so that a power cut at any
+//! write leaves a state that this code or cryptsetup recovers without losing a byte:
 //!
-//! 1. read the hotzone's plaintext and write one hash per resilience block into the reencrypt
-//!    keyslot's area; sync;
+//! 1. read the hotzone and write one hash per resilience block into the reencrypt keyslot's area;
+//!    sync;
 //! 2. write the header naming the hotzone `in-reencryption` (both copies, seqid + 1);
-//! 3. encrypt the hotzone as one extended request and write it over itself; sync;
-//! 4. write the header with the hotzone merged into the encrypted part.
+//! 3. convert the hotzone as one extended request and write it over itself; sync;
+//! 4. write the header with the hotzone merged into the converted part.
 //!
 //! After a crash between 2 and 4 the hotzone is part old, part new. Recovery compares every block
-//! with its stored hash: a block that still hashes to its old contents is encrypted again, any
-//! other block was already written (each block is written whole). When everything is encrypted,
-//! the header drops the backup segments, the reencrypt keyslot, its digest and the requirement.
+//! with its stored hash: a block that still hashes to its old contents is converted again, any
+//! other block was already written (each block is written whole). When everything is converted,
+//! the header drops the backup segments, the reencrypt keyslot, its digest and the requirement,
+//! and (after a decryption) the old keyslots, whose areas are then wiped.
 
 use std::io;
 
@@ -81,13 +83,22 @@ fn io_at(dev: &dyn Storage, what: &str, e: io::Error) -> Error {
     ))
 }
 
+/// The conversions this engine runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plan {
+    /// Plaintext to ciphertext, from the start of the data to its end.
+    EncryptForward,
+    /// Ciphertext to plaintext, from the end of the data to its start.
+    DecryptBackward,
+}
+
 /// Resume (or start, from the init state) the reencryption recorded in the LUKS2 header on
 /// `header_dev`, converting the data on `data_dev`. `progress` is called after every step (the
 /// last one included); when it returns `false` the run stops at that clean point.
 ///
-/// Errors: [`Error::Unsupported`] for modes this code does not run yet (see the module docs);
-/// [`Error::Luks`] for a wrong passphrase or metadata whose digest does not verify (nothing is
-/// written then); [`Error::Io`].
+/// Errors: [`Error::Unsupported`] for conversions this code does not run yet (see the module
+/// docs); [`Error::Luks`] for a wrong passphrase or metadata whose digest does not verify
+/// (nothing is written then); [`Error::Io`].
 pub fn run(
     header_dev: &dyn Storage,
     data_dev: &dyn Storage,
@@ -99,30 +110,45 @@ pub fn run(
     let r = reencrypt::parse(header.metadata())
         .map_err(luks)?
         .ok_or_else(|| Error::Unsupported("the header has no reencryption in progress".into()))?;
-    let (hash, block) = match (&r.keyslot.resilience, r.keyslot.mode, r.keyslot.direction) {
-        (Resilience::Checksum { hash, sector_size }, Mode::Encrypt, Direction::Forward)
-            if r.backup_moved.is_none() =>
-        {
-            (Hash::parse(hash).map_err(luks)?, u64::from(*sector_size))
-        }
+    let plan = match (r.keyslot.mode, r.keyslot.direction, &r.backup_moved) {
+        (Mode::Encrypt, Direction::Forward, None) => Plan::EncryptForward,
+        (Mode::Decrypt, Direction::Backward, None) => Plan::DecryptBackward,
         _ => {
             return Err(Error::Unsupported(format!(
-                "resuming a {} {} reencryption with {} resilience (only forward encryption with \
-                 checksum resilience runs here yet)",
+                "resuming a {} {} reencryption{} (forward encryption and backward decryption \
+                 without a data shift run here)",
                 r.keyslot.direction.as_str(),
                 r.keyslot.mode.as_str(),
-                r.keyslot.resilience.area_type()
+                if r.backup_moved.is_some() {
+                    " with a data shift"
+                } else {
+                    ""
+                }
             )))
         }
     };
+    let Resilience::Checksum { hash, sector_size } = &r.keyslot.resilience else {
+        return Err(Error::Unsupported(format!(
+            "{} resilience (checksum runs here)",
+            r.keyslot.resilience.area_type()
+        )));
+    };
+    let (hash, block) = (Hash::parse(hash).map_err(luks)?, u64::from(*sector_size));
     let keys = reencrypt::unlock_volume_keys(&header, header_dev, passphrase).map_err(luks)?;
-    let new_key = keys
-        .new
-        .ok_or_else(|| Error::Unsupported("an encryption without a new volume key".into()))?
+    let (key, encrypted) = match plan {
+        Plan::EncryptForward => (keys.new, &r.backup_final),
+        Plan::DecryptBackward => (keys.old, &r.backup_previous),
+    };
+    let key = key
+        .ok_or_else(|| Error::Unsupported("no volume key for the encrypted layout".into()))?
         .volume_key;
     // The digest binds the keyslot and backup segments to the keys: metadata edited by someone
     // without them must not steer what is written.
-    if !reencrypt::verify_reencrypt_digest(&header, None, Some(&new_key)).map_err(luks)? {
+    let (old, new) = match plan {
+        Plan::EncryptForward => (None, Some(&key[..])),
+        Plan::DecryptBackward => (Some(&key[..]), None),
+    };
+    if !reencrypt::verify_reencrypt_digest(&header, old, new).map_err(luks)? {
         return Err(Error::Unsupported(
             "the reencryption metadata is invalid (its digest does not verify)".into(),
         ));
@@ -131,13 +157,13 @@ pub fn run(
         iv_tweak,
         encryption,
         sector_size,
-    } = &r.backup_final.kind
+    } = &encrypted.kind
     else {
         return Err(Error::Unsupported(
-            "a final layout without encryption".into(),
+            "an encrypted layout without a cipher".into(),
         ));
     };
-    let base = r.backup_final.offset;
+    let base = encrypted.offset;
     let device_len = data_dev
         .len()
         .map_err(|e| io_at(data_dev, "reading the size", e))?;
@@ -147,7 +173,7 @@ pub fn run(
             data_dev.name()
         ))
     })?;
-    let ss = *sector_size as u64;
+    let ss = u64::from(*sector_size);
     if block % ss != 0 || !total.is_multiple_of(block) {
         return Err(Error::Unsupported(format!(
             "a data device of {total} bytes with {block}-byte resilience blocks and \
@@ -156,7 +182,7 @@ pub fn run(
     }
     let cipher = SectorCipher::new(
         CipherSpec::parse(encryption)?,
-        &new_key,
+        &key,
         &SectorOptions {
             sector_size: ss as usize,
             iv_offset: *iv_tweak,
@@ -177,22 +203,28 @@ pub fn run(
         header_dev,
         data_dev,
         cipher: &cipher,
+        direction: match plan {
+            Plan::EncryptForward => sectorcrypt_cipher::Direction::Encrypt,
+            Plan::DecryptBackward => sectorcrypt_cipher::Direction::Decrypt,
+        },
         hash,
         block,
         base,
         area: r.keyslot.area_offset,
+        plan,
+        total,
     };
 
     if r.state() == State::Crash {
         let hot = r
             .in_reencryption()
             .ok_or_else(|| Error::Unsupported("a crashed state without a hotzone".into()))?;
-        let done = hot.offset - base;
+        let at = hot.offset - base;
         let len = hot
             .size
             .ok_or_else(|| Error::Unsupported("a hotzone of dynamic size".into()))?;
-        step.recover(done, len)?;
-        header = step.commit(&header, &r, done + len, None)?;
+        step.recover(at, len)?;
+        header = step.commit(&header, &r, at, len, false)?;
     }
     loop {
         let r = reencrypt::parse(header.metadata())
@@ -200,21 +232,34 @@ pub fn run(
             .ok_or_else(|| {
                 Error::Unsupported("the reencryption vanished from the header".into())
             })?;
-        let done = encrypted_prefix(&r, base);
-        if done >= total {
+        let Some((at, len)) = step.next_hotzone(&r, hotzone) else {
             let md = reencrypt::finished(header.metadata(), &r).map_err(luks)?;
+            let wipe = reencrypt::removed_keyslot_areas(header.metadata(), &md);
             reencrypt::write_metadata(header_dev, &header, &md).map_err(luks)?;
+            // Keys and hashes of the finished conversion are of no use to anyone now.
+            for (offset, size) in wipe {
+                header_dev
+                    .write_at(&vec![0u8; size as usize], offset)
+                    .map_err(|e| io_at(header_dev, "wiping a keyslot area", e))?;
+            }
+            header_dev
+                .sync()
+                .map_err(|e| io_at(header_dev, "wiping keyslot areas", e))?;
             return Ok(Outcome::Finished);
-        }
-        let len = hotzone.min(total - done);
+        };
         // Read once: nothing else writes the device while it is converted offline.
-        let mut buf = step.read(done, len)?;
+        let mut buf = step.read(at, len)?;
         step.protect(&buf)?;
-        header = step.commit(&header, &r, done, Some(len))?;
-        step.convert(&mut buf, done)?;
-        header = step.commit(&header, &r, done + len, None)?;
+        header = step.commit(&header, &r, at, len, true)?;
+        step.convert(&mut buf, at)?;
+        header = step.commit(&header, &r, at, len, false)?;
+        let r = reencrypt::parse(header.metadata())
+            .map_err(luks)?
+            .ok_or_else(|| {
+                Error::Unsupported("the reencryption vanished from the header".into())
+            })?;
         let now = Progress {
-            done: done + len,
+            done: step.done(&r),
             total,
         };
         if !progress(now) && now.done < total {
@@ -223,13 +268,11 @@ pub fn run(
     }
 }
 
-/// Bytes already encrypted from the start of the data: the size of a leading crypt segment.
-fn encrypted_prefix(r: &Reencryption, base: u64) -> u64 {
+/// The size of the leading crypt segment, if the regular segments start with one.
+fn leading_crypt(r: &Reencryption, base: u64) -> Option<Option<u64>> {
     match r.segments.first() {
-        Some(s) if matches!(s.kind, SegmentKind::Crypt { .. }) && s.offset == base => {
-            s.size.unwrap_or(0)
-        }
-        _ => 0,
+        Some(s) if matches!(s.kind, SegmentKind::Crypt { .. }) && s.offset == base => Some(s.size),
+        _ => None,
     }
 }
 
@@ -238,6 +281,11 @@ struct Step<'a> {
     header_dev: &'a dyn Storage,
     data_dev: &'a dyn Storage,
     cipher: &'a SectorCipher,
+    /// What the cipher does to a hotzone.
+    direction: sectorcrypt_cipher::Direction,
+    plan: Plan,
+    /// Bytes of data.
+    total: u64,
     hash: Hash,
     block: u64,
     /// The data's offset on `data_dev`.
@@ -247,6 +295,30 @@ struct Step<'a> {
 }
 
 impl Step<'_> {
+    /// Bytes converted so far, from the regular segments.
+    fn done(&self, r: &Reencryption) -> u64 {
+        match (self.plan, leading_crypt(r, self.base)) {
+            (Plan::EncryptForward, Some(size)) => size.unwrap_or(self.total),
+            (Plan::EncryptForward, None) => 0,
+            (Plan::DecryptBackward, Some(size)) => self.total - size.unwrap_or(self.total),
+            (Plan::DecryptBackward, None) => self.total,
+        }
+    }
+
+    /// The next hotzone (offset from the data's start, length), or `None` when all is done.
+    fn next_hotzone(&self, r: &Reencryption, hotzone: u64) -> Option<(u64, u64)> {
+        let done = self.done(r);
+        if done >= self.total {
+            return None;
+        }
+        let len = hotzone.min(self.total - done);
+        Some(match self.plan {
+            Plan::EncryptForward => (done, len),
+            // The still-encrypted part is at the start; convert its end.
+            Plan::DecryptBackward => (self.total - done - len, len),
+        })
+    }
+
     fn read(&self, done: u64, len: u64) -> Result<Vec<u8>, Error> {
         let mut buf = vec![0u8; len as usize];
         self.data_dev
@@ -274,17 +346,17 @@ impl Step<'_> {
             .map_err(|e| io_at(self.header_dev, "writing the resilience hashes", e))
     }
 
-    /// Step 3: encrypt the hotzone (`buf`, read from `done`) and write it over itself, durably.
-    fn convert(&self, buf: &mut [u8], done: u64) -> Result<(), Error> {
+    /// Step 3: convert the hotzone (`buf`, read from `at`) and write it over itself, durably.
+    fn convert(&self, buf: &mut [u8], at: u64) -> Result<(), Error> {
         self.cipher
-            .encrypt(buf, done / self.cipher.sector_size() as u64)?;
+            .process(buf, at / self.cipher.sector_size() as u64, self.direction)?;
         self.data_dev
-            .write_at(buf, self.base + done)
+            .write_at(buf, self.base + at)
             .and_then(|()| self.data_dev.sync())
             .map_err(|e| io_at(self.data_dev, "writing the hotzone", e))
     }
 
-    /// After a crash: encrypt the blocks of the hotzone that still hash to what they held before.
+    /// After a crash: convert the blocks of the hotzone that still hash to what they held before.
     fn recover(&self, done: u64, len: u64) -> Result<(), Error> {
         let mut data = self.read(done, len)?;
         let n = self.hash.digest_len();
@@ -299,7 +371,7 @@ impl Step<'_> {
                 continue; // already the new contents
             }
             let at = done + i as u64 * self.block;
-            self.cipher.encrypt(block, at / ss)?;
+            self.cipher.process(block, at / ss, self.direction)?;
             self.data_dev
                 .write_at(block, self.base + at)
                 .map_err(|e| io_at(self.data_dev, "recovering the hotzone", e))?;
@@ -309,17 +381,32 @@ impl Step<'_> {
             .map_err(|e| io_at(self.data_dev, "recovering the hotzone", e))
     }
 
-    /// Steps 2 and 4: the header saying `done` bytes are encrypted and `hot` bytes after them are
-    /// being written.
+    /// Steps 2 and 4: the header naming the hotzone `[at, at + len)` as being written (`hot`), or
+    /// as converted.
     fn commit(
         &self,
         header: &Luks2Header,
         r: &Reencryption,
-        done: u64,
-        hot: Option<u64>,
+        at: u64,
+        len: u64,
+        hot: bool,
     ) -> Result<Luks2Header, Error> {
-        let md =
-            reencrypt::encrypt_forward_progress(header.metadata(), r, done, hot).map_err(luks)?;
+        let md = match self.plan {
+            Plan::EncryptForward if hot => {
+                reencrypt::encrypt_forward_progress(header.metadata(), r, at, Some(len))
+            }
+            Plan::EncryptForward => {
+                reencrypt::encrypt_forward_progress(header.metadata(), r, at + len, None)
+            }
+            Plan::DecryptBackward => reencrypt::decrypt_backward_progress(
+                header.metadata(),
+                r,
+                at,
+                hot.then_some(len),
+                self.total,
+            ),
+        }
+        .map_err(luks)?;
         reencrypt::write_metadata(self.header_dev, header, &md).map_err(luks)
     }
 }

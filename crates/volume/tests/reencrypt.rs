@@ -98,6 +98,30 @@ fn init_detached(header_dev: &dyn Storage, data_len: u64, sector_size: usize) ->
     unlocked.volume_key.to_vec()
 }
 
+/// A detached LUKS2 header whose data (`data_len` bytes, already encrypted with the returned key
+/// by the caller) is set up for decryption in place (what `cryptsetup reencrypt --decrypt
+/// --header H --init-only` writes).
+fn init_detached_decrypt(header_dev: &dyn Storage, data_len: u64, sector_size: usize) -> Vec<u8> {
+    let opts = FormatOptions {
+        version: 2,
+        sector_size: Some(sector_size),
+        detached_header: true,
+        pbkdf: PbkdfOptions {
+            kind: Some("pbkdf2".into()),
+            force_iterations: Some(1000),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let (header, unlocked) = sectorcrypt_luks::format(header_dev, data_len, &opts, PASS).unwrap();
+    let Header::Luks2(h) = header else {
+        panic!("not LUKS2")
+    };
+    let md = reencrypt::init_decrypt(&h, &unlocked.volume_key, &fast_init()).unwrap();
+    reencrypt::write_metadata(header_dev, &h, &md).unwrap();
+    unlocked.volume_key.to_vec()
+}
+
 /// `plain` encrypted sector by sector with `key` (aes-xts-plain64, IVs in 512-byte units).
 fn expected_ciphertext(key: &[u8], sector_size: usize, plain: &[u8]) -> Vec<u8> {
     let c = SectorCipher::new(
@@ -170,9 +194,9 @@ fn encrypts_in_place_and_pauses_at_clean_points() {
 }
 
 /// Cut power after every write and sync of a whole run (header and data on one device), power
-/// back on, resume: every byte must end up encrypted exactly once.
-#[test]
-fn crash_sweep_loses_nothing() {
+/// back on, resume: every byte must end up converted exactly once. `decrypt` sweeps a
+/// decryption of the same data instead of an encryption.
+fn crash_sweep(decrypt: bool) {
     let data_len: u64 = 1 << 20;
     let plain = pattern(data_len as usize, 2);
     // The starting machine: header (init state) then data on one device.
@@ -182,10 +206,15 @@ fn crash_sweep_loses_nothing() {
         offset: 0,
         len: HEADER_LEN,
     };
-    let key = init_detached(&header_view, data_len, 4096);
-    start.write_at(&plain, HEADER_LEN).unwrap();
+    let (image_data, want) = if decrypt {
+        let key = init_detached_decrypt(&header_view, data_len, 4096);
+        (expected_ciphertext(&key, 4096, &plain), plain.clone())
+    } else {
+        let key = init_detached(&header_view, data_len, 4096);
+        (plain.clone(), expected_ciphertext(&key, 4096, &plain))
+    };
+    start.write_at(&image_data, HEADER_LEN).unwrap();
     let image = start.contents();
-    let want = expected_ciphertext(&key, 4096, &plain);
     let opts = Options {
         hotzone: 256 << 10,
         threads: 1,
@@ -235,12 +264,55 @@ fn crash_sweep_loses_nothing() {
         let data = after.contents()[HEADER_LEN as usize..].to_vec();
         assert!(
             data == want,
-            "cut {cut}: the data is not exactly the encrypted plaintext"
+            "cut {cut}: the data is not exactly the converted data"
         );
         assert_eq!(state_of(&h), State::None, "cut {cut}");
         tried += 1;
     }
-    eprintln!("crash sweep: {tried} cut points, 0 losses");
+    let what = if decrypt { "decryption" } else { "encryption" };
+    eprintln!("crash sweep of an {what}: {tried} cut points, 0 losses");
+}
+
+#[test]
+fn crash_sweep_of_an_encryption_loses_nothing() {
+    crash_sweep(false);
+}
+
+#[test]
+fn crash_sweep_of_a_decryption_loses_nothing() {
+    crash_sweep(true);
+}
+
+#[test]
+fn decryption_ends_with_plaintext_and_no_keys() {
+    let data_len = 2 << 20;
+    let plain = pattern(data_len, 5);
+    let header = MemStorage::new(vec![0; HEADER_LEN as usize]);
+    let key = init_detached_decrypt(&header, data_len as u64, 512);
+    let data = MemStorage::new(expected_ciphertext(&key, 512, &plain));
+    let out = run(
+        &header,
+        &data,
+        PASS,
+        &Options {
+            hotzone: 768 << 10,
+            threads: 2,
+        },
+        &mut |_| true,
+    )
+    .unwrap();
+    assert_eq!(out, Outcome::Finished);
+    assert_eq!(data.contents(), plain);
+    let h = Luks2Header::read(&header).unwrap();
+    assert_eq!(reencrypt::state(h.metadata()), State::None);
+    assert_eq!(
+        h.metadata().keyslots.iter().count(),
+        0,
+        "keyslots left after decryption"
+    );
+    // Their areas are wiped: no stored key material is left in the header.
+    let stored = header.contents();
+    assert!(stored[32768..(1 << 20)].iter().all(|&b| b == 0));
 }
 
 // ---- with cryptsetup ----
@@ -381,6 +453,97 @@ fn cryptsetup_resumes_ours_and_we_resume_cryptsetups() {
     assert!(
         std::fs::read(&data).unwrap() == plain,
         "cryptsetup decrypted to the plaintext"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn decryption_interop_with_cryptsetup() {
+    let dir = scratch("interop-decrypt");
+    let key_file = dir.join("pass");
+    std::fs::write(&key_file, PASS).unwrap();
+    let data_len = 8usize << 20;
+    let plain = pattern(data_len, 6);
+
+    // cryptsetup encrypts in place (detached header); we decrypt all of it.
+    let hdr = dir.join("theirs.hdr");
+    let data = dir.join("theirs.img");
+    std::fs::write(&data, &plain).unwrap();
+    cryptsetup(&[
+        "reencrypt",
+        "--encrypt",
+        "--type",
+        "luks2",
+        "--header",
+        p(&hdr),
+        "--force-offline-reencrypt",
+        "--pbkdf",
+        "pbkdf2",
+        "--pbkdf-force-iterations",
+        "1000",
+        "--batch-mode",
+        "--key-file",
+        p(&key_file),
+        p(&data),
+    ]);
+    cryptsetup(&[
+        "reencrypt",
+        "--decrypt",
+        "--force-offline-reencrypt",
+        "--init-only",
+        "--header",
+        p(&hdr),
+        "--batch-mode",
+        "--key-file",
+        p(&key_file),
+        p(&data),
+    ]);
+    let out = run(
+        &FileStorage::open(&hdr).unwrap(),
+        &FileStorage::open(&data).unwrap(),
+        PASS,
+        &Options::default(),
+        &mut |_| true,
+    )
+    .unwrap();
+    assert_eq!(out, Outcome::Finished);
+    assert!(
+        std::fs::read(&data).unwrap() == plain,
+        "our decryption of cryptsetup's encryption"
+    );
+
+    // We start a decryption and pause after a step; cryptsetup finishes it.
+    let hdr = dir.join("ours.hdr");
+    let data = dir.join("ours.img");
+    std::fs::write(&hdr, vec![0u8; HEADER_LEN as usize]).unwrap();
+    let key = init_detached_decrypt(&FileStorage::open(&hdr).unwrap(), data_len as u64, 4096);
+    std::fs::write(&data, expected_ciphertext(&key, 4096, &plain)).unwrap();
+    let out = run(
+        &FileStorage::open(&hdr).unwrap(),
+        &FileStorage::open(&data).unwrap(),
+        PASS,
+        &Options {
+            hotzone: 2 << 20,
+            threads: 2,
+        },
+        &mut |_| false,
+    )
+    .unwrap();
+    assert!(matches!(out, Outcome::Paused(_)));
+    cryptsetup(&[
+        "reencrypt",
+        "--resume-only",
+        "--force-offline-reencrypt",
+        "--header",
+        p(&hdr),
+        "--batch-mode",
+        "--key-file",
+        p(&key_file),
+        p(&data),
+    ]);
+    assert!(
+        std::fs::read(&data).unwrap() == plain,
+        "cryptsetup finished our decryption"
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -1083,15 +1083,33 @@ fn plain_data_segment(header: &Header) -> Result<(CryptSegment, u32), Error> {
 
 /// Keyslot areas as (offset, size), whatever the keyslot type (`LUKS2_keyslot_area`).
 fn keyslot_areas(md: &Metadata) -> Vec<(u64, u64)> {
+    keyslot_areas_by_slot(md)
+        .into_iter()
+        .map(|(_, area)| area)
+        .collect()
+}
+
+fn keyslot_areas_by_slot(md: &Metadata) -> Vec<(u32, (u64, u64))> {
     md.keyslots
         .iter()
-        .filter_map(|(_, k)| match k {
-            Keyslot::Luks2(k) => Some((k.area.offset, k.area.size)),
+        .filter_map(|(n, k)| match k {
+            Keyslot::Luks2(k) => Some((n, (k.area.offset, k.area.size))),
             Keyslot::Other(v) => {
                 let get = |key: &str| v.get("area")?.get(key)?.as_str().and_then(str_to_u64);
-                Some((get("offset")?, get("size")?))
+                Some((n, (get("offset")?, get("size")?)))
             }
         })
+        .collect()
+}
+
+/// The keyslot areas (offset, size) of the keyslots in `before` that `after` no longer has: what
+/// to wipe once `after` is written.
+pub fn removed_keyslot_areas(before: &Metadata, after: &Metadata) -> Vec<(u64, u64)> {
+    let kept: Vec<u32> = after.keyslots.iter().map(|(n, _)| n).collect();
+    keyslot_areas_by_slot(before)
+        .into_iter()
+        .filter(|(n, _)| !kept.contains(n))
+        .map(|(_, area)| area)
         .collect()
 }
 
@@ -1361,13 +1379,83 @@ pub fn encrypt_forward_progress(
         regular.push(crypt_at(done, len, vec![FLAG_IN_REENCRYPTION.into()]));
     }
     let rest = done + hot.unwrap_or(0);
-    regular.push(ReencryptSegment {
+    regular.push(linear_at(base + rest, None, false));
+    with_regular_segments(md, regular, digest, FLAG_BACKUP_FINAL)
+}
+
+/// The metadata of a backward decryption in place (detached header, no data shift) with the
+/// first `remaining` bytes still encrypted and, if `hot` is given, the next `hot` bytes being
+/// written as plaintext (flagged `in-reencryption`); `total` is the size of the data. Regular
+/// segments: `crypt(0, remaining)`, `linear(remaining, hot, in-reencryption)`, `linear(rest,
+/// dynamic)` (as cryptsetup's decrypt states in `docs/LUKS2-REENCRYPT.md` §6.C); the old volume
+/// key's digest lists `backup-previous` and the regular crypt segment.
+///
+/// Errors: [`Error::Unsupported`] unless `r` is a backward decryption without a data shift.
+pub fn decrypt_backward_progress(
+    md: &Metadata,
+    r: &Reencryption,
+    remaining: u64,
+    hot: Option<u64>,
+    total: u64,
+) -> Result<Metadata, Error> {
+    if r.keyslot.mode != Mode::Decrypt
+        || r.keyslot.direction != Direction::Backward
+        || r.backup_moved.is_some()
+    {
+        return Err(Error::Unsupported(
+            "progress of anything but a backward decryption without a data shift".into(),
+        ));
+    }
+    let SegmentKind::Crypt { .. } = &r.backup_previous.kind else {
+        return Err(Error::Corrupt(
+            "the backup-previous segment is not a crypt segment".into(),
+        ));
+    };
+    let digest = r
+        .digest_old
+        .ok_or_else(|| Error::Corrupt("no digest lists the backup-previous segment".into()))?;
+    let base = r.backup_previous.offset;
+    let mut regular = Vec::new();
+    if remaining > 0 {
+        let mut old = r.backup_previous.clone();
+        old.size = Some(remaining);
+        old.flags.clear();
+        regular.push(old);
+    }
+    let mut end = remaining;
+    if let Some(len) = hot {
+        regular.push(linear_at(base + remaining, Some(len), true));
+        end += len;
+    }
+    if end < total {
+        regular.push(linear_at(base + end, None, false));
+    }
+    with_regular_segments(md, regular, digest, FLAG_BACKUP_PREVIOUS)
+}
+
+fn linear_at(offset: u64, size: Option<u64>, hot: bool) -> ReencryptSegment {
+    ReencryptSegment {
         id: 0,
-        offset: base + rest,
-        size: None,
+        offset,
+        size,
         kind: SegmentKind::Linear,
-        flags: Vec::new(),
-    });
+        flags: if hot {
+            vec![FLAG_IN_REENCRYPTION.into()]
+        } else {
+            Vec::new()
+        },
+    }
+}
+
+/// `md` with `regular` as its regular segments (numbered from 0), the backup segments after them
+/// unchanged, and `digest` listing the backup segment flagged `backup` and every regular crypt
+/// segment.
+fn with_regular_segments(
+    md: &Metadata,
+    regular: Vec<ReencryptSegment>,
+    digest: u32,
+    backup: &str,
+) -> Result<Metadata, Error> {
     let crypt_ids: Vec<u32> = (0..regular.len() as u32)
         .filter(|&i| matches!(regular[i as usize].kind, SegmentKind::Crypt { .. }))
         .collect();
@@ -1392,10 +1480,10 @@ pub fn encrypt_forward_progress(
         )
         .collect();
     clear_segment_digests(&mut out);
-    let final_id = segment_by_flag(&out, FLAG_BACKUP_FINAL)
+    let backup_id = segment_by_flag(&out, backup)
         .map(|(id, _)| id)
-        .ok_or_else(|| Error::Corrupt("there is no backup-final segment".into()))?;
-    assign_segment(&mut out, digest, final_id)?;
+        .ok_or_else(|| Error::Corrupt(format!("there is no {backup} segment")))?;
+    assign_segment(&mut out, digest, backup_id)?;
     for id in crypt_ids {
         assign_segment(&mut out, digest, id)?;
     }
@@ -1404,7 +1492,8 @@ pub fn encrypt_forward_progress(
 
 /// The metadata once a reencryption has converted everything (`reencrypt_teardown_ok`): the
 /// `backup-final` layout as the only segment, no reencrypt keyslot, no reencryption digest, no
-/// reencryption requirement, and the volume key's digest listing segment 0.
+/// reencryption requirement, the new volume key's digest listing segment 0, and the old key's
+/// keyslots and digest removed. The caller wipes the removed keyslots' areas.
 pub fn finished(md: &Metadata, r: &Reencryption) -> Result<Metadata, Error> {
     let mut out = md.clone();
     let mut last = r.backup_final.clone();
@@ -1417,6 +1506,19 @@ pub fn finished(md: &Metadata, r: &Reencryption) -> Result<Metadata, Error> {
     clear_segment_digests(&mut out);
     if let (Some(d), SegmentKind::Crypt { .. }) = (r.digest_new, &r.backup_final.kind) {
         assign_segment(&mut out, d, 0)?;
+    }
+    // The old key protects nothing any more: its keyslots and digest go (a decryption ends
+    // with no keyslots at all, as cryptsetup's does).
+    if let Some(old) = r.digest_old.filter(|d| Some(*d) != r.digest_new) {
+        let slots: Vec<String> = out
+            .digests
+            .get(old)
+            .map(|d| d.keyslots().iter().map(|s| s.to_string()).collect())
+            .unwrap_or_default();
+        out.keyslots
+            .0
+            .retain(|(n, _)| !slots.contains(&n.to_string()));
+        out.digests.0.retain(|(n, _)| *n != old);
     }
     if let Some(req) = out.config.requirements.as_mut() {
         if let Some(m) = req.mandatory.as_mut() {
