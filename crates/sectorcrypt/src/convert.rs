@@ -146,6 +146,23 @@ fn convert(
     }
 }
 
+/// The conversion hashes the data in 4 KiB blocks (cryptsetup's checksum resilience): refuse a
+/// device whose size does not split into them before anything is written.
+fn check_size(device: &Path, len: u64) -> Result<(), CliError> {
+    const BLOCK: u64 = 4096;
+    if len == 0 || !len.is_multiple_of(BLOCK) {
+        return Err(CliError {
+            code: Code::Device,
+            message: format!(
+                "{} is {len} bytes; converting in place needs a size that is a non-zero multiple \
+                 of {BLOCK} bytes",
+                device.display()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// The header at `path` must record a conversion in progress of `mode`.
 fn check_in_progress(path: &Path, mode: Mode) -> Result<(), CliError> {
     let h = read_luks2(&open_rw(path)?)?;
@@ -182,6 +199,7 @@ pub fn encrypt(args: EncryptArgs) -> Result<(), CliError> {
     let data_len = data
         .len()
         .map_err(|e| CliError::usage(format!("cannot read the size of {}: {e}", data.name())))?;
+    check_size(&args.device, data_len)?;
     let stop = stop_on_signals()?;
     let pass = if args.resume_only {
         check_in_progress(&header_path, Mode::Encrypt)?;
@@ -209,6 +227,10 @@ pub fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
         ));
     };
     let data = open_rw(&args.device)?;
+    let data_len = data
+        .len()
+        .map_err(|e| CliError::usage(format!("cannot read the size of {}: {e}", data.name())))?;
+    check_size(&args.device, data_len)?;
     let stop = stop_on_signals()?;
     let header = open_rw(&header_path)?;
     let h = read_luks2(&header)?;

@@ -251,6 +251,11 @@ fn bad_input_is_refused_and_changes_nothing() {
         )),
         Some(1)
     );
+    // A size that does not split into 4 KiB blocks.
+    let odd = dir.join("odd.img");
+    std::fs::write(&odd, vec![7u8; (1 << 20) + 512]).unwrap();
+    assert_eq!(code(&encrypt_args(&odd, &hdr, &key, &[])), Some(4));
+    assert_eq!(std::fs::read(&odd).unwrap(), vec![7u8; (1 << 20) + 512]);
     assert!(!hdr.exists(), "a refused encrypt created the header file");
     assert_eq!(std::fs::read(&data).unwrap(), plain);
     // A device that is LUKS already.
