@@ -131,7 +131,8 @@ pub struct PbkdfOptions {
 }
 
 impl PbkdfOptions {
-    fn luks2(&self) -> Result<luks2::Pbkdf, Error> {
+    /// These options as LUKS2 keyslot parameters.
+    pub fn luks2(&self) -> Result<luks2::Pbkdf, Error> {
         use kdf::Argon2Variant;
         use luks2::PbkdfKind;
         let kind = match self.kind.as_deref() {

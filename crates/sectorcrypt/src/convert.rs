@@ -219,6 +219,96 @@ pub fn encrypt(args: EncryptArgs) -> Result<(), CliError> {
     )
 }
 
+#[derive(clap::Args, Debug)]
+pub struct ReencryptArgs {
+    /// The LUKS2 device or image file whose volume key to replace.
+    #[arg(value_name = "DEVICE")]
+    device: PathBuf,
+    /// Its detached header, if it has one.
+    #[arg(long, value_name = "FILE")]
+    header: Option<PathBuf>,
+    /// Only continue a reencryption already in progress.
+    #[arg(long = "resume-only")]
+    resume_only: bool,
+    /// New encryption sector size (default: the current one).
+    #[arg(long = "sector-size", value_name = "BYTES")]
+    sector_size: Option<u32>,
+    #[command(flatten)]
+    pbkdf: PbkdfArgs,
+    #[command(flatten)]
+    key: KeyArgs,
+    #[command(flatten)]
+    run: RunArgs,
+    /// Do not ask for confirmation.
+    #[arg(short = 'q', long = "batch-mode")]
+    batch: bool,
+}
+
+/// `reencrypt`: a new volume key for the data (key rotation), in place, resumably. The data
+/// does not move, so a header on the device itself works too.
+pub fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
+    let header_path = args.header.clone().unwrap_or_else(|| args.device.clone());
+    let data = open_rw(&args.device)?;
+    let header = open_rw(&header_path)?;
+    let stop = stop_on_signals()?;
+    let mut h = read_luks2(&header)?;
+    let in_progress = reencrypt::state(h.metadata()) != State::None;
+    if args.resume_only || in_progress {
+        check_in_progress(&header_path, Mode::Reencrypt)?;
+    }
+    let pass = args
+        .key
+        .read(&format!("Enter passphrase for {}: ", args.device.display()))?;
+    if !in_progress {
+        let seg = h.data_segment().map_err(luks_error)?;
+        let data_len = data.len().map_err(|e| {
+            CliError::usage(format!("cannot read the size of {}: {e}", data.name()))
+        })?;
+        check_size(&args.device, data_len.saturating_sub(seg.offset))?;
+        let old = h.unlock(&header, &pass, None).map_err(luks_error)?;
+        let pbkdf = pbkdf_options(&args.pbkdf)?.luks2().map_err(luks_error)?;
+        let target = reencrypt::Target {
+            cipher: seg.cipher.clone(),
+            sector_size: args.sector_size.unwrap_or(seg.sector_size),
+        };
+        let others = h.metadata().keyslots.iter().count().saturating_sub(1);
+        confirm(
+            args.batch,
+            &format!(
+                "WARNING!\n========\nThis will re-encrypt {} with a new volume key; the \
+                 passphrase given keeps working, the {others} other keyslot(s) are removed at \
+                 the end.",
+                args.device.display()
+            ),
+        )?;
+        // First a keyslot holding the new key (bound to nothing yet), then one header write
+        // that starts the reencryption: a crash between the two leaves the volume as it was.
+        let new_vk = sectorcrypt_luks::luks2::random_bytes(old.volume_key.len());
+        h.add_keyslot_for_new_key(&header, &new_vk, &pass, None, &pbkdf)
+            .map_err(luks_error)?;
+        let md = reencrypt::init_reencrypt(
+            &h,
+            &old.volume_key,
+            &new_vk,
+            &target,
+            &InitOptions::default(),
+        )
+        .map_err(luks_error)?;
+        reencrypt::write_metadata(&header, &h, &md).map_err(luks_error)?;
+    }
+    let device = args.device.clone();
+    let header_arg = args.header.as_deref().unwrap_or(&device);
+    convert(
+        "reencrypt",
+        &device,
+        header_arg,
+        &data,
+        &pass,
+        &args.run,
+        &stop,
+    )
+}
+
 pub fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
     let Some(header_path) = args.header.clone() else {
         return Err(CliError::usage(

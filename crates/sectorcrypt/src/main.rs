@@ -72,6 +72,8 @@ enum Command {
     Encrypt(Box<convert::EncryptArgs>),
     /// Decrypt a device with a detached header in place, resumably.
     Decrypt(Box<convert::DecryptArgs>),
+    /// Replace the volume key of a LUKS2 device in place (key rotation), resumably.
+    Reencrypt(Box<convert::ReencryptArgs>),
     /// Unlock DEVICE and export the decrypted volume over NBD until SIGINT/SIGTERM.
     Serve(Box<serve::ServeArgs>),
     /// Unlock DEVICE and expose the decrypted volume as MOUNTPOINT/volume via FUSE until unmounted.
@@ -99,6 +101,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::run(*args),
         Command::Encrypt(args) => convert::encrypt(*args),
         Command::Decrypt(args) => convert::decrypt(*args),
+        Command::Reencrypt(args) => convert::reencrypt(*args),
         Command::Mount(args) => mount::run(*args),
     };
     match result {

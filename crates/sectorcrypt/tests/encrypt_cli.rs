@@ -1,7 +1,7 @@
-//! `sectorcrypt encrypt` and `decrypt` (in place, detached header) with the real cryptsetup: what
-//! we encrypt, cryptsetup decrypts back to the original and the other way round; runs killed
-//! with SIGKILL at random moments and resumed lose nothing; SIGINT pauses at a safe point; bad
-//! input changes nothing.
+//! `sectorcrypt encrypt`, `decrypt` (in place, detached header) and `reencrypt` (new volume key,
+//! header anywhere) with the real cryptsetup: what we encrypt, cryptsetup decrypts back to the
+//! original and the other way round; runs killed with SIGKILL at random moments and resumed lose
+//! nothing; SIGINT pauses at a safe point; bad input changes nothing.
 
 mod common;
 
@@ -416,5 +416,152 @@ fn decryption_killed_at_random_moments_then_resumed_loses_nothing() {
         std::fs::read(&data).unwrap() == plain,
         "not the original after kills and resume"
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The volume key cryptsetup reads from `img` (or its detached header).
+fn cryptsetup_key(img: &Path, key: &Path) -> Vec<u8> {
+    let hex = common::cryptsetup_volume_key(img, key);
+    (0..hex.len() / 2)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+        .collect()
+}
+
+/// `plain` as aes-xts-plain64 with `key` and `sector` bytes per sector, IVs in 512-byte units.
+fn xts(key: &[u8], sector: usize, plain: &[u8]) -> Vec<u8> {
+    let c = sectorcrypt_cipher::SectorCipher::new(
+        sectorcrypt_cipher::CipherSpec::parse("aes-xts-plain64").unwrap(),
+        key,
+        &sectorcrypt_cipher::SectorOptions {
+            sector_size: sector,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut out = plain.to_vec();
+    c.encrypt(&mut out, 0).unwrap();
+    out
+}
+
+#[test]
+fn reencrypt_rotates_the_key_of_an_attached_header_volume_even_when_killed() {
+    let dir = scratch("encrypt_cli-reencrypt");
+    let key = dir.join("pass");
+    std::fs::write(&key, "passphrase").unwrap();
+    let vk_file = dir.join("vk");
+    let old = {
+        let mut v = vec![0u8; 64];
+        rand::rngs::StdRng::seed_from_u64(21).fill_bytes(&mut v);
+        v
+    };
+    std::fs::write(&vk_file, &old).unwrap();
+    let img = dir.join("img");
+    let payload = 128usize << 20;
+    std::fs::write(&img, vec![0u8; (16 << 20) + payload]).unwrap();
+    ok(
+        cs(&[
+            "luksFormat",
+            "--type",
+            "luks2",
+            "--sector-size",
+            "512",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--volume-key-file",
+            p(&vk_file),
+            "--batch-mode",
+            "--key-file",
+            p(&key),
+            p(&img),
+        ]),
+        "cryptsetup luksFormat",
+    );
+    let plain = {
+        let mut v = vec![0u8; payload];
+        rand::rngs::StdRng::seed_from_u64(22).fill_bytes(&mut v);
+        v
+    };
+    let mut image = std::fs::read(&img).unwrap();
+    image[16 << 20..].copy_from_slice(&xts(&old, 512, &plain));
+    std::fs::write(&img, &image).unwrap();
+
+    // Killed at random moments, resumed each time (the first run starts it).
+    let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+    let mut args = vec![
+        "reencrypt",
+        p(&img),
+        "--key-file",
+        p(&key),
+        "--hotzone-size",
+        "8388608",
+    ];
+    args.extend_from_slice(&FAST);
+    let mut kills = 0;
+    for _ in 0..3 {
+        if signalled(&args, &img, "KILL", &mut rng).success() {
+            break;
+        }
+        kills += 1;
+    }
+    eprintln!("reencrypt sigkill: {kills} runs killed");
+    let state = ok(
+        cs(&["luksDump", "--dump-json-metadata", p(&img)]),
+        "luksDump",
+    )
+    .stdout;
+    if String::from_utf8_lossy(&state).contains("online-reencrypt") {
+        ok(sc(&args), "reencrypt (resume)");
+    }
+    // The passphrase opens the new key in cryptsetup, and that key decrypts the payload.
+    let new = cryptsetup_key(&img, &key);
+    assert_ne!(new, old, "the volume key did not change");
+    let sector = {
+        let json = ok(
+            cs(&["luksDump", "--dump-json-metadata", p(&img)]),
+            "luksDump",
+        )
+        .stdout;
+        let md: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        md["segments"]["0"]["sector_size"].as_u64().unwrap() as usize
+    };
+    let stored = std::fs::read(&img).unwrap()[16 << 20..].to_vec();
+    assert!(
+        stored == xts(&new, sector, &plain),
+        "the payload is not the plaintext under the new key"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn encrypt_reencrypt_decrypt_comes_back_to_the_original() {
+    let dir = scratch("encrypt_cli-cycle");
+    let key = dir.join("pass");
+    std::fs::write(&key, "passphrase").unwrap();
+    let data = dir.join("data.img");
+    let hdr = dir.join("hdr.img");
+    let plain = random_file(&data, 32 << 20, 31);
+    ok(sc(&encrypt_args(&data, &hdr, &key, &[])), "encrypt");
+    let first = cryptsetup_key(&hdr, &key);
+    let mut re = vec![
+        "reencrypt",
+        p(&data),
+        "--header",
+        p(&hdr),
+        "--key-file",
+        p(&key),
+    ];
+    re.extend_from_slice(&FAST);
+    re.extend_from_slice(&["--sector-size", "512"]);
+    ok(sc(&re), "reencrypt");
+    let second = cryptsetup_key(&hdr, &key);
+    assert_ne!(first, second, "the volume key did not change");
+    assert!(std::fs::read(&data).unwrap() == xts(&second, 512, &plain));
+    // Nothing left to resume.
+    let mut resume = re.clone();
+    resume.push("--resume-only");
+    assert_eq!(sc(&resume).status.code(), Some(1));
+    cryptsetup_decrypts_to(&hdr, &data, &key, &plain);
     std::fs::remove_dir_all(&dir).unwrap();
 }

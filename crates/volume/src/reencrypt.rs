@@ -1,10 +1,11 @@
 //! In-place conversion, driven by LUKS2's own reencryption metadata so that cryptsetup sees (and
 //! can resume) the same state (`docs/LUKS2-REENCRYPT.md`).
 //!
-//! What runs today, with a detached header and `checksum` resilience (the states `cryptsetup
-//! reencrypt --encrypt|--decrypt --header HDR --init-only` leave, or ours): **encryption**,
-//! forward from the start of the data, and **decryption**, backward from its end (cryptsetup's
-//! directions). Each step of one hotzone follows cryptsetup's order, so that a power cut at any
+//! What runs today, with `checksum` resilience and no data shift (the states `cryptsetup
+//! reencrypt [--encrypt|--decrypt] [--header HDR] --init-only` leave, or ours): **encryption**
+//! (detached header), forward from the start of the data; **decryption** (detached header),
+//! backward from its end; and **reencryption** to a new volume key (header anywhere), forward —
+//! cryptsetup's directions. Each step of one hotzone follows cryptsetup's order, so that a power cut at any
 //! write leaves a state that this code or cryptsetup recovers without losing a byte:
 //!
 //! 1. read the hotzone and write one hash per resilience block into the reencrypt keyslot's area;
@@ -21,10 +22,11 @@
 
 use std::io;
 
-use sectorcrypt_cipher::{CipherSpec, SectorCipher, SectorOptions};
+use sectorcrypt_cipher::{CipherSpec, Direction as Direction_, SectorCipher, SectorOptions};
 use sectorcrypt_luks::hash::Hash;
+use sectorcrypt_luks::luks2::metadata::Metadata;
 use sectorcrypt_luks::luks2::reencrypt::{
-    self, Direction, Mode, Reencryption, Resilience, SegmentKind, State,
+    self, Direction, Mode, ReencryptSegment, Reencryption, Resilience, SegmentKind, State,
 };
 use sectorcrypt_luks::luks2::Header as Luks2Header;
 use sectorcrypt_storage::Storage;
@@ -90,6 +92,8 @@ enum Plan {
     EncryptForward,
     /// Ciphertext to plaintext, from the end of the data to its start.
     DecryptBackward,
+    /// Old key to new key, from the start of the data to its end.
+    ReencryptForward,
 }
 
 /// Resume (or start, from the init state) the reencryption recorded in the LUKS2 header on
@@ -113,6 +117,7 @@ pub fn run(
     let plan = match (r.keyslot.mode, r.keyslot.direction, &r.backup_moved) {
         (Mode::Encrypt, Direction::Forward, None) => Plan::EncryptForward,
         (Mode::Decrypt, Direction::Backward, None) => Plan::DecryptBackward,
+        (Mode::Reencrypt, Direction::Forward, None) => Plan::ReencryptForward,
         _ => {
             return Err(Error::Unsupported(format!(
                 "resuming a {} {} reencryption{} (forward encryption and backward decryption \
@@ -135,35 +140,42 @@ pub fn run(
     };
     let (hash, block) = (Hash::parse(hash).map_err(luks)?, u64::from(*sector_size));
     let keys = reencrypt::unlock_volume_keys(&header, header_dev, passphrase).map_err(luks)?;
-    let (key, encrypted) = match plan {
-        Plan::EncryptForward => (keys.new, &r.backup_final),
-        Plan::DecryptBackward => (keys.old, &r.backup_previous),
-    };
-    let key = key
-        .ok_or_else(|| Error::Unsupported("no volume key for the encrypted layout".into()))?
-        .volume_key;
+    let missing = || Error::Unsupported("a volume key of the reencryption does not open".into());
+    let old_key = keys.old.map(|u| u.volume_key);
+    let new_key = keys.new.map(|u| u.volume_key);
     // The digest binds the keyslot and backup segments to the keys: metadata edited by someone
     // without them must not steer what is written.
     let (old, new) = match plan {
-        Plan::EncryptForward => (None, Some(&key[..])),
-        Plan::DecryptBackward => (Some(&key[..]), None),
+        Plan::EncryptForward => (None, Some(&new_key.as_ref().ok_or_else(missing)?[..])),
+        Plan::DecryptBackward => (Some(&old_key.as_ref().ok_or_else(missing)?[..]), None),
+        Plan::ReencryptForward => (
+            Some(&old_key.as_ref().ok_or_else(missing)?[..]),
+            Some(&new_key.as_ref().ok_or_else(missing)?[..]),
+        ),
     };
     if !reencrypt::verify_reencrypt_digest(&header, old, new).map_err(luks)? {
         return Err(Error::Unsupported(
             "the reencryption metadata is invalid (its digest does not verify)".into(),
         ));
     }
-    let SegmentKind::Crypt {
-        iv_tweak,
-        encryption,
-        sector_size,
-    } = &encrypted.kind
-    else {
-        return Err(Error::Unsupported(
-            "an encrypted layout without a cipher".into(),
+    // What a hotzone goes through: decrypt with the old layout's key, encrypt with the new one's.
+    let mut passes = Vec::new();
+    if let Some(k) = old {
+        passes.push((
+            layout_cipher(&r.backup_previous, k, block, options)?,
+            Direction_::Decrypt,
         ));
+    }
+    if let Some(k) = new {
+        passes.push((
+            layout_cipher(&r.backup_final, k, block, options)?,
+            Direction_::Encrypt,
+        ));
+    }
+    let base = match plan {
+        Plan::DecryptBackward => r.backup_previous.offset,
+        _ => r.backup_final.offset,
     };
-    let base = encrypted.offset;
     let device_len = data_dev
         .len()
         .map_err(|e| io_at(data_dev, "reading the size", e))?;
@@ -173,23 +185,12 @@ pub fn run(
             data_dev.name()
         ))
     })?;
-    let ss = u64::from(*sector_size);
-    if block % ss != 0 || !total.is_multiple_of(block) {
+    if !total.is_multiple_of(block) {
         return Err(Error::Unsupported(format!(
-            "a data device of {total} bytes with {block}-byte resilience blocks and \
-             {ss}-byte sectors (the size must be a multiple of both)"
+            "a data device of {total} bytes with {block}-byte resilience blocks (the size must \
+             be a multiple of it)"
         )));
     }
-    let cipher = SectorCipher::new(
-        CipherSpec::parse(encryption)?,
-        &key,
-        &SectorOptions {
-            sector_size: ss as usize,
-            iv_offset: *iv_tweak,
-            threads: options.threads.max(1),
-            ..Default::default()
-        },
-    )?;
     let hash_len = hash.digest_len() as u64;
     let max_hot = r.keyslot.area_size / hash_len * block;
     let hotzone = options.hotzone.min(max_hot) / block * block;
@@ -202,11 +203,7 @@ pub fn run(
     let step = Step {
         header_dev,
         data_dev,
-        cipher: &cipher,
-        direction: match plan {
-            Plan::EncryptForward => sectorcrypt_cipher::Direction::Encrypt,
-            Plan::DecryptBackward => sectorcrypt_cipher::Direction::Decrypt,
-        },
+        passes: &passes,
         hash,
         block,
         base,
@@ -232,7 +229,7 @@ pub fn run(
             .ok_or_else(|| {
                 Error::Unsupported("the reencryption vanished from the header".into())
             })?;
-        let Some((at, len)) = step.next_hotzone(&r, hotzone) else {
+        let Some((at, len)) = step.next_hotzone(header.metadata(), &r, hotzone) else {
             let md = reencrypt::finished(header.metadata(), &r).map_err(luks)?;
             let wipe = reencrypt::removed_keyslot_areas(header.metadata(), &md);
             reencrypt::write_metadata(header_dev, &header, &md).map_err(luks)?;
@@ -259,13 +256,48 @@ pub fn run(
                 Error::Unsupported("the reencryption vanished from the header".into())
             })?;
         let now = Progress {
-            done: step.done(&r),
+            done: step.done(header.metadata(), &r),
             total,
         };
         if !progress(now) && now.done < total {
             return Ok(Outcome::Paused(now));
         }
     }
+}
+
+/// The keyed cipher of a crypt layout (`backup-previous` or `backup-final`), checked against the
+/// resilience block (which must hold whole sectors).
+fn layout_cipher(
+    layout: &ReencryptSegment,
+    key: &[u8],
+    block: u64,
+    options: &Options,
+) -> Result<SectorCipher, Error> {
+    let SegmentKind::Crypt {
+        iv_tweak,
+        encryption,
+        sector_size,
+    } = &layout.kind
+    else {
+        return Err(Error::Unsupported(
+            "an encrypted layout without a cipher".into(),
+        ));
+    };
+    if !block.is_multiple_of(u64::from(*sector_size)) {
+        return Err(Error::Unsupported(format!(
+            "{sector_size}-byte sectors with {block}-byte resilience blocks"
+        )));
+    }
+    Ok(SectorCipher::new(
+        CipherSpec::parse(encryption)?,
+        key,
+        &SectorOptions {
+            sector_size: *sector_size as usize,
+            iv_offset: *iv_tweak,
+            threads: options.threads.max(1),
+            ..Default::default()
+        },
+    )?)
 }
 
 /// The size of the leading crypt segment, if the regular segments start with one.
@@ -280,9 +312,8 @@ fn leading_crypt(r: &Reencryption, base: u64) -> Option<Option<u64>> {
 struct Step<'a> {
     header_dev: &'a dyn Storage,
     data_dev: &'a dyn Storage,
-    cipher: &'a SectorCipher,
-    /// What the cipher does to a hotzone.
-    direction: sectorcrypt_cipher::Direction,
+    /// What a hotzone goes through, in order (a cipher, and whether it encrypts or decrypts).
+    passes: &'a [(SectorCipher, Direction_)],
     plan: Plan,
     /// Bytes of data.
     total: u64,
@@ -295,25 +326,41 @@ struct Step<'a> {
 }
 
 impl Step<'_> {
+    /// Convert `buf`, the data at `at`, in place.
+    fn transform(&self, buf: &mut [u8], at: u64) -> Result<(), Error> {
+        for (cipher, direction) in self.passes {
+            cipher.process(buf, at / cipher.sector_size() as u64, *direction)?;
+        }
+        Ok(())
+    }
+
     /// Bytes converted so far, from the regular segments.
-    fn done(&self, r: &Reencryption) -> u64 {
-        match (self.plan, leading_crypt(r, self.base)) {
-            (Plan::EncryptForward, Some(size)) => size.unwrap_or(self.total),
-            (Plan::EncryptForward, None) => 0,
-            (Plan::DecryptBackward, Some(size)) => self.total - size.unwrap_or(self.total),
-            (Plan::DecryptBackward, None) => self.total,
+    fn done(&self, md: &Metadata, r: &Reencryption) -> u64 {
+        let leading = leading_crypt(r, self.base);
+        match self.plan {
+            Plan::EncryptForward => leading.map_or(0, |size| size.unwrap_or(self.total)),
+            Plan::DecryptBackward => {
+                leading.map_or(self.total, |size| self.total - size.unwrap_or(self.total))
+            }
+            // Old and new segments may look alike; the new key's digest tells them apart.
+            Plan::ReencryptForward => match leading {
+                Some(size) if md.digest_of_segment(0).map(|(n, _)| n) == r.digest_new => {
+                    size.unwrap_or(self.total)
+                }
+                _ => 0,
+            },
         }
     }
 
     /// The next hotzone (offset from the data's start, length), or `None` when all is done.
-    fn next_hotzone(&self, r: &Reencryption, hotzone: u64) -> Option<(u64, u64)> {
-        let done = self.done(r);
+    fn next_hotzone(&self, md: &Metadata, r: &Reencryption, hotzone: u64) -> Option<(u64, u64)> {
+        let done = self.done(md, r);
         if done >= self.total {
             return None;
         }
         let len = hotzone.min(self.total - done);
         Some(match self.plan {
-            Plan::EncryptForward => (done, len),
+            Plan::EncryptForward | Plan::ReencryptForward => (done, len),
             // The still-encrypted part is at the start; convert its end.
             Plan::DecryptBackward => (self.total - done - len, len),
         })
@@ -348,8 +395,7 @@ impl Step<'_> {
 
     /// Step 3: convert the hotzone (`buf`, read from `at`) and write it over itself, durably.
     fn convert(&self, buf: &mut [u8], at: u64) -> Result<(), Error> {
-        self.cipher
-            .process(buf, at / self.cipher.sector_size() as u64, self.direction)?;
+        self.transform(buf, at)?;
         self.data_dev
             .write_at(buf, self.base + at)
             .and_then(|()| self.data_dev.sync())
@@ -365,13 +411,12 @@ impl Step<'_> {
             .read_at(&mut stored, self.area)
             .map_err(|e| io_at(self.header_dev, "reading the resilience hashes", e))?;
         let now = self.hashes(&data);
-        let ss = self.cipher.sector_size() as u64;
         for (i, block) in data.chunks_mut(self.block as usize).enumerate() {
             if now[i * n..(i + 1) * n] != stored[i * n..(i + 1) * n] {
                 continue; // already the new contents
             }
             let at = done + i as u64 * self.block;
-            self.cipher.process(block, at / ss, self.direction)?;
+            self.transform(block, at)?;
             self.data_dev
                 .write_at(block, self.base + at)
                 .map_err(|e| io_at(self.data_dev, "recovering the hotzone", e))?;
@@ -403,6 +448,20 @@ impl Step<'_> {
                 r,
                 at,
                 hot.then_some(len),
+                self.total,
+            ),
+            Plan::ReencryptForward if hot => reencrypt::reencrypt_forward_progress(
+                header.metadata(),
+                r,
+                at,
+                Some(len),
+                self.total,
+            ),
+            Plan::ReencryptForward => reencrypt::reencrypt_forward_progress(
+                header.metadata(),
+                r,
+                at + len,
+                None,
                 self.total,
             ),
         }

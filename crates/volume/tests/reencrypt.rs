@@ -122,6 +122,44 @@ fn init_detached_decrypt(header_dev: &dyn Storage, data_len: u64, sector_size: u
     unlocked.volume_key.to_vec()
 }
 
+/// A detached LUKS2 header whose data (`data_len` bytes, which the caller encrypts with the first
+/// returned key) is set up for a reencryption to the second returned key, new sectors of
+/// `new_sector_size` (what `cryptsetup reencrypt --header H --init-only` writes after adding a
+/// keyslot for the new key).
+fn init_detached_reencrypt(
+    header_dev: &dyn Storage,
+    data_len: u64,
+    new_sector_size: u32,
+) -> (Vec<u8>, Vec<u8>) {
+    let pbkdf = PbkdfOptions {
+        kind: Some("pbkdf2".into()),
+        force_iterations: Some(1000),
+        ..Default::default()
+    };
+    let opts = FormatOptions {
+        version: 2,
+        sector_size: Some(512),
+        detached_header: true,
+        pbkdf: pbkdf.clone(),
+        ..Default::default()
+    };
+    let (header, unlocked) = sectorcrypt_luks::format(header_dev, data_len, &opts, PASS).unwrap();
+    let Header::Luks2(mut h) = header else {
+        panic!("not LUKS2")
+    };
+    let new_vk = pattern(64, 77);
+    h.add_keyslot_for_new_key(header_dev, &new_vk, PASS, None, &pbkdf.luks2().unwrap())
+        .unwrap();
+    let target = reencrypt::Target {
+        cipher: "aes-xts-plain64".into(),
+        sector_size: new_sector_size,
+    };
+    let md = reencrypt::init_reencrypt(&h, &unlocked.volume_key, &new_vk, &target, &fast_init())
+        .unwrap();
+    reencrypt::write_metadata(header_dev, &h, &md).unwrap();
+    (unlocked.volume_key.to_vec(), new_vk)
+}
+
 /// `plain` encrypted sector by sector with `key` (aes-xts-plain64, IVs in 512-byte units).
 fn expected_ciphertext(key: &[u8], sector_size: usize, plain: &[u8]) -> Vec<u8> {
     let c = SectorCipher::new(
@@ -196,7 +234,7 @@ fn encrypts_in_place_and_pauses_at_clean_points() {
 /// Cut power after every write and sync of a whole run (header and data on one device), power
 /// back on, resume: every byte must end up converted exactly once. `decrypt` sweeps a
 /// decryption of the same data instead of an encryption.
-fn crash_sweep(decrypt: bool) {
+fn crash_sweep(kind: &str) {
     let data_len: u64 = 1 << 20;
     let plain = pattern(data_len as usize, 2);
     // The starting machine: header (init state) then data on one device.
@@ -206,12 +244,22 @@ fn crash_sweep(decrypt: bool) {
         offset: 0,
         len: HEADER_LEN,
     };
-    let (image_data, want) = if decrypt {
-        let key = init_detached_decrypt(&header_view, data_len, 4096);
-        (expected_ciphertext(&key, 4096, &plain), plain.clone())
-    } else {
-        let key = init_detached(&header_view, data_len, 4096);
-        (plain.clone(), expected_ciphertext(&key, 4096, &plain))
+    let (image_data, want) = match kind {
+        "decryption" => {
+            let key = init_detached_decrypt(&header_view, data_len, 4096);
+            (expected_ciphertext(&key, 4096, &plain), plain.clone())
+        }
+        "encryption" => {
+            let key = init_detached(&header_view, data_len, 4096);
+            (plain.clone(), expected_ciphertext(&key, 4096, &plain))
+        }
+        _ => {
+            let (old, new) = init_detached_reencrypt(&header_view, data_len, 4096);
+            (
+                expected_ciphertext(&old, 512, &plain),
+                expected_ciphertext(&new, 4096, &plain),
+            )
+        }
     };
     start.write_at(&image_data, HEADER_LEN).unwrap();
     let image = start.contents();
@@ -269,18 +317,22 @@ fn crash_sweep(decrypt: bool) {
         assert_eq!(state_of(&h), State::None, "cut {cut}");
         tried += 1;
     }
-    let what = if decrypt { "decryption" } else { "encryption" };
-    eprintln!("crash sweep of an {what}: {tried} cut points, 0 losses");
+    eprintln!("crash sweep ({kind}): {tried} cut points, 0 losses");
 }
 
 #[test]
 fn crash_sweep_of_an_encryption_loses_nothing() {
-    crash_sweep(false);
+    crash_sweep("encryption");
 }
 
 #[test]
 fn crash_sweep_of_a_decryption_loses_nothing() {
-    crash_sweep(true);
+    crash_sweep("decryption");
+}
+
+#[test]
+fn crash_sweep_of_a_reencryption_loses_nothing() {
+    crash_sweep("reencryption");
 }
 
 #[test]
@@ -545,5 +597,120 @@ fn decryption_interop_with_cryptsetup() {
         std::fs::read(&data).unwrap() == plain,
         "cryptsetup finished our decryption"
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn reencryption_interop_with_cryptsetup() {
+    let dir = scratch("interop-reencrypt");
+    let key_file = dir.join("pass");
+    std::fs::write(&key_file, PASS).unwrap();
+    let data_len = 8usize << 20;
+    let plain = pattern(data_len, 8);
+
+    // Ours, paused after a step; cryptsetup finishes; the passphrase opens the new key, which
+    // decrypts the data.
+    let hdr = dir.join("ours.hdr");
+    let data = dir.join("ours.img");
+    std::fs::write(&hdr, vec![0u8; HEADER_LEN as usize]).unwrap();
+    let (old, new) =
+        init_detached_reencrypt(&FileStorage::open(&hdr).unwrap(), data_len as u64, 4096);
+    std::fs::write(&data, expected_ciphertext(&old, 512, &plain)).unwrap();
+    let out = run(
+        &FileStorage::open(&hdr).unwrap(),
+        &FileStorage::open(&data).unwrap(),
+        PASS,
+        &Options {
+            hotzone: 2 << 20,
+            threads: 2,
+        },
+        &mut |_| false,
+    )
+    .unwrap();
+    assert!(matches!(out, Outcome::Paused(_)));
+    cryptsetup(&[
+        "reencrypt",
+        "--resume-only",
+        "--force-offline-reencrypt",
+        "--header",
+        p(&hdr),
+        "--batch-mode",
+        "--key-file",
+        p(&key_file),
+        p(&data),
+    ]);
+    assert!(std::fs::read(&data).unwrap() == expected_ciphertext(&new, 4096, &plain));
+
+    // cryptsetup starts (attached header: nothing moves in a reencryption), we finish.
+    let img = dir.join("theirs.img");
+    let vk_file = dir.join("vk");
+    std::fs::write(&vk_file, &old).unwrap();
+    std::fs::write(&img, vec![0u8; (16 << 20) + data_len]).unwrap();
+    cryptsetup(&[
+        "luksFormat",
+        "--type",
+        "luks2",
+        "--sector-size",
+        "512",
+        "--pbkdf",
+        "pbkdf2",
+        "--pbkdf-force-iterations",
+        "1000",
+        "--volume-key-file",
+        p(&vk_file),
+        "--batch-mode",
+        "--key-file",
+        p(&key_file),
+        p(&img),
+    ]);
+    let mut image = std::fs::read(&img).unwrap();
+    image[16 << 20..].copy_from_slice(&expected_ciphertext(&old, 512, &plain));
+    std::fs::write(&img, &image).unwrap();
+    cryptsetup(&[
+        "reencrypt",
+        "--force-offline-reencrypt",
+        "--init-only",
+        "--pbkdf",
+        "pbkdf2",
+        "--pbkdf-force-iterations",
+        "1000",
+        "--batch-mode",
+        "--key-file",
+        p(&key_file),
+        p(&img),
+    ]);
+    let dev = FileStorage::open(&img).unwrap();
+    let out = run(&dev, &dev, PASS, &Options::default(), &mut |_| true).unwrap();
+    assert_eq!(out, Outcome::Finished);
+    // The new key, as cryptsetup sees it, decrypts the payload to the plaintext.
+    let dump = Command::new("cryptsetup")
+        .args([
+            "luksDump",
+            "--dump-volume-key",
+            "-q",
+            "--key-file",
+            p(&key_file),
+            p(&img),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&dump.stdout).to_string();
+    let hex: String = text
+        .split("MK dump:")
+        .nth(1)
+        .expect("a volume key dump")
+        .split_whitespace()
+        .filter(|w| w.len() == 2 && w.chars().all(|c| c.is_ascii_hexdigit()))
+        .collect();
+    let new_key: Vec<u8> = (0..hex.len() / 2)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    assert_ne!(new_key, old, "the volume key did not change");
+    let Header::Luks2(h) = Header::read(&dev).unwrap() else {
+        panic!("not LUKS2")
+    };
+    let sector = h.data_segment().unwrap().sector_size as usize;
+    let payload = std::fs::read(&img).unwrap()[16 << 20..].to_vec();
+    assert!(payload == expected_ciphertext(&new_key, sector, &plain));
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -23,7 +23,9 @@ pub mod validate;
 mod write;
 
 pub use backup::RestorePlan;
-pub use write::{format, keyslot_area_size, FormatParams, Pbkdf, PbkdfKind, KEYSLOTS_MAX};
+pub use write::{
+    format, keyslot_area_size, random_bytes, FormatParams, Pbkdf, PbkdfKind, KEYSLOTS_MAX,
+};
 
 use sectorcrypt_storage::Storage;
 use serde_json::{json, Value};

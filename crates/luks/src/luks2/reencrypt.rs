@@ -1433,6 +1433,95 @@ pub fn decrypt_backward_progress(
     with_regular_segments(md, regular, digest, FLAG_BACKUP_PREVIOUS)
 }
 
+/// The metadata of a forward reencryption in place (new volume key, optionally a new sector
+/// size; no data shift) with `done` bytes under the new key and, if `hot` is given, the next
+/// `hot` bytes being rewritten (flagged `in-reencryption`, listed by both keys' digests, as
+/// cryptsetup does); `total` is the size of the data. Regular segments: new `crypt(0, done)`,
+/// `crypt(done, hot)`, old `crypt(rest, dynamic)`; once everything is done, one new dynamic
+/// segment (`docs/LUKS2-REENCRYPT.md` §6.E).
+///
+/// Errors: [`Error::Unsupported`] unless `r` is a forward reencryption without a data shift.
+pub fn reencrypt_forward_progress(
+    md: &Metadata,
+    r: &Reencryption,
+    done: u64,
+    hot: Option<u64>,
+    total: u64,
+) -> Result<Metadata, Error> {
+    if r.keyslot.mode != Mode::Reencrypt
+        || r.keyslot.direction != Direction::Forward
+        || r.backup_moved.is_some()
+    {
+        return Err(Error::Unsupported(
+            "progress of anything but a forward reencryption without a data shift".into(),
+        ));
+    }
+    let (Some(old_digest), Some(new_digest)) = (r.digest_old, r.digest_new) else {
+        return Err(Error::Corrupt("a reencryption without two digests".into()));
+    };
+    let base = r.backup_final.offset;
+    let piece = |template: &ReencryptSegment, at: u64, size: Option<u64>, flags: Vec<String>| {
+        let mut seg = template.clone();
+        seg.offset = base + at;
+        seg.size = size;
+        seg.flags = flags;
+        if let SegmentKind::Crypt { iv_tweak, .. } = &mut seg.kind {
+            *iv_tweak += at / 512;
+        }
+        seg
+    };
+    // (segment, listed by the new key's digest, listed by the old key's digest)
+    let mut regular: Vec<(ReencryptSegment, bool, bool)> = Vec::new();
+    let end = done + hot.unwrap_or(0);
+    if end >= total && hot.is_none() {
+        regular.push((piece(&r.backup_final, 0, None, Vec::new()), true, false));
+    } else {
+        if done > 0 {
+            regular.push((
+                piece(&r.backup_final, 0, Some(done), Vec::new()),
+                true,
+                false,
+            ));
+        }
+        if let Some(len) = hot {
+            let flags = vec![FLAG_IN_REENCRYPTION.to_string()];
+            regular.push((piece(&r.backup_final, done, Some(len), flags), true, true));
+        }
+        if end < total {
+            regular.push((
+                piece(&r.backup_previous, end, None, Vec::new()),
+                false,
+                true,
+            ));
+        }
+    }
+    let mut out = with_regular_segments(
+        md,
+        regular.iter().map(|(s, _, _)| s.clone()).collect(),
+        new_digest,
+        FLAG_BACKUP_FINAL,
+    )?;
+    // `with_regular_segments` listed every crypt segment under the new digest: put each where it
+    // belongs, and the backup-previous under the old digest.
+    clear_segment_digests(&mut out);
+    let final_id = segment_by_flag(&out, FLAG_BACKUP_FINAL).map(|(id, _)| id);
+    let previous_id = segment_by_flag(&out, FLAG_BACKUP_PREVIOUS).map(|(id, _)| id);
+    let (Some(final_id), Some(previous_id)) = (final_id, previous_id) else {
+        return Err(Error::Corrupt("backup segments are missing".into()));
+    };
+    assign_segment(&mut out, new_digest, final_id)?;
+    assign_segment(&mut out, old_digest, previous_id)?;
+    for (i, (_, new, old)) in regular.iter().enumerate() {
+        if *new {
+            assign_segment(&mut out, new_digest, i as u32)?;
+        }
+        if *old {
+            assign_segment(&mut out, old_digest, i as u32)?;
+        }
+    }
+    Ok(out)
+}
+
 fn linear_at(offset: u64, size: Option<u64>, hot: bool) -> ReencryptSegment {
     ReencryptSegment {
         id: 0,

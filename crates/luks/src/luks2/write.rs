@@ -242,9 +242,10 @@ pub(super) fn io(dev: &dyn Storage, source: std::io::Error) -> Error {
     }
 }
 
-fn random_bytes(n: usize) -> Zeroizing<Vec<u8>> {
+/// `n` random bytes from the operating system: volume keys and salts (as cryptsetup reads
+/// /dev/urandom).
+pub fn random_bytes(n: usize) -> Zeroizing<Vec<u8>> {
     let mut v = Zeroizing::new(vec![0u8; n]);
-    // Volume keys and salts: straight from the OS, as cryptsetup reads /dev/urandom.
     rand::rngs::OsRng.fill_bytes(&mut v);
     v
 }
@@ -883,6 +884,55 @@ impl Header {
         let mut md = self.metadata.clone();
         md.keyslots.0.push((slot, Keyslot::Luks2(Box::new(ks))));
         md.assign_digest(digest, slot)?;
+        self.commit(dev, &md)?;
+        Ok(slot as usize)
+    }
+
+    /// Add a keyslot holding a *new* volume key `new_vk` for `passphrase`, under a pbkdf2 digest
+    /// of its own that lists no segment yet (what `cryptsetup reencrypt` adds before it starts a
+    /// key rotation; `reencrypt::init_reencrypt` then binds it to the final segment). The keyslot
+    /// area is encrypted like the data segment's, so `new_vk` must fit the current cipher.
+    /// Returns the slot number.
+    ///
+    /// Crash safety: the material is written and synced before the metadata names it; until then
+    /// the volume is as it was.
+    pub fn add_keyslot_for_new_key(
+        &mut self,
+        dev: &dyn Storage,
+        new_vk: &[u8],
+        passphrase: &[u8],
+        slot: Option<usize>,
+        pbkdf: &Pbkdf,
+    ) -> Result<usize, Error> {
+        self.check_writable()?;
+        let slot = self.pick_slot(slot)?;
+        let hash = Hash::Sha256;
+        let iterations = if pbkdf.forced_iterations.is_some() {
+            kdf::PBKDF2_MIN_ITERATIONS
+        } else {
+            kdf::calibrate_pbkdf2(hash, hash.digest_len(), DIGEST_ITER_TIME_MS)?
+        };
+        let salt = random_bytes(KDF_SALT_LEN);
+        let digest = Kdf::Pbkdf2 { hash, iterations }.derive(new_vk, &salt, hash.digest_len())?;
+        let number = (0..8u32)
+            .find(|n| self.metadata.digests.get(*n).is_none())
+            .ok_or_else(|| Error::Unsupported("all 8 digests are in use".into()))?;
+        let ks = self.stage_keyslot(dev, new_vk, passphrase, pbkdf, &[], hash)?;
+        let mut md = self.metadata.clone();
+        md.keyslots.0.push((slot, Keyslot::Luks2(Box::new(ks))));
+        md.digests.0.push((
+            number,
+            Digest::Pbkdf2(Pbkdf2Digest {
+                keyslots: vec![slot.to_string()],
+                segments: Vec::new(),
+                hash: hash.name().into(),
+                iterations,
+                salt: salt.to_vec(),
+                digest: digest.to_vec(),
+                extra: Map::new(),
+            }),
+        ));
+        md.digests.0.sort_by_key(|(n, _)| *n);
         self.commit(dev, &md)?;
         Ok(slot as usize)
     }
