@@ -382,6 +382,19 @@ fn cryptsetup(args: &[&str]) {
     );
 }
 
+/// `cryptsetup reencrypt EXTRA... --force-offline-reencrypt [--header HDR] --batch-mode
+/// --key-file KEY DATA`, which must succeed.
+fn cryptsetup_reencrypt(extra: &[&str], hdr: Option<&Path>, key: &Path, data: &Path) {
+    let mut args = vec!["reencrypt"];
+    args.extend_from_slice(extra);
+    args.push("--force-offline-reencrypt");
+    if let Some(h) = hdr {
+        args.extend_from_slice(&["--header", p(h)]);
+    }
+    args.extend_from_slice(&["--batch-mode", "--key-file", p(key), p(data)]);
+    cryptsetup(&args);
+}
+
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("sectorcrypt-reenc-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -419,17 +432,7 @@ fn cryptsetup_resumes_ours_and_we_resume_cryptsetups() {
     )
     .unwrap();
     assert!(matches!(out, Outcome::Paused(_)));
-    cryptsetup(&[
-        "reencrypt",
-        "--resume-only",
-        "--force-offline-reencrypt",
-        "--header",
-        p(&hdr),
-        "--batch-mode",
-        "--key-file",
-        p(&key_file),
-        p(&data),
-    ]);
+    cryptsetup_reencrypt(&["--resume-only"], Some(&hdr), &key_file, &data);
     assert_eq!(
         std::fs::read(&data).unwrap(),
         expected_ciphertext(&key, 4096, &plain)
@@ -442,26 +445,23 @@ fn cryptsetup_resumes_ours_and_we_resume_cryptsetups() {
     let vk = pattern(64, 4);
     std::fs::write(&vk_file, &vk).unwrap();
     std::fs::write(&data, &plain).unwrap();
-    cryptsetup(&[
-        "reencrypt",
-        "--encrypt",
-        "--type",
-        "luks2",
-        "--header",
-        p(&hdr),
-        "--force-offline-reencrypt",
-        "--init-only",
-        "--pbkdf",
-        "pbkdf2",
-        "--pbkdf-force-iterations",
-        "1000",
-        "--volume-key-file",
-        p(&vk_file),
-        "--batch-mode",
-        "--key-file",
-        p(&key_file),
-        p(&data),
-    ]);
+    cryptsetup_reencrypt(
+        &[
+            "--encrypt",
+            "--type",
+            "luks2",
+            "--init-only",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--volume-key-file",
+            p(&vk_file),
+        ],
+        Some(&hdr),
+        &key_file,
+        &data,
+    );
     let out = run(
         &FileStorage::open(&hdr).unwrap(),
         &FileStorage::open(&data).unwrap(),
@@ -491,17 +491,7 @@ fn cryptsetup_resumes_ours_and_we_resume_cryptsetups() {
         std::fs::read(&data).unwrap(),
         expected_ciphertext(&vk, sector, &plain)
     );
-    cryptsetup(&[
-        "reencrypt",
-        "--decrypt",
-        "--force-offline-reencrypt",
-        "--header",
-        p(&hdr),
-        "--batch-mode",
-        "--key-file",
-        p(&key_file),
-        p(&data),
-    ]);
+    cryptsetup_reencrypt(&["--decrypt"], Some(&hdr), &key_file, &data);
     assert!(
         std::fs::read(&data).unwrap() == plain,
         "cryptsetup decrypted to the plaintext"
@@ -521,35 +511,21 @@ fn decryption_interop_with_cryptsetup() {
     let hdr = dir.join("theirs.hdr");
     let data = dir.join("theirs.img");
     std::fs::write(&data, &plain).unwrap();
-    cryptsetup(&[
-        "reencrypt",
-        "--encrypt",
-        "--type",
-        "luks2",
-        "--header",
-        p(&hdr),
-        "--force-offline-reencrypt",
-        "--pbkdf",
-        "pbkdf2",
-        "--pbkdf-force-iterations",
-        "1000",
-        "--batch-mode",
-        "--key-file",
-        p(&key_file),
-        p(&data),
-    ]);
-    cryptsetup(&[
-        "reencrypt",
-        "--decrypt",
-        "--force-offline-reencrypt",
-        "--init-only",
-        "--header",
-        p(&hdr),
-        "--batch-mode",
-        "--key-file",
-        p(&key_file),
-        p(&data),
-    ]);
+    cryptsetup_reencrypt(
+        &[
+            "--encrypt",
+            "--type",
+            "luks2",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+        ],
+        Some(&hdr),
+        &key_file,
+        &data,
+    );
+    cryptsetup_reencrypt(&["--decrypt", "--init-only"], Some(&hdr), &key_file, &data);
     let out = run(
         &FileStorage::open(&hdr).unwrap(),
         &FileStorage::open(&data).unwrap(),
@@ -582,17 +558,7 @@ fn decryption_interop_with_cryptsetup() {
     )
     .unwrap();
     assert!(matches!(out, Outcome::Paused(_)));
-    cryptsetup(&[
-        "reencrypt",
-        "--resume-only",
-        "--force-offline-reencrypt",
-        "--header",
-        p(&hdr),
-        "--batch-mode",
-        "--key-file",
-        p(&key_file),
-        p(&data),
-    ]);
+    cryptsetup_reencrypt(&["--resume-only"], Some(&hdr), &key_file, &data);
     assert!(
         std::fs::read(&data).unwrap() == plain,
         "cryptsetup finished our decryption"
@@ -628,17 +594,7 @@ fn reencryption_interop_with_cryptsetup() {
     )
     .unwrap();
     assert!(matches!(out, Outcome::Paused(_)));
-    cryptsetup(&[
-        "reencrypt",
-        "--resume-only",
-        "--force-offline-reencrypt",
-        "--header",
-        p(&hdr),
-        "--batch-mode",
-        "--key-file",
-        p(&key_file),
-        p(&data),
-    ]);
+    cryptsetup_reencrypt(&["--resume-only"], Some(&hdr), &key_file, &data);
     assert!(std::fs::read(&data).unwrap() == expected_ciphertext(&new, 4096, &plain));
 
     // cryptsetup starts (attached header: nothing moves in a reencryption), we finish.
@@ -666,19 +622,18 @@ fn reencryption_interop_with_cryptsetup() {
     let mut image = std::fs::read(&img).unwrap();
     image[16 << 20..].copy_from_slice(&expected_ciphertext(&old, 512, &plain));
     std::fs::write(&img, &image).unwrap();
-    cryptsetup(&[
-        "reencrypt",
-        "--force-offline-reencrypt",
-        "--init-only",
-        "--pbkdf",
-        "pbkdf2",
-        "--pbkdf-force-iterations",
-        "1000",
-        "--batch-mode",
-        "--key-file",
-        p(&key_file),
-        p(&img),
-    ]);
+    cryptsetup_reencrypt(
+        &[
+            "--init-only",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+        ],
+        None,
+        &key_file,
+        &img,
+    );
     let dev = FileStorage::open(&img).unwrap();
     let out = run(&dev, &dev, PASS, &Options::default(), &mut |_| true).unwrap();
     assert_eq!(out, Outcome::Finished);
