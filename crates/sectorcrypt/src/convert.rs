@@ -39,9 +39,6 @@ pub struct EncryptArgs {
     /// Make room for the header at the start of DEVICE by shifting the data (not supported yet).
     #[arg(long = "reduce-device-size", value_name = "BYTES")]
     reduce_device_size: Option<String>,
-    /// Continue an encryption already in progress (started here or by cryptsetup).
-    #[arg(long = "resume-only")]
-    resume_only: bool,
     /// Cipher specification (default aes-xts-plain64).
     #[arg(short = 'c', long, value_name = "SPEC")]
     cipher: Option<String>,
@@ -54,17 +51,20 @@ pub struct EncryptArgs {
     #[command(flatten)]
     pbkdf: PbkdfArgs,
     #[command(flatten)]
-    key: KeyArgs,
-    #[command(flatten)]
     run: RunArgs,
+}
+
+/// What `encrypt`, `decrypt` and `reencrypt` share: the passphrase and how the conversion runs.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Only continue a conversion already in progress (started here or by cryptsetup).
+    #[arg(long = "resume-only")]
+    resume_only: bool,
+    #[command(flatten)]
+    key: KeyArgs,
     /// Do not ask for confirmation.
     #[arg(short = 'q', long = "batch-mode")]
     batch: bool,
-}
-
-/// How a conversion runs: what `encrypt` and `decrypt` share.
-#[derive(clap::Args, Debug)]
-pub struct RunArgs {
     /// Bytes converted per step (default 64 MiB).
     #[arg(long = "hotzone-size", value_name = "BYTES")]
     hotzone_size: Option<u64>,
@@ -84,16 +84,8 @@ pub struct DecryptArgs {
     /// The detached LUKS2 header of DEVICE.
     #[arg(long, value_name = "FILE")]
     header: Option<PathBuf>,
-    /// Only continue a decryption already in progress.
-    #[arg(long = "resume-only")]
-    resume_only: bool,
-    #[command(flatten)]
-    key: KeyArgs,
     #[command(flatten)]
     run: RunArgs,
-    /// Do not ask for confirmation.
-    #[arg(short = 'q', long = "batch-mode")]
-    batch: bool,
 }
 
 /// SIGINT and SIGTERM set the returned flag; the conversion stops at its next safe point.
@@ -201,9 +193,10 @@ pub fn encrypt(args: EncryptArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::usage(format!("cannot read the size of {}: {e}", data.name())))?;
     check_size(&args.device, data_len)?;
     let stop = stop_on_signals()?;
-    let pass = if args.resume_only {
+    let pass = if args.run.resume_only {
         check_in_progress(&header_path, Mode::Encrypt)?;
-        args.key
+        args.run
+            .key
             .read(&format!("Enter passphrase for {}: ", args.device.display()))?
     } else {
         start(&args, &header_path, &data, data_len)?
@@ -227,21 +220,13 @@ pub struct ReencryptArgs {
     /// Its detached header, if it has one.
     #[arg(long, value_name = "FILE")]
     header: Option<PathBuf>,
-    /// Only continue a reencryption already in progress.
-    #[arg(long = "resume-only")]
-    resume_only: bool,
     /// New encryption sector size (default: the current one).
     #[arg(long = "sector-size", value_name = "BYTES")]
     sector_size: Option<u32>,
     #[command(flatten)]
     pbkdf: PbkdfArgs,
     #[command(flatten)]
-    key: KeyArgs,
-    #[command(flatten)]
     run: RunArgs,
-    /// Do not ask for confirmation.
-    #[arg(short = 'q', long = "batch-mode")]
-    batch: bool,
 }
 
 /// `reencrypt`: a new volume key for the data (key rotation), in place, resumably. The data
@@ -253,10 +238,11 @@ pub fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
     let stop = stop_on_signals()?;
     let mut h = read_luks2(&header)?;
     let in_progress = reencrypt::state(h.metadata()) != State::None;
-    if args.resume_only || in_progress {
+    if args.run.resume_only || in_progress {
         check_in_progress(&header_path, Mode::Reencrypt)?;
     }
     let pass = args
+        .run
         .key
         .read(&format!("Enter passphrase for {}: ", args.device.display()))?;
     if !in_progress {
@@ -273,7 +259,7 @@ pub fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
         };
         let others = h.metadata().keyslots.iter().count().saturating_sub(1);
         confirm(
-            args.batch,
+            args.run.batch,
             &format!(
                 "WARNING!\n========\nThis will re-encrypt {} with a new volume key; the \
                  passphrase given keeps working, the {others} other keyslot(s) are removed at \
@@ -325,10 +311,11 @@ pub fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
     let header = open_rw(&header_path)?;
     let h = read_luks2(&header)?;
     let in_progress = reencrypt::state(h.metadata()) != State::None;
-    if args.resume_only || in_progress {
+    if args.run.resume_only || in_progress {
         check_in_progress(&header_path, Mode::Decrypt)?;
     }
     let pass = args
+        .run
         .key
         .read(&format!("Enter passphrase for {}: ", args.device.display()))?;
     if !in_progress {
@@ -353,7 +340,7 @@ pub fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
         }
         let unlocked = h.unlock(&header, &pass, None).map_err(luks_error)?;
         confirm(
-            args.batch,
+            args.run.batch,
             &format!(
                 "WARNING!\n========\nThis will decrypt {} in place; afterwards {} holds no keys.",
                 args.device.display(),
@@ -415,7 +402,7 @@ fn start(
     };
     options.check().map_err(luks_error)?;
     confirm(
-        args.batch,
+        args.run.batch,
         &format!(
             "WARNING!\n========\nThis will encrypt {} in place and write its header to {}.",
             args.device.display(),
@@ -424,7 +411,7 @@ fn start(
     )?;
     let pass = new_passphrase(
         None,
-        &args.key,
+        &args.run.key,
         &format!("Enter passphrase for {}: ", args.device.display()),
     )?;
     // The header is made whole in memory (formatted, then the encryption's start recorded) and

@@ -75,51 +75,51 @@ fn fast_init() -> InitOptions {
     }
 }
 
-/// A detached LUKS2 header for `data_len` bytes of plaintext, set up for encryption in place
-/// (what `cryptsetup reencrypt --encrypt --header H --init-only` writes); returns its volume key.
-fn init_detached(header_dev: &dyn Storage, data_len: u64, sector_size: usize) -> Vec<u8> {
+/// A fresh detached LUKS2 header for `data_len` bytes of data, and its volume key.
+fn format_detached(
+    header_dev: &dyn Storage,
+    data_len: u64,
+    sector_size: usize,
+) -> (Luks2Header, Vec<u8>) {
     let opts = FormatOptions {
         version: 2,
         sector_size: Some(sector_size),
         detached_header: true,
-        pbkdf: PbkdfOptions {
-            kind: Some("pbkdf2".into()),
-            force_iterations: Some(1000),
-            ..Default::default()
-        },
+        pbkdf: fast_pbkdf(),
         ..Default::default()
     };
     let (header, unlocked) = sectorcrypt_luks::format(header_dev, data_len, &opts, PASS).unwrap();
     let Header::Luks2(h) = header else {
         panic!("not LUKS2")
     };
-    let md = reencrypt::init_encrypt(&h, &unlocked.volume_key, &fast_init()).unwrap();
+    (*h, unlocked.volume_key.to_vec())
+}
+
+fn fast_pbkdf() -> PbkdfOptions {
+    PbkdfOptions {
+        kind: Some("pbkdf2".into()),
+        force_iterations: Some(1000),
+        ..Default::default()
+    }
+}
+
+/// A detached LUKS2 header for `data_len` bytes of plaintext, set up for encryption in place
+/// (what `cryptsetup reencrypt --encrypt --header H --init-only` writes); returns its volume key.
+fn init_detached(header_dev: &dyn Storage, data_len: u64, sector_size: usize) -> Vec<u8> {
+    let (h, key) = format_detached(header_dev, data_len, sector_size);
+    let md = reencrypt::init_encrypt(&h, &key, &fast_init()).unwrap();
     reencrypt::write_metadata(header_dev, &h, &md).unwrap();
-    unlocked.volume_key.to_vec()
+    key
 }
 
 /// A detached LUKS2 header whose data (`data_len` bytes, already encrypted with the returned key
 /// by the caller) is set up for decryption in place (what `cryptsetup reencrypt --decrypt
 /// --header H --init-only` writes).
 fn init_detached_decrypt(header_dev: &dyn Storage, data_len: u64, sector_size: usize) -> Vec<u8> {
-    let opts = FormatOptions {
-        version: 2,
-        sector_size: Some(sector_size),
-        detached_header: true,
-        pbkdf: PbkdfOptions {
-            kind: Some("pbkdf2".into()),
-            force_iterations: Some(1000),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let (header, unlocked) = sectorcrypt_luks::format(header_dev, data_len, &opts, PASS).unwrap();
-    let Header::Luks2(h) = header else {
-        panic!("not LUKS2")
-    };
-    let md = reencrypt::init_decrypt(&h, &unlocked.volume_key, &fast_init()).unwrap();
+    let (h, key) = format_detached(header_dev, data_len, sector_size);
+    let md = reencrypt::init_decrypt(&h, &key, &fast_init()).unwrap();
     reencrypt::write_metadata(header_dev, &h, &md).unwrap();
-    unlocked.volume_key.to_vec()
+    key
 }
 
 /// A detached LUKS2 header whose data (`data_len` bytes, which the caller encrypts with the first
@@ -131,33 +131,23 @@ fn init_detached_reencrypt(
     data_len: u64,
     new_sector_size: u32,
 ) -> (Vec<u8>, Vec<u8>) {
-    let pbkdf = PbkdfOptions {
-        kind: Some("pbkdf2".into()),
-        force_iterations: Some(1000),
-        ..Default::default()
-    };
-    let opts = FormatOptions {
-        version: 2,
-        sector_size: Some(512),
-        detached_header: true,
-        pbkdf: pbkdf.clone(),
-        ..Default::default()
-    };
-    let (header, unlocked) = sectorcrypt_luks::format(header_dev, data_len, &opts, PASS).unwrap();
-    let Header::Luks2(mut h) = header else {
-        panic!("not LUKS2")
-    };
+    let (mut h, old_vk) = format_detached(header_dev, data_len, 512);
     let new_vk = pattern(64, 77);
-    h.add_keyslot_for_new_key(header_dev, &new_vk, PASS, None, &pbkdf.luks2().unwrap())
-        .unwrap();
+    h.add_keyslot_for_new_key(
+        header_dev,
+        &new_vk,
+        PASS,
+        None,
+        &fast_pbkdf().luks2().unwrap(),
+    )
+    .unwrap();
     let target = reencrypt::Target {
         cipher: "aes-xts-plain64".into(),
         sector_size: new_sector_size,
     };
-    let md = reencrypt::init_reencrypt(&h, &unlocked.volume_key, &new_vk, &target, &fast_init())
-        .unwrap();
+    let md = reencrypt::init_reencrypt(&h, &old_vk, &new_vk, &target, &fast_init()).unwrap();
     reencrypt::write_metadata(header_dev, &h, &md).unwrap();
-    (unlocked.volume_key.to_vec(), new_vk)
+    (old_vk, new_vk)
 }
 
 /// `plain` encrypted sector by sector with `key` (aes-xts-plain64, IVs in 512-byte units).
