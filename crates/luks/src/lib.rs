@@ -217,6 +217,8 @@ pub struct FormatOptions {
     pub keyslots_size: Option<u64>,
     /// The header goes to its own device; data starts at offset 0 of the data device.
     pub detached_header: bool,
+    /// Where the data starts (`--offset`, bytes) instead of after the header.
+    pub data_offset: Option<u64>,
 }
 
 impl FormatOptions {
@@ -348,7 +350,8 @@ pub fn format(
                 metadata_size: options.metadata_size,
                 keyslots_size: options.keyslots_size,
                 detached_header: options.detached_header,
-                data_device_size: options.detached_header.then_some(data_len),
+                data_device_size: Some(data_len),
+                data_offset: options.data_offset,
             };
             luks2::format(dev, &params, passphrase).map(|(h, u)| (Header::Luks2(Box::new(h)), u))
         }

@@ -192,6 +192,7 @@ pub fn format(args: FormatArgs) -> Result<(), CliError> {
         metadata_size: args.metadata_size,
         keyslots_size: args.keyslots_size,
         detached_header: args.header.is_some(),
+        data_offset: None,
     };
     // Everything that can be refused is refused before the device is touched.
     options.check().map_err(luks_error)?;

@@ -528,6 +528,7 @@ impl Volume {
     }
 }
 
+pub mod datashift;
 pub mod reencrypt;
 
 #[cfg(test)]

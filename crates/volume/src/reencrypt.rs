@@ -1,12 +1,21 @@
 //! In-place conversion, driven by LUKS2's own reencryption metadata so that cryptsetup sees (and
 //! can resume) the same state (`docs/LUKS2-REENCRYPT.md`).
 //!
-//! What runs today, with `checksum` resilience and no data shift (the states `cryptsetup
-//! reencrypt [--encrypt|--decrypt] [--header HDR] --init-only` leave, or ours): **encryption**
-//! (detached header), forward from the start of the data; **decryption** (detached header),
-//! backward from its end; and **reencryption** to a new volume key (header anywhere), forward —
-//! cryptsetup's directions. Each step of one hotzone follows cryptsetup's order, so that a power cut at any
-//! write leaves a state that this code or cryptsetup recovers without losing a byte:
+//! What runs (the states `cryptsetup reencrypt [--encrypt|--decrypt] --init-only` leave, or
+//! ours), in cryptsetup's directions:
+//!
+//! - in place, with `checksum` resilience: **encryption** with a detached header (forward),
+//!   **decryption** with a detached header (backward), **reencryption** to a new volume key,
+//!   header anywhere (forward);
+//! - moving the data by the header's size (`datashift`): **encryption** that puts the header at
+//!   the start of the device (`--reduce-device-size`; backward, each chunk written S bytes after
+//!   where it was read, the first chunk read from the copy made at the device's end before the
+//!   header went over it: [`crate::datashift`]) and **decryption** of such a volume, its header
+//!   exported to a file first (forward, each chunk written S bytes before where it was read; the
+//!   first chunk, moved to offset 0 at the start, last and in place under checksums).
+//!
+//! A step of one hotzone follows cryptsetup's order, so that a power cut at any write leaves a
+//! state that this code or cryptsetup recovers without losing a byte. In place:
 //!
 //! 1. read the hotzone and write one hash per resilience block into the reencrypt keyslot's area;
 //!    sync;
@@ -16,9 +25,13 @@
 //!
 //! After a crash between 2 and 4 the hotzone is part old, part new. Recovery compares every block
 //! with its stored hash: a block that still hashes to its old contents is converted again, any
-//! other block was already written (each block is written whole). When everything is converted,
-//! the header drops the backup segments, the reencrypt keyslot, its digest and the requirement,
-//! and (after a decryption) the old keyslots, whose areas are then wiped.
+//! other block was already written (each block is written whole). A data-shift step skips 1:
+//! its source is not overwritten by the step, so recovery simply converts the whole hotzone
+//! again from there. When everything is converted, data no longer needed is overwritten with
+//! random bytes (the plaintext copy a shifted encryption made, the stale tail a shifted
+//! decryption leaves), and the header drops the backup segments, the reencrypt keyslot, its
+//! digest and the requirement, and (after a decryption or a new key) the old keyslots, whose
+//! areas are then wiped.
 
 use std::io;
 
@@ -41,7 +54,8 @@ pub const DEFAULT_HOTZONE: u64 = 64 << 20;
 #[derive(Clone, Debug)]
 pub struct Options {
     /// Bytes converted per step (rounded down to the resilience block; capped by what the
-    /// keyslot area can hold hashes for).
+    /// keyslot area can hold hashes for). A data-shift step is always the shift; this is then
+    /// the size of the pieces it is copied in.
     pub hotzone: u64,
     /// Cipher threads.
     pub threads: usize,
@@ -74,11 +88,11 @@ pub enum Outcome {
     Paused(Progress),
 }
 
-fn luks(e: sectorcrypt_luks::Error) -> Error {
+pub(crate) fn luks(e: sectorcrypt_luks::Error) -> Error {
     Error::Luks(e)
 }
 
-fn io_at(dev: &dyn Storage, what: &str, e: io::Error) -> Error {
+pub(crate) fn io_at(dev: &dyn Storage, what: &str, e: io::Error) -> Error {
     Error::Io(io::Error::new(
         e.kind(),
         format!("{what} on {}: {e}", dev.name()),
@@ -88,21 +102,50 @@ fn io_at(dev: &dyn Storage, what: &str, e: io::Error) -> Error {
 /// The conversions this engine runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Plan {
-    /// Plaintext to ciphertext, from the start of the data to its end.
+    /// Plaintext to ciphertext in place, from the start of the data to its end.
     EncryptForward,
-    /// Ciphertext to plaintext, from the end of the data to its start.
+    /// Ciphertext to plaintext in place, from the end of the data to its start.
     DecryptBackward,
-    /// Old key to new key, from the start of the data to its end.
+    /// Old key to new key in place, from the start of the data to its end.
     ReencryptForward,
+    /// Plaintext at 0 to ciphertext at the shift, from the end to the start.
+    EncryptShift,
+    /// Ciphertext at the shift to plaintext at 0, from the start to the end, the moved first
+    /// chunk last.
+    DecryptShift,
+}
+
+/// One step: the logical bytes `[at, at + len)` of the data, read at `src` and written at `dst`
+/// on the data device (the same place for a conversion in place).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Hotzone {
+    at: u64,
+    len: u64,
+    src: u64,
+    dst: u64,
+}
+
+impl Hotzone {
+    fn in_place(&self) -> bool {
+        self.src == self.dst
+    }
+}
+
+/// Checksum resilience: the hash, its block, and where the hashes go on the header device.
+struct Checksums {
+    hash: Hash,
+    block: u64,
+    area: u64,
 }
 
 /// Resume (or start, from the init state) the reencryption recorded in the LUKS2 header on
-/// `header_dev`, converting the data on `data_dev`. `progress` is called after every step (the
-/// last one included); when it returns `false` the run stops at that clean point.
+/// `header_dev`, converting the data on `data_dev` (the same device for a header on the device).
+/// `progress` is called after every step (the last one included); when it returns `false` the
+/// run stops at that clean point.
 ///
-/// Errors: [`Error::Unsupported`] for conversions this code does not run yet (see the module
-/// docs); [`Error::Luks`] for a wrong passphrase or metadata whose digest does not verify
-/// (nothing is written then); [`Error::Io`].
+/// Errors: [`Error::Unsupported`] for conversions this code does not run (see the module docs);
+/// [`Error::Luks`] for a wrong passphrase or metadata whose digest does not verify (nothing is
+/// written then); [`Error::Io`].
 pub fn run(
     header_dev: &dyn Storage,
     data_dev: &dyn Storage,
@@ -114,149 +157,185 @@ pub fn run(
     let r = reencrypt::parse(header.metadata())
         .map_err(luks)?
         .ok_or_else(|| Error::Unsupported("the header has no reencryption in progress".into()))?;
-    let plan = match (r.keyslot.mode, r.keyslot.direction, &r.backup_moved) {
-        (Mode::Encrypt, Direction::Forward, None) => Plan::EncryptForward,
-        (Mode::Decrypt, Direction::Backward, None) => Plan::DecryptBackward,
-        (Mode::Reencrypt, Direction::Forward, None) => Plan::ReencryptForward,
+    let moved = r.backup_moved.is_some();
+    let plan = match (r.keyslot.mode, r.keyslot.direction, moved) {
+        (Mode::Encrypt, Direction::Forward, false) => Plan::EncryptForward,
+        (Mode::Decrypt, Direction::Backward, false) => Plan::DecryptBackward,
+        (Mode::Reencrypt, Direction::Forward, false) => Plan::ReencryptForward,
+        (Mode::Encrypt, Direction::Backward, true) => Plan::EncryptShift,
+        (Mode::Decrypt, Direction::Forward, true) => Plan::DecryptShift,
         _ => {
             return Err(Error::Unsupported(format!(
-                "resuming a {} {} reencryption{} (forward encryption and backward decryption \
-                 without a data shift run here)",
+                "resuming a {} {} reencryption{} (cryptsetup's directions run here: forward \
+                 encryption and reencryption, backward decryption; with a data shift, backward \
+                 encryption and forward decryption)",
                 r.keyslot.direction.as_str(),
                 r.keyslot.mode.as_str(),
-                if r.backup_moved.is_some() {
-                    " with a data shift"
-                } else {
-                    ""
-                }
+                if moved { " with a data shift" } else { "" }
             )))
         }
     };
-    let Resilience::Checksum { hash, sector_size } = &r.keyslot.resilience else {
-        return Err(Error::Unsupported(format!(
-            "{} resilience (checksum runs here)",
-            r.keyslot.resilience.area_type()
-        )));
+    let checksums = match (plan, &r.keyslot.resilience) {
+        (Plan::EncryptShift, Resilience::Datashift { .. }) => None,
+        (
+            Plan::DecryptShift,
+            Resilience::DatashiftChecksum {
+                hash, sector_size, ..
+            },
+        )
+        | (
+            Plan::EncryptForward | Plan::DecryptBackward | Plan::ReencryptForward,
+            Resilience::Checksum { hash, sector_size },
+        ) => Some(Checksums {
+            hash: Hash::parse(hash).map_err(luks)?,
+            block: u64::from(*sector_size),
+            area: r.keyslot.area_offset,
+        }),
+        (_, other) => {
+            return Err(Error::Unsupported(format!(
+                "{} resilience (checksum, datashift and datashift-checksum run here)",
+                other.area_type()
+            )))
+        }
     };
-    let (hash, block) = (Hash::parse(hash).map_err(luks)?, u64::from(*sector_size));
     let keys = reencrypt::unlock_volume_keys(&header, header_dev, passphrase).map_err(luks)?;
     let missing = || Error::Unsupported("a volume key of the reencryption does not open".into());
     let old_key = keys.old.map(|u| u.volume_key);
     let new_key = keys.new.map(|u| u.volume_key);
+    let need_old = matches!(
+        plan,
+        Plan::DecryptBackward | Plan::DecryptShift | Plan::ReencryptForward
+    );
+    let need_new = matches!(
+        plan,
+        Plan::EncryptForward | Plan::EncryptShift | Plan::ReencryptForward
+    );
+    let old = match need_old {
+        true => Some(&old_key.as_ref().ok_or_else(missing)?[..]),
+        false => None,
+    };
+    let new = match need_new {
+        true => Some(&new_key.as_ref().ok_or_else(missing)?[..]),
+        false => None,
+    };
     // The digest binds the keyslot and backup segments to the keys: metadata edited by someone
     // without them must not steer what is written.
-    let (old, new) = match plan {
-        Plan::EncryptForward => (None, Some(&new_key.as_ref().ok_or_else(missing)?[..])),
-        Plan::DecryptBackward => (Some(&old_key.as_ref().ok_or_else(missing)?[..]), None),
-        Plan::ReencryptForward => (
-            Some(&old_key.as_ref().ok_or_else(missing)?[..]),
-            Some(&new_key.as_ref().ok_or_else(missing)?[..]),
-        ),
-    };
     if !reencrypt::verify_reencrypt_digest(&header, old, new).map_err(luks)? {
         return Err(Error::Unsupported(
             "the reencryption metadata is invalid (its digest does not verify)".into(),
         ));
     }
+    let block = checksums.as_ref().map(|c| c.block);
     // What a hotzone goes through: decrypt with the old layout's key, encrypt with the new one's.
     let mut passes = Vec::new();
     if let Some(k) = old {
-        passes.push((
-            layout_cipher(&r.backup_previous, k, block, options)?,
-            Direction_::Decrypt,
-        ));
+        let cipher = layout_cipher(&r.backup_previous, k, block, options)?;
+        passes.push((cipher, Direction_::Decrypt));
     }
     if let Some(k) = new {
-        passes.push((
-            layout_cipher(&r.backup_final, k, block, options)?,
-            Direction_::Encrypt,
-        ));
+        let cipher = layout_cipher(&r.backup_final, k, block, options)?;
+        passes.push((cipher, Direction_::Encrypt));
     }
-    let base = match plan {
-        Plan::DecryptBackward => r.backup_previous.offset,
-        _ => r.backup_final.offset,
-    };
     let device_len = data_dev
         .len()
         .map_err(|e| io_at(data_dev, "reading the size", e))?;
-    let total = device_len.checked_sub(base).ok_or_else(|| {
-        Error::Unsupported(format!(
-            "the data starts at {base}, past the end of {}",
-            data_dev.name()
-        ))
-    })?;
-    if !total.is_multiple_of(block) {
+    let shift = r.keyslot.resilience.shift_size().unwrap_or(0);
+    let (base, total) = match plan {
+        Plan::DecryptBackward => (r.backup_previous.offset, None),
+        Plan::EncryptForward | Plan::ReencryptForward => (r.backup_final.offset, None),
+        Plan::EncryptShift => (0, r.backup_previous.size),
+        Plan::DecryptShift => (0, device_len.checked_sub(shift)),
+    };
+    let total = match total {
+        Some(t) => t,
+        None => device_len.checked_sub(base).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "the data starts at {base}, past the end of {}",
+                data_dev.name()
+            ))
+        })?,
+    };
+    let moved = match &r.backup_moved {
+        Some(m) => Some((m.offset, m.size.unwrap_or(0))),
+        None => None,
+    };
+    let layout_fits = match (plan, moved) {
+        (Plan::EncryptShift, Some((offset, size))) => {
+            shift + total <= offset && offset + size <= device_len && size > 0
+        }
+        (Plan::DecryptShift, Some((offset, size))) => offset == 0 && size > 0 && size <= shift,
+        _ => true,
+    };
+    if !layout_fits {
         return Err(Error::Unsupported(format!(
-            "a data device of {total} bytes with {block}-byte resilience blocks (the size must \
-             be a multiple of it)"
+            "a data shift whose segments do not fit the {device_len}-byte {}",
+            data_dev.name()
         )));
     }
-    let hash_len = hash.digest_len() as u64;
-    let max_hot = r.keyslot.area_size / hash_len * block;
-    let hotzone = options.hotzone.min(max_hot) / block * block;
+    let hotzone = match &checksums {
+        Some(c) => {
+            if plan != Plan::DecryptShift && !total.is_multiple_of(c.block) {
+                return Err(Error::Unsupported(format!(
+                    "a data device of {total} bytes with {}-byte resilience blocks (the size \
+                     must be a multiple of it)",
+                    c.block
+                )));
+            }
+            let max_hot = r.keyslot.area_size / c.hash.digest_len() as u64 * c.block;
+            options.hotzone.min(max_hot) / c.block * c.block
+        }
+        None => options.hotzone / 4096 * 4096,
+    };
     if hotzone == 0 {
         return Err(Error::Unsupported(format!(
-            "a hotzone of {} bytes (at least one {block}-byte block)",
-            options.hotzone
+            "a hotzone of {} bytes (at least one {}-byte block)",
+            options.hotzone,
+            block.unwrap_or(4096)
         )));
     }
-    let step = Step {
+    let engine = Engine {
         header_dev,
         data_dev,
         passes: &passes,
-        hash,
-        block,
-        base,
-        area: r.keyslot.area_offset,
         plan,
         total,
+        base,
+        shift,
+        moved: moved.unwrap_or((0, 0)),
+        checksums,
+        hotzone,
     };
 
     if r.state() == State::Crash {
         let hot = r
             .in_reencryption()
             .ok_or_else(|| Error::Unsupported("a crashed state without a hotzone".into()))?;
-        let at = hot.offset - base;
-        let len = hot
-            .size
-            .ok_or_else(|| Error::Unsupported("a hotzone of dynamic size".into()))?;
-        step.recover(at, len)?;
-        header = step.commit(&header, &r, at, len, false)?;
+        let hz = engine.crashed_hotzone(hot)?;
+        engine.recover(hz)?;
+        header = engine.commit(&header, &r, hz, false)?;
     }
     loop {
-        let r = reencrypt::parse(header.metadata())
-            .map_err(luks)?
-            .ok_or_else(|| {
-                Error::Unsupported("the reencryption vanished from the header".into())
-            })?;
-        let Some((at, len)) = step.next_hotzone(header.metadata(), &r, hotzone) else {
-            let md = reencrypt::finished(header.metadata(), &r).map_err(luks)?;
-            let wipe = reencrypt::removed_keyslot_areas(header.metadata(), &md);
-            reencrypt::write_metadata(header_dev, &header, &md).map_err(luks)?;
-            // Keys and hashes of the finished conversion are of no use to anyone now.
-            for (offset, size) in wipe {
-                header_dev
-                    .write_at(&vec![0u8; size as usize], offset)
-                    .map_err(|e| io_at(header_dev, "wiping a keyslot area", e))?;
-            }
-            header_dev
-                .sync()
-                .map_err(|e| io_at(header_dev, "wiping keyslot areas", e))?;
+        let r = in_progress(&header)?;
+        let Some(hz) = engine.next_hotzone(header.metadata(), &r) else {
+            engine.finish(&header, &r)?;
             return Ok(Outcome::Finished);
         };
-        // Read once: nothing else writes the device while it is converted offline.
-        let mut buf = step.read(at, len)?;
-        step.protect(&buf)?;
-        header = step.commit(&header, &r, at, len, true)?;
-        step.convert(&mut buf, at)?;
-        header = step.commit(&header, &r, at, len, false)?;
-        let r = reencrypt::parse(header.metadata())
-            .map_err(luks)?
-            .ok_or_else(|| {
-                Error::Unsupported("the reencryption vanished from the header".into())
-            })?;
+        if hz.in_place() {
+            // Read once: nothing else writes the device while it is converted offline.
+            let mut buf = engine.read(hz.src, hz.len)?;
+            engine.protect(&buf)?;
+            header = engine.commit(&header, &r, hz, true)?;
+            engine.transform(&mut buf, hz.at)?;
+            engine.write(&buf, hz.dst, "writing the hotzone")?;
+            engine.sync_data("writing the hotzone")?;
+        } else {
+            header = engine.commit(&header, &r, hz, true)?;
+            engine.shift_copy(hz)?;
+        }
+        header = engine.commit(&header, &r, hz, false)?;
+        let r = in_progress(&header)?;
         let now = Progress {
-            done: step.done(header.metadata(), &r),
+            done: engine.done(header.metadata(), &r),
             total,
         };
         if !progress(now) && now.done < total {
@@ -265,12 +344,18 @@ pub fn run(
     }
 }
 
+fn in_progress(header: &Luks2Header) -> Result<Reencryption, Error> {
+    reencrypt::parse(header.metadata())
+        .map_err(luks)?
+        .ok_or_else(|| Error::Unsupported("the reencryption vanished from the header".into()))
+}
+
 /// The keyed cipher of a crypt layout (`backup-previous` or `backup-final`), checked against the
 /// resilience block (which must hold whole sectors).
 fn layout_cipher(
     layout: &ReencryptSegment,
     key: &[u8],
-    block: u64,
+    block: Option<u64>,
     options: &Options,
 ) -> Result<SectorCipher, Error> {
     let SegmentKind::Crypt {
@@ -283,7 +368,7 @@ fn layout_cipher(
             "an encrypted layout without a cipher".into(),
         ));
     };
-    if !block.is_multiple_of(u64::from(*sector_size)) {
+    if let Some(block) = block.filter(|b| !b.is_multiple_of(u64::from(*sector_size))) {
         return Err(Error::Unsupported(format!(
             "{sector_size}-byte sectors with {block}-byte resilience blocks"
         )));
@@ -308,8 +393,32 @@ fn leading_crypt(r: &Reencryption, base: u64) -> Option<Option<u64>> {
     }
 }
 
-/// What one hotzone step needs.
-struct Step<'a> {
+/// Overwrite `len` bytes at `offset` with bytes nobody can tell from ciphertext (zeros
+/// encrypted under a throwaway random key, as fast as the cipher), durably.
+pub(crate) fn wipe_random(dev: &dyn Storage, offset: u64, len: u64) -> Result<(), Error> {
+    const PIECE: u64 = 1 << 20;
+    let key = sectorcrypt_luks::luks2::random_bytes(64);
+    let cipher = SectorCipher::new(
+        CipherSpec::parse("aes-xts-plain64")?,
+        &key,
+        &SectorOptions::default(),
+    )?;
+    let mut done = 0;
+    while done < len {
+        let n = PIECE.min(len - done);
+        // Whole sectors for the cipher; a ragged end just keeps some zero bytes' ciphertext.
+        let mut buf = vec![0u8; n.div_ceil(512) as usize * 512];
+        cipher.process(&mut buf, (offset + done) / 512, Direction_::Encrypt)?;
+        dev.write_at(&buf[..n as usize], offset + done)
+            .map_err(|e| io_at(dev, "overwriting data no longer needed", e))?;
+        done += n;
+    }
+    dev.sync()
+        .map_err(|e| io_at(dev, "overwriting data no longer needed", e))
+}
+
+/// What every step needs.
+struct Engine<'a> {
     header_dev: &'a dyn Storage,
     data_dev: &'a dyn Storage,
     /// What a hotzone goes through, in order (a cipher, and whether it encrypts or decrypts).
@@ -317,21 +426,33 @@ struct Step<'a> {
     plan: Plan,
     /// Bytes of data.
     total: u64,
-    hash: Hash,
-    block: u64,
-    /// The data's offset on `data_dev`.
+    /// The data's offset on `data_dev` (conversions in place).
     base: u64,
-    /// Where the hashes go on `header_dev`.
-    area: u64,
+    /// The data shift (0 in place).
+    shift: u64,
+    /// The moved first chunk: (offset on `data_dev`, bytes); (0, 0) without a shift.
+    moved: (u64, u64),
+    checksums: Option<Checksums>,
+    /// Bytes per in-place step, or per piece of a data-shift copy.
+    hotzone: u64,
 }
 
-impl Step<'_> {
-    /// Convert `buf`, the data at `at`, in place.
+impl Engine<'_> {
+    /// Convert `buf`, the data at logical offset `at`, in memory.
     fn transform(&self, buf: &mut [u8], at: u64) -> Result<(), Error> {
         for (cipher, direction) in self.passes {
             cipher.process(buf, at / cipher.sector_size() as u64, *direction)?;
         }
         Ok(())
+    }
+
+    /// Plaintext bytes still to encrypt in a shifted encryption: the linear segments.
+    fn plaintext_left(r: &Reencryption) -> u64 {
+        r.segments
+            .iter()
+            .filter(|s| s.kind == SegmentKind::Linear)
+            .map(|s| s.size.unwrap_or(0))
+            .sum()
     }
 
     /// Bytes converted so far, from the regular segments.
@@ -349,123 +470,256 @@ impl Step<'_> {
                 }
                 _ => 0,
             },
+            Plan::EncryptShift => self.total - Self::plaintext_left(r).min(self.total),
+            Plan::DecryptShift => match self.next_hotzone(md, r) {
+                None => self.total,
+                Some(hz) if hz.at == 0 => self.total - hz.len,
+                Some(hz) => hz.at - self.moved.1,
+            },
         }
     }
 
-    /// The next hotzone (offset from the data's start, length), or `None` when all is done.
-    fn next_hotzone(&self, md: &Metadata, r: &Reencryption, hotzone: u64) -> Option<(u64, u64)> {
-        let done = self.done(md, r);
-        if done >= self.total {
-            return None;
+    /// The next hotzone, or `None` when all is converted.
+    fn next_hotzone(&self, md: &Metadata, r: &Reencryption) -> Option<Hotzone> {
+        let s = self.shift;
+        match self.plan {
+            Plan::EncryptForward | Plan::DecryptBackward | Plan::ReencryptForward => {
+                let done = self.done(md, r);
+                if done >= self.total {
+                    return None;
+                }
+                let len = self.hotzone.min(self.total - done);
+                // A backward decryption converts the end of the still-encrypted start.
+                let at = match self.plan {
+                    Plan::DecryptBackward => self.total - done - len,
+                    _ => done,
+                };
+                let src = self.base + at;
+                Some(Hotzone {
+                    at,
+                    len,
+                    src,
+                    dst: src,
+                })
+            }
+            // Chunks of S from the end of the plaintext; the last S bytes a chunk of their own,
+            // read from the copy at the moved segment (`reencrypt_offset_backward_moved`).
+            Plan::EncryptShift => {
+                let left = Self::plaintext_left(r);
+                if left == 0 {
+                    None
+                } else if left <= s {
+                    Some(Hotzone {
+                        at: 0,
+                        len: left,
+                        src: self.moved.0,
+                        dst: s,
+                    })
+                } else {
+                    let at = s.max(left - s);
+                    Some(Hotzone {
+                        at,
+                        len: left - at,
+                        src: at,
+                        dst: s + at,
+                    })
+                }
+            }
+            // The chunk after the decrypted part (the last crypt segment), S at a time; when
+            // only the moved copy at 0 is left, that, in place.
+            Plan::DecryptShift => match r.segments.first() {
+                Some(first) if first.kind == SegmentKind::Linear => None,
+                _ => match r.segments.last() {
+                    Some(last)
+                        if r.segments.len() > 1
+                            && matches!(last.kind, SegmentKind::Crypt { .. }) =>
+                    {
+                        let at = last.offset - s;
+                        let len = s.min(self.total - at);
+                        Some(Hotzone {
+                            at,
+                            len,
+                            src: s + at,
+                            dst: at,
+                        })
+                    }
+                    _ => Some(Hotzone {
+                        at: 0,
+                        len: self.moved.1,
+                        src: 0,
+                        dst: 0,
+                    }),
+                },
+            },
         }
-        let len = hotzone.min(self.total - done);
-        Some(match self.plan {
-            Plan::EncryptForward | Plan::ReencryptForward => (done, len),
-            // The still-encrypted part is at the start; convert its end.
-            Plan::DecryptBackward => (self.total - done - len, len),
+    }
+
+    /// The hotzone a crash interrupted: the `in-reencryption` segment.
+    fn crashed_hotzone(&self, hot: &ReencryptSegment) -> Result<Hotzone, Error> {
+        let len = hot
+            .size
+            .ok_or_else(|| Error::Unsupported("a hotzone of dynamic size".into()))?;
+        let bad = || Error::Unsupported("a hotzone outside the data".into());
+        let s = self.shift;
+        let (at, src) = match self.plan {
+            Plan::EncryptShift => {
+                let at = hot.offset.checked_sub(s).ok_or_else(bad)?;
+                (at, if at == 0 { self.moved.0 } else { at })
+            }
+            Plan::DecryptShift if hot.offset == 0 => (0, 0),
+            Plan::DecryptShift => (hot.offset, hot.offset + s),
+            _ => (
+                hot.offset.checked_sub(self.base).ok_or_else(bad)?,
+                hot.offset,
+            ),
+        };
+        if at.checked_add(len).is_none_or(|end| end > self.total) {
+            return Err(bad());
+        }
+        Ok(Hotzone {
+            at,
+            len,
+            src,
+            dst: hot.offset,
         })
     }
 
-    fn read(&self, done: u64, len: u64) -> Result<Vec<u8>, Error> {
+    fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>, Error> {
         let mut buf = vec![0u8; len as usize];
         self.data_dev
-            .read_at(&mut buf, self.base + done)
+            .read_at(&mut buf, offset)
             .map_err(|e| io_at(self.data_dev, "reading the hotzone", e))?;
         Ok(buf)
     }
 
-    fn hashes(&self, data: &[u8]) -> Vec<u8> {
-        let n = self.hash.digest_len();
-        let mut out = vec![0u8; data.len() / self.block as usize * n];
-        for (block, h) in data.chunks(self.block as usize).zip(out.chunks_mut(n)) {
-            self.hash.digest_into(&[block], h);
+    fn write(&self, buf: &[u8], offset: u64, what: &str) -> Result<(), Error> {
+        self.data_dev
+            .write_at(buf, offset)
+            .map_err(|e| io_at(self.data_dev, what, e))
+    }
+
+    fn sync_data(&self, what: &str) -> Result<(), Error> {
+        self.data_dev
+            .sync()
+            .map_err(|e| io_at(self.data_dev, what, e))
+    }
+
+    fn hashes(&self, c: &Checksums, data: &[u8]) -> Vec<u8> {
+        let n = c.hash.digest_len();
+        let mut out = vec![0u8; data.len() / c.block as usize * n];
+        for (block, h) in data.chunks(c.block as usize).zip(out.chunks_mut(n)) {
+            c.hash.digest_into(&[block], h);
         }
         out
     }
 
-    /// Step 1: the hash of every block of the hotzone as it is now (`data`), durable before the
-    /// header names the hotzone.
+    fn checksums(&self) -> Result<&Checksums, Error> {
+        self.checksums
+            .as_ref()
+            .ok_or_else(|| Error::Unsupported("converting in place without checksums".into()))
+    }
+
+    /// Step 1 in place: the hash of every block of the hotzone as it is now (`data`), durable
+    /// before the header names the hotzone.
     fn protect(&self, data: &[u8]) -> Result<(), Error> {
-        let hashes = self.hashes(data);
+        let c = self.checksums()?;
+        let hashes = self.hashes(c, data);
         self.header_dev
-            .write_at(&hashes, self.area)
+            .write_at(&hashes, c.area)
             .and_then(|()| self.header_dev.sync())
             .map_err(|e| io_at(self.header_dev, "writing the resilience hashes", e))
     }
 
-    /// Step 3: convert the hotzone (`buf`, read from `at`) and write it over itself, durably.
-    fn convert(&self, buf: &mut [u8], at: u64) -> Result<(), Error> {
-        self.transform(buf, at)?;
-        self.data_dev
-            .write_at(buf, self.base + at)
-            .and_then(|()| self.data_dev.sync())
-            .map_err(|e| io_at(self.data_dev, "writing the hotzone", e))
+    /// A data-shift step: convert the hotzone from its source to its destination, in pieces
+    /// (they never overlap, so no piece needs protecting), durably.
+    fn shift_copy(&self, hz: Hotzone) -> Result<(), Error> {
+        let mut done = 0;
+        while done < hz.len {
+            let n = self.hotzone.min(hz.len - done);
+            let mut buf = self.read(hz.src + done, n)?;
+            self.transform(&mut buf, hz.at + done)?;
+            self.write(&buf, hz.dst + done, "writing the hotzone")?;
+            done += n;
+        }
+        self.sync_data("writing the hotzone")
     }
 
-    /// After a crash: convert the blocks of the hotzone that still hash to what they held before.
-    fn recover(&self, done: u64, len: u64) -> Result<(), Error> {
-        let mut data = self.read(done, len)?;
-        let n = self.hash.digest_len();
-        let mut stored = vec![0u8; (len / self.block) as usize * n];
+    /// After a crash: a data-shift hotzone is converted again from its intact source; in place,
+    /// the blocks that still hash to what they held before are.
+    fn recover(&self, hz: Hotzone) -> Result<(), Error> {
+        if !hz.in_place() {
+            return self.shift_copy(hz);
+        }
+        let c = self.checksums()?;
+        let mut data = self.read(hz.src, hz.len)?;
+        let n = c.hash.digest_len();
+        let mut stored = vec![0u8; (hz.len / c.block) as usize * n];
         self.header_dev
-            .read_at(&mut stored, self.area)
+            .read_at(&mut stored, c.area)
             .map_err(|e| io_at(self.header_dev, "reading the resilience hashes", e))?;
-        let now = self.hashes(&data);
-        for (i, block) in data.chunks_mut(self.block as usize).enumerate() {
+        let now = self.hashes(c, &data);
+        for (i, block) in data.chunks_mut(c.block as usize).enumerate() {
             if now[i * n..(i + 1) * n] != stored[i * n..(i + 1) * n] {
                 continue; // already the new contents
             }
-            let at = done + i as u64 * self.block;
-            self.transform(block, at)?;
-            self.data_dev
-                .write_at(block, self.base + at)
-                .map_err(|e| io_at(self.data_dev, "recovering the hotzone", e))?;
+            let offset = i as u64 * c.block;
+            self.transform(block, hz.at + offset)?;
+            self.write(block, hz.dst + offset, "recovering the hotzone")?;
         }
-        self.data_dev
-            .sync()
-            .map_err(|e| io_at(self.data_dev, "recovering the hotzone", e))
+        self.sync_data("recovering the hotzone")
     }
 
-    /// Steps 2 and 4: the header naming the hotzone `[at, at + len)` as being written (`hot`), or
-    /// as converted.
+    /// Steps 2 and 4: the header naming the hotzone as being written (`hot`), or as converted.
     fn commit(
         &self,
         header: &Luks2Header,
         r: &Reencryption,
-        at: u64,
-        len: u64,
+        hz: Hotzone,
         hot: bool,
     ) -> Result<Luks2Header, Error> {
+        let md = header.metadata();
+        let (at, len, total) = (hz.at, hz.len, self.total);
+        let hot_len = hot.then_some(len);
         let md = match self.plan {
-            Plan::EncryptForward if hot => {
-                reencrypt::encrypt_forward_progress(header.metadata(), r, at, Some(len))
+            Plan::EncryptForward if hot => reencrypt::encrypt_forward_progress(md, r, at, hot_len),
+            Plan::EncryptForward => reencrypt::encrypt_forward_progress(md, r, at + len, None),
+            Plan::DecryptBackward => {
+                reencrypt::decrypt_backward_progress(md, r, at, hot_len, total)
             }
-            Plan::EncryptForward => {
-                reencrypt::encrypt_forward_progress(header.metadata(), r, at + len, None)
+            Plan::ReencryptForward if hot => {
+                reencrypt::reencrypt_forward_progress(md, r, at, hot_len, total)
             }
-            Plan::DecryptBackward => reencrypt::decrypt_backward_progress(
-                header.metadata(),
-                r,
-                at,
-                hot.then_some(len),
-                self.total,
-            ),
-            Plan::ReencryptForward if hot => reencrypt::reencrypt_forward_progress(
-                header.metadata(),
-                r,
-                at,
-                Some(len),
-                self.total,
-            ),
-            Plan::ReencryptForward => reencrypt::reencrypt_forward_progress(
-                header.metadata(),
-                r,
-                at + len,
-                None,
-                self.total,
-            ),
+            Plan::ReencryptForward => {
+                reencrypt::reencrypt_forward_progress(md, r, at + len, None, total)
+            }
+            Plan::EncryptShift => reencrypt::encrypt_datashift_progress(md, r, at, len, hot, total),
+            Plan::DecryptShift => reencrypt::decrypt_datashift_progress(md, r, at, len, hot, total),
         }
         .map_err(luks)?;
         reencrypt::write_metadata(self.header_dev, header, &md).map_err(luks)
+    }
+
+    /// Everything is converted: overwrite what is no longer needed, then the final header, then
+    /// wipe the keyslot areas it no longer has.
+    fn finish(&self, header: &Luks2Header, r: &Reencryption) -> Result<(), Error> {
+        match self.plan {
+            // The plaintext copy of the first chunk.
+            Plan::EncryptShift => wipe_random(self.data_dev, self.moved.0, self.moved.1)?,
+            // Ciphertext left behind the plaintext.
+            Plan::DecryptShift => wipe_random(self.data_dev, self.total, self.shift)?,
+            _ => {}
+        }
+        let md = reencrypt::finished(header.metadata(), r).map_err(luks)?;
+        let wipe = reencrypt::removed_keyslot_areas(header.metadata(), &md);
+        reencrypt::write_metadata(self.header_dev, header, &md).map_err(luks)?;
+        // Keys and hashes of the finished conversion are of no use to anyone now.
+        for (offset, size) in wipe {
+            self.header_dev
+                .write_at(&vec![0u8; size as usize], offset)
+                .map_err(|e| io_at(self.header_dev, "wiping a keyslot area", e))?;
+        }
+        self.header_dev
+            .sync()
+            .map_err(|e| io_at(self.header_dev, "wiping keyslot areas", e))
     }
 }

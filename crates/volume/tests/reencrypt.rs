@@ -2,78 +2,18 @@
 //! every write and sync of the run and resumes, and interop with cryptsetup in both directions
 //! (it resumes what we started; we resume what it started).
 
-use std::io;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use rand::{RngCore, SeedableRng};
-use sectorcrypt_cipher::{CipherSpec, SectorCipher, SectorOptions};
-use sectorcrypt_luks::hash::Hash;
-use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, ResilienceKind, State};
+use sectorcrypt_luks::luks2::reencrypt::{self, State};
 use sectorcrypt_luks::luks2::Header as Luks2Header;
-use sectorcrypt_luks::{FormatOptions, Header, PbkdfOptions};
-use sectorcrypt_storage::{CrashingStorage, FileStorage, MemStorage, Storage};
+use sectorcrypt_luks::{FormatOptions, Header};
+use sectorcrypt_storage::{CrashingStorage, FileStorage, MemStorage, Storage, Window};
 use sectorcrypt_volume::reencrypt::{run, Options, Outcome, Progress};
 use sectorcrypt_volume::Error;
 
-const PASS: &[u8] = b"in place";
-const HEADER_LEN: u64 = 16 << 20;
-
-/// A window of another device: the header and the data of one simulated machine live on one
-/// `CrashingStorage`, so one power cut stops both at the same moment.
-struct Region {
-    inner: Arc<dyn Storage>,
-    offset: u64,
-    len: u64,
-}
-
-impl Region {
-    fn check(&self, offset: u64, len: usize) -> io::Result<()> {
-        match offset.checked_add(len as u64) {
-            Some(end) if end <= self.len => Ok(()),
-            _ => Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "past the region",
-            )),
-        }
-    }
-}
-
-impl Storage for Region {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.check(offset, buf.len())?;
-        self.inner.read_at(buf, self.offset + offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.check(offset, buf.len())?;
-        self.inner.write_at(buf, self.offset + offset)
-    }
-    fn sync(&self) -> io::Result<()> {
-        self.inner.sync()
-    }
-    fn len(&self) -> io::Result<u64> {
-        Ok(self.len)
-    }
-    fn name(&self) -> String {
-        format!("{}@{}", self.inner.name(), self.offset)
-    }
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
-    v
-}
-
-fn fast_init() -> InitOptions {
-    InitOptions {
-        resilience: ResilienceKind::Checksum(Hash::Sha256),
-        block_size: 4096,
-        digest_hash: Hash::Sha256,
-        digest_iterations: Some(1000),
-    }
-}
+mod common;
+use common::*;
 
 /// A fresh detached LUKS2 header for `data_len` bytes of data, and its volume key.
 fn format_detached(
@@ -93,14 +33,6 @@ fn format_detached(
         panic!("not LUKS2")
     };
     (*h, unlocked.volume_key.to_vec())
-}
-
-fn fast_pbkdf() -> PbkdfOptions {
-    PbkdfOptions {
-        kind: Some("pbkdf2".into()),
-        force_iterations: Some(1000),
-        ..Default::default()
-    }
 }
 
 /// A detached LUKS2 header for `data_len` bytes of plaintext, set up for encryption in place
@@ -148,26 +80,6 @@ fn init_detached_reencrypt(
     let md = reencrypt::init_reencrypt(&h, &old_vk, &new_vk, &target, &fast_init()).unwrap();
     reencrypt::write_metadata(header_dev, &h, &md).unwrap();
     (old_vk, new_vk)
-}
-
-/// `plain` encrypted sector by sector with `key` (aes-xts-plain64, IVs in 512-byte units).
-fn expected_ciphertext(key: &[u8], sector_size: usize, plain: &[u8]) -> Vec<u8> {
-    let c = SectorCipher::new(
-        CipherSpec::parse("aes-xts-plain64").unwrap(),
-        key,
-        &SectorOptions {
-            sector_size,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let mut out = plain.to_vec();
-    c.encrypt(&mut out, 0).unwrap();
-    out
-}
-
-fn state_of(header_dev: &dyn Storage) -> State {
-    reencrypt::state(Luks2Header::read(header_dev).unwrap().metadata())
 }
 
 #[test]
@@ -229,11 +141,7 @@ fn crash_sweep(kind: &str) {
     let plain = pattern(data_len as usize, 2);
     // The starting machine: header (init state) then data on one device.
     let start = Arc::new(MemStorage::new(vec![0; (HEADER_LEN + data_len) as usize]));
-    let header_view = Region {
-        inner: start.clone(),
-        offset: 0,
-        len: HEADER_LEN,
-    };
+    let header_view = Window::new(start.clone(), 0, HEADER_LEN);
     let (image_data, want) = match kind {
         "decryption" => {
             let key = init_detached_decrypt(&header_view, data_len, 4096);
@@ -259,16 +167,8 @@ fn crash_sweep(kind: &str) {
     };
     let machine = |dev: Arc<dyn Storage>| {
         (
-            Region {
-                inner: dev.clone(),
-                offset: 0,
-                len: HEADER_LEN,
-            },
-            Region {
-                inner: dev,
-                offset: HEADER_LEN,
-                len: data_len,
-            },
+            Window::new(dev.clone(), 0, HEADER_LEN),
+            Window::new(dev, HEADER_LEN, data_len),
         )
     };
     // Count the operations of an uninterrupted run.
@@ -358,43 +258,6 @@ fn decryption_ends_with_plaintext_and_no_keys() {
 }
 
 // ---- with cryptsetup ----
-
-fn cryptsetup(args: &[&str]) {
-    let out = Command::new("cryptsetup")
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run cryptsetup: {e} (scripts/install-test-deps.sh)"));
-    assert!(
-        out.status.success(),
-        "cryptsetup {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// `cryptsetup reencrypt EXTRA... --force-offline-reencrypt [--header HDR] --batch-mode
-/// --key-file KEY DATA`, which must succeed.
-fn cryptsetup_reencrypt(extra: &[&str], hdr: Option<&Path>, key: &Path, data: &Path) {
-    let mut args = vec!["reencrypt"];
-    args.extend_from_slice(extra);
-    args.push("--force-offline-reencrypt");
-    if let Some(h) = hdr {
-        args.extend_from_slice(&["--header", p(h)]);
-    }
-    args.extend_from_slice(&["--batch-mode", "--key-file", p(key), p(data)]);
-    cryptsetup(&args);
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sectorcrypt-reenc-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn p(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
 
 #[test]
 fn cryptsetup_resumes_ours_and_we_resume_cryptsetups() {

@@ -453,6 +453,24 @@ impl ReencryptSegment {
         }
     }
 
+    /// A piece of this layout: the bytes from logical offset `at` (relative to the layout's
+    /// start) stored at `offset`, `size` of them (`None`: to the end), flagged `in-reencryption`
+    /// if `hot`. A crypt layout's IV moves with `at`.
+    pub fn piece(&self, at: u64, offset: u64, size: Option<u64>, hot: bool) -> ReencryptSegment {
+        let mut seg = self.clone();
+        seg.offset = offset;
+        seg.size = size;
+        seg.flags = if hot {
+            vec![FLAG_IN_REENCRYPTION.into()]
+        } else {
+            Vec::new()
+        };
+        if let SegmentKind::Crypt { iv_tweak, .. } = &mut seg.kind {
+            *iv_tweak += at / 512;
+        }
+        seg
+    }
+
     /// The segment as the header stores it, with cryptsetup's field order
     /// (`json_segment_create_linear` / `_crypt`, flags last).
     pub fn to_entry(&self) -> SegmentEntry {
@@ -1159,6 +1177,14 @@ fn finish_init(
     } else {
         find_area_max_gap(&md, hdr_size).ok_or_else(no_room)?
     };
+    // Only a decryption that moves its first segment needs v3 (`reencrypt_init`).
+    let requirement = match (&mode, &resilience) {
+        (
+            Mode::Decrypt,
+            Resilience::DatashiftChecksum { .. } | Resilience::DatashiftJournal { .. },
+        ) => REQUIREMENT_V3,
+        _ => REQUIREMENT_V2,
+    };
     let ks = ReencryptKeyslot {
         slot,
         mode,
@@ -1169,7 +1195,7 @@ fn finish_init(
     };
     md.keyslots.0.push((slot, Keyslot::Other(ks.to_json())));
     md.config.requirements = Some(Requirements {
-        mandatory: Some(vec![REQUIREMENT_V2.into()]),
+        mandatory: Some(vec![requirement.into()]),
         extra: md
             .config
             .requirements
@@ -1460,39 +1486,23 @@ pub fn reencrypt_forward_progress(
         return Err(Error::Corrupt("a reencryption without two digests".into()));
     };
     let base = r.backup_final.offset;
-    let piece = |template: &ReencryptSegment, at: u64, size: Option<u64>, flags: Vec<String>| {
-        let mut seg = template.clone();
-        seg.offset = base + at;
-        seg.size = size;
-        seg.flags = flags;
-        if let SegmentKind::Crypt { iv_tweak, .. } = &mut seg.kind {
-            *iv_tweak += at / 512;
-        }
-        seg
+    let piece = |template: &ReencryptSegment, at: u64, size: Option<u64>, hot: bool| {
+        template.piece(at, base + at, size, hot)
     };
     // (segment, listed by the new key's digest, listed by the old key's digest)
     let mut regular: Vec<(ReencryptSegment, bool, bool)> = Vec::new();
     let end = done + hot.unwrap_or(0);
     if end >= total && hot.is_none() {
-        regular.push((piece(&r.backup_final, 0, None, Vec::new()), true, false));
+        regular.push((piece(&r.backup_final, 0, None, false), true, false));
     } else {
         if done > 0 {
-            regular.push((
-                piece(&r.backup_final, 0, Some(done), Vec::new()),
-                true,
-                false,
-            ));
+            regular.push((piece(&r.backup_final, 0, Some(done), false), true, false));
         }
         if let Some(len) = hot {
-            let flags = vec![FLAG_IN_REENCRYPTION.to_string()];
-            regular.push((piece(&r.backup_final, done, Some(len), flags), true, true));
+            regular.push((piece(&r.backup_final, done, Some(len), true), true, true));
         }
         if end < total {
-            regular.push((
-                piece(&r.backup_previous, end, None, Vec::new()),
-                false,
-                true,
-            ));
+            regular.push((piece(&r.backup_previous, end, None, false), false, true));
         }
     }
     let mut out = with_regular_segments(
@@ -1811,6 +1821,218 @@ pub fn init_decrypt(header: &Header, old_vk: &[u8], opts: &InitOptions) -> Resul
         None,
         opts,
     )
+}
+
+/// The metadata `cryptsetup reencrypt --decrypt --header NEWFILE --init-only DEV` writes to
+/// NEWFILE for a volume whose header is on DEV (data offset S, `device_size` bytes): the first
+/// `moved` bytes of ciphertext (clipped to S and to the data) are copied from S to 0 over the old
+/// header **before this metadata is written**, the rest is decrypted forward, each chunk of S
+/// bytes written S bytes before where it was read, and the moved chunk last, in place under
+/// checksums (`docs/LUKS2-REENCRYPT.md` §5.2). Regular segments `crypt(0, M)`, `crypt(S + M,
+/// dynamic)`; backups `backup-moved-segment` (the first), `backup-previous` `crypt(S,
+/// dynamic)`, `backup-final` `linear(0, dynamic)`; resilience `datashift-checksum`; requirement
+/// `online-reencrypt-v3`.
+///
+/// Errors: as [`init_decrypt`], and [`Error::Unsupported`] for a header without a data offset,
+/// a moved size that is not a multiple of the checksum block, or too large for the area.
+pub fn init_decrypt_datashift(
+    header: &Header,
+    old_vk: &[u8],
+    device_size: u64,
+    moved: u64,
+    opts: &InitOptions,
+) -> Result<Metadata, Error> {
+    let (seg, digest) = plain_data_segment(header)?;
+    check_key(header.metadata(), digest, old_vk)?;
+    let shift = seg.offset;
+    let data_size = device_size.checked_sub(shift).filter(|d| *d > 0);
+    let (Some(data_size), true) = (data_size, shift > 0) else {
+        return Err(Error::Unsupported(format!(
+            "moving the data of a {device_size}-byte device whose data starts at {shift}"
+        )));
+    };
+    let Resilience::Checksum { hash, sector_size } = resilience_for(opts, &[seg.sector_size])?
+    else {
+        return Err(Error::Unsupported(
+            "decrypting a moved first segment without checksums".into(),
+        ));
+    };
+    let moved = moved.min(shift).min(data_size);
+    if moved == 0 || !moved.is_multiple_of(u64::from(sector_size)) {
+        return Err(Error::Unsupported(format!(
+            "a moved first segment of {moved} bytes (a non-zero multiple of {sector_size})"
+        )));
+    }
+    let previous = ReencryptSegment {
+        id: 0,
+        offset: shift,
+        size: None,
+        kind: SegmentKind::Crypt {
+            iv_tweak: seg.iv_tweak,
+            encryption: seg.encryption.clone(),
+            sector_size: seg.sector_size,
+        },
+        flags: Vec::new(),
+    };
+    let first = previous.piece(0, 0, Some(moved), false);
+    let mut segments = vec![first.to_entry()];
+    if moved < data_size {
+        segments.push(previous.piece(moved, shift + moved, None, false).to_entry());
+    }
+    segments.push(with_flag(&first.to_entry(), FLAG_BACKUP_MOVED));
+    segments.push(with_flag(&previous.to_entry(), FLAG_BACKUP_PREVIOUS));
+    segments.push(linear(0, None, Some(FLAG_BACKUP_FINAL)));
+    let mut md = header.metadata().clone();
+    clear_segment_digests(&mut md);
+    md.segments.0 = segments
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| (i as u32, e))
+        .collect();
+    let n = md.segments.0.len() as u32;
+    for id in 0..n - 1 {
+        assign_segment(&mut md, digest, id)?;
+    }
+    let hdr_size = header.binary().hdr_size;
+    let hash_len = Hash::parse(&hash)?.digest_len() as u64;
+    let md = finish_init(
+        md,
+        hdr_size,
+        Mode::Decrypt,
+        Direction::Forward,
+        Resilience::DatashiftChecksum {
+            hash,
+            sector_size,
+            shift_size: shift,
+        },
+        Some(old_vk),
+        None,
+        opts,
+    )?;
+    let r = parse(&md)?.ok_or_else(|| Error::Corrupt("the reencryption vanished".into()))?;
+    if moved / u64::from(sector_size) * hash_len > r.keyslot.area_size {
+        return Err(Error::Unsupported(format!(
+            "a moved first segment of {moved} bytes: the keyslots area has room for the \
+             checksums of {} bytes",
+            r.keyslot.area_size / hash_len * u64::from(sector_size)
+        )));
+    }
+    Ok(md)
+}
+
+/// The datashift layout of `r` (shift, moved segment), checked to be `mode` with `direction`.
+fn shift_layout<'a>(
+    r: &'a Reencryption,
+    mode: Mode,
+    direction: Direction,
+) -> Result<(u64, &'a ReencryptSegment), Error> {
+    match (r.keyslot.resilience.shift_size(), &r.backup_moved) {
+        (Some(shift), Some(moved))
+            if r.keyslot.mode == mode && r.keyslot.direction == direction =>
+        {
+            Ok((shift, moved))
+        }
+        _ => Err(Error::Unsupported(format!(
+            "progress of anything but a {} {} with a moved first segment",
+            direction.as_str(),
+            mode.as_str()
+        ))),
+    }
+}
+
+/// The metadata of the attached-header decryption of [`init_decrypt_datashift`] when the
+/// logical range `[at, at + len)` of the `total` data bytes is being written (`hot`) or has
+/// just been written. For `at > 0` that is a datashift chunk: regular segments `crypt(0, M)`
+/// (the moved copy), `linear(M, ...)` (decrypted), the hotzone, `crypt(S + at + len, dynamic)`
+/// (still to do); once the last chunk is done the plaintext is `linear(M, dynamic)`. `at == 0`
+/// is the final step, the moved segment decrypted in place: `linear(0, M, in-reencryption)`,
+/// `linear(M, dynamic)`, then just `linear(0, dynamic)` (`docs/LUKS2-REENCRYPT.md` §6.D).
+///
+/// Errors: [`Error::Unsupported`] unless `r` is a forward decryption with a moved segment.
+pub fn decrypt_datashift_progress(
+    md: &Metadata,
+    r: &Reencryption,
+    at: u64,
+    len: u64,
+    hot: bool,
+    total: u64,
+) -> Result<Metadata, Error> {
+    let (shift, moved) = shift_layout(r, Mode::Decrypt, Direction::Forward)?;
+    let digest = r
+        .digest_old
+        .ok_or_else(|| Error::Corrupt("no digest lists the backup-previous segment".into()))?;
+    let m = moved.size.unwrap_or(0);
+    let end = at + len;
+    let mut regular = Vec::new();
+    if at == 0 {
+        if hot {
+            regular.push(linear_at(0, Some(len), true));
+            regular.push(linear_at(len, None, false));
+        } else {
+            regular.push(linear_at(0, None, false));
+        }
+    } else {
+        regular.push(moved.piece(0, moved.offset, moved.size, false));
+        if hot {
+            if at > m {
+                regular.push(linear_at(m, Some(at - m), false));
+            }
+            regular.push(linear_at(at, Some(len), true));
+        } else {
+            regular.push(linear_at(m, (end < total).then(|| end - m), false));
+        }
+        if end < total {
+            regular.push(r.backup_previous.piece(end, shift + end, None, false));
+        }
+    }
+    let mut out = with_regular_segments(md, regular, digest, FLAG_BACKUP_PREVIOUS)?;
+    let moved_id = segment_by_flag(&out, FLAG_BACKUP_MOVED)
+        .map(|(id, _)| id)
+        .ok_or_else(|| Error::Corrupt("there is no backup-moved-segment".into()))?;
+    assign_segment(&mut out, digest, moved_id)?;
+    Ok(out)
+}
+
+/// The metadata of the attached-header encryption of [`init_encrypt_datashift`] (backward, shift
+/// S) when the logical range `[at, at + len)` of the `total` plaintext bytes is being written
+/// (`hot`: `crypt(S + at, len, in-reencryption)`) or has just been written. The plaintext still
+/// to do, `[0, at)`, is `linear(moved, min(S, at))` (its first S bytes, copied to the moved
+/// segment) and `linear(S, at - S)` (the rest, in place); the ciphertext after the hotzone is
+/// `crypt(S + at + len, total - at - len)`, and when `at` reaches 0, `crypt(S, dynamic)`
+/// (`docs/LUKS2-REENCRYPT.md` §6.A).
+///
+/// Errors: [`Error::Unsupported`] unless `r` is a backward encryption with a moved segment.
+pub fn encrypt_datashift_progress(
+    md: &Metadata,
+    r: &Reencryption,
+    at: u64,
+    len: u64,
+    hot: bool,
+    total: u64,
+) -> Result<Metadata, Error> {
+    let (shift, moved) = shift_layout(r, Mode::Encrypt, Direction::Backward)?;
+    let digest = r
+        .digest_new
+        .ok_or_else(|| Error::Corrupt("no digest lists the backup-final segment".into()))?;
+    let mut regular = Vec::new();
+    if at > 0 {
+        regular.push(linear_at(moved.offset, Some(at.min(shift)), false));
+    }
+    if at > shift {
+        regular.push(linear_at(shift, Some(at - shift), false));
+    }
+    let final_ = &r.backup_final;
+    if hot {
+        regular.push(final_.piece(at, shift + at, Some(len), true));
+        if at + len < total {
+            let rest = at + len;
+            regular.push(final_.piece(rest, shift + rest, Some(total - rest), false));
+        }
+    } else {
+        let size = (at > 0).then(|| total - at);
+        regular.push(final_.piece(at, shift + at, size, false));
+    }
+    with_regular_segments(md, regular, digest, FLAG_BACKUP_FINAL)
 }
 
 /// Write `metadata` as the next version of `header` on `dev` with the crate's header writer

@@ -210,8 +210,12 @@ pub struct FormatParams {
     /// The header lives on its own device (`--header`): the data starts at offset 0 of the data
     /// device, which is not `dev`.
     pub detached_header: bool,
-    /// Bytes of the data device when the header is detached (for the sector size choice).
+    /// Bytes of the data device, if it is not `dev` itself or not yet the size it will be (a
+    /// header built in memory for a device): the data area is this minus the data offset.
     pub data_device_size: Option<u64>,
+    /// Where the data starts (`--offset`, bytes, a multiple of 4096) instead of after the
+    /// header, aligned to 1 MiB; the default keyslots area shrinks to fit before it.
+    pub data_offset: Option<u64>,
 }
 
 impl Default for FormatParams {
@@ -231,6 +235,7 @@ impl Default for FormatParams {
             keyslots_size: None,
             detached_header: false,
             data_device_size: None,
+            data_offset: None,
         }
     }
 }
@@ -564,6 +569,14 @@ pub fn format(
         )));
     }
     let min_offset = 2 * hdr_size;
+    if let Some(off) = params.data_offset {
+        if !off.is_multiple_of(4096) || (!params.detached_header && off < min_offset + 4096) {
+            return Err(Error::Unsupported(format!(
+                "a data offset of {off} bytes (a multiple of 4 KiB past the {min_offset}-byte \
+                 metadata and a keyslots area)"
+            )));
+        }
+    }
     let keyslots_size = match params.keyslots_size {
         Some(k) if !k.is_multiple_of(4096) || k == 0 || k > MAX_KEYSLOTS_SIZE => {
             return Err(Error::Unsupported(format!(
@@ -572,36 +585,47 @@ pub fn format(
         }
         Some(k) => k,
         None => {
-            let k = DEFAULT_HDR_AND_AREAS - min_offset;
+            let mut k = DEFAULT_HDR_AND_AREAS - min_offset;
             // A detached header file smaller than the default gets what fits (cryptsetup would
             // first try to grow the file; a `Storage` has a fixed size).
             if params.detached_header && dev_len < DEFAULT_HDR_AND_AREAS && dev_len > min_offset {
-                (dev_len - min_offset) / 4096 * 4096
-            } else {
-                k
+                k = (dev_len - min_offset) / 4096 * 4096;
+            }
+            // ... and a requested data offset the area must end before (`LUKS2_generate_hdr`).
+            match params.data_offset {
+                Some(off) if !params.detached_header => k.min(off - min_offset),
+                _ => k,
             }
         }
     };
-    let data_offset = if params.detached_header {
-        0
-    } else {
-        (min_offset + keyslots_size).div_ceil(DATA_ALIGNMENT) * DATA_ALIGNMENT
+    let data_offset = match params.data_offset {
+        Some(off) if !params.detached_header && off < min_offset + keyslots_size => {
+            return Err(Error::Unsupported(format!(
+                "a data offset of {off} bytes inside the {}-byte header",
+                min_offset + keyslots_size
+            )))
+        }
+        Some(off) => off,
+        None if params.detached_header => 0,
+        None => (min_offset + keyslots_size).div_ceil(DATA_ALIGNMENT) * DATA_ALIGNMENT,
+    };
+    let header_len = min_offset + keyslots_size;
+    let data_size = match params.data_device_size {
+        Some(d) => d.checked_sub(data_offset),
+        None if params.detached_header => None,
+        None => dev_len.checked_sub(data_offset),
     };
     let needed = if params.detached_header {
-        min_offset + keyslots_size
+        header_len
     } else {
         data_offset + 512
     };
-    if dev_len < needed {
+    if dev_len < header_len || (!params.detached_header && data_size.is_none_or(|d| d < 512)) {
         return Err(Error::Corrupt(format!(
-            "the device has {dev_len} bytes but the LUKS2 header needs at least {needed}"
+            "the device has {} bytes but the LUKS2 header needs at least {needed}",
+            params.data_device_size.unwrap_or(dev_len)
         )));
     }
-    let data_size = if params.detached_header {
-        params.data_device_size
-    } else {
-        Some(dev_len - data_offset)
-    };
     let sector_size = match params.sector_size {
         Some(s) => {
             if !(512..=4096).contains(&s) || !s.is_power_of_two() {

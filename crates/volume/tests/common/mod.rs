@@ -1,0 +1,97 @@
+//! What the in-place conversion tests share: patterns, fast KDF settings, a reference
+//! encryption, and cryptsetup invocations.
+#![allow(dead_code)] // each test file uses its own part
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rand::{RngCore, SeedableRng};
+use sectorcrypt_cipher::{CipherSpec, SectorCipher, SectorOptions};
+use sectorcrypt_luks::hash::Hash;
+use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, ResilienceKind, State};
+use sectorcrypt_luks::luks2::Header as Luks2Header;
+use sectorcrypt_luks::PbkdfOptions;
+use sectorcrypt_storage::Storage;
+
+pub const PASS: &[u8] = b"in place";
+pub const HEADER_LEN: u64 = 16 << 20;
+
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
+    v
+}
+
+pub fn fast_init() -> InitOptions {
+    InitOptions {
+        resilience: ResilienceKind::Checksum(Hash::Sha256),
+        block_size: 4096,
+        digest_hash: Hash::Sha256,
+        digest_iterations: Some(1000),
+    }
+}
+
+pub fn fast_pbkdf() -> PbkdfOptions {
+    PbkdfOptions {
+        kind: Some("pbkdf2".into()),
+        force_iterations: Some(1000),
+        ..Default::default()
+    }
+}
+
+/// `plain` encrypted sector by sector with `key` (aes-xts-plain64, IVs in 512-byte units).
+pub fn expected_ciphertext(key: &[u8], sector_size: usize, plain: &[u8]) -> Vec<u8> {
+    let c = SectorCipher::new(
+        CipherSpec::parse("aes-xts-plain64").unwrap(),
+        key,
+        &SectorOptions {
+            sector_size,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut out = plain.to_vec();
+    c.encrypt(&mut out, 0).unwrap();
+    out
+}
+
+pub fn state_of(header_dev: &dyn Storage) -> State {
+    reencrypt::state(Luks2Header::read(header_dev).unwrap().metadata())
+}
+
+pub fn cryptsetup(args: &[&str]) {
+    let out = Command::new("cryptsetup")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run cryptsetup: {e} (scripts/install-test-deps.sh)"));
+    assert!(
+        out.status.success(),
+        "cryptsetup {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `cryptsetup reencrypt EXTRA... --force-offline-reencrypt [--header HDR] --batch-mode
+/// --key-file KEY DATA`, which must succeed.
+pub fn cryptsetup_reencrypt(extra: &[&str], hdr: Option<&Path>, key: &Path, data: &Path) {
+    let mut args = vec!["reencrypt"];
+    args.extend_from_slice(extra);
+    args.push("--force-offline-reencrypt");
+    if let Some(h) = hdr {
+        args.extend_from_slice(&["--header", p(h)]);
+    }
+    args.extend_from_slice(&["--batch-mode", "--key-file", p(key), p(data)]);
+    cryptsetup(&args);
+}
+
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sectorcrypt-reenc-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+pub fn p(path: &Path) -> &str {
+    path.to_str().unwrap()
+}

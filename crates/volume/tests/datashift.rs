@@ -1,0 +1,360 @@
+//! Conversions that move the data by the header's size: crash sweeps over a whole shifted
+//! encryption (the copy to the end and the header install included) and a whole shifted
+//! decryption (from the exported header on), and interop with cryptsetup's `--reduce-device-size`
+//! encryption and header-exporting decryption in both directions.
+
+use std::sync::Arc;
+
+use sectorcrypt_luks::luks2::reencrypt::{self, State};
+use sectorcrypt_luks::luks2::Header as Luks2Header;
+use sectorcrypt_luks::{FormatOptions, Header};
+use sectorcrypt_storage::{CrashingStorage, FileStorage, MemStorage, Storage, Window};
+use sectorcrypt_volume::datashift;
+use sectorcrypt_volume::reencrypt::{run, Options, Outcome};
+use sectorcrypt_volume::Error;
+
+mod common;
+use common::*;
+
+/// The shift S (half of cryptsetup's `--reduce-device-size`): room for a header with one
+/// 512-bit keyslot.
+const SHIFT: u64 = 512 << 10;
+/// The first chunk a decryption moves to offset 0 (smaller than S, so the old keyslots area
+/// past it must be overwritten by the steps).
+const MOVED: u64 = 128 << 10;
+
+/// The first S bytes of a `device_len`-byte device as a shifted encryption makes them: a LUKS2
+/// header with data offset S whose metadata records the start; and the volume key.
+fn encrypt_image(device_len: u64, sector_size: usize) -> (Vec<u8>, Vec<u8>) {
+    let mem = MemStorage::new(vec![0; SHIFT as usize]);
+    let opts = FormatOptions {
+        version: 2,
+        sector_size: Some(sector_size),
+        pbkdf: fast_pbkdf(),
+        data_offset: Some(SHIFT),
+        ..Default::default()
+    };
+    let (h, unlocked) = sectorcrypt_luks::format(&mem, device_len, &opts, PASS).unwrap();
+    let Header::Luks2(h) = h else {
+        panic!("not LUKS2")
+    };
+    let md = reencrypt::init_encrypt_datashift(&h, &unlocked.volume_key, device_len, &fast_init())
+        .unwrap();
+    reencrypt::write_metadata(&mem, &h, &md).unwrap();
+    (mem.contents(), unlocked.volume_key.to_vec())
+}
+
+/// What `sectorcrypt encrypt --reduce-device-size` does: resume what the device records, or
+/// start (again) when its start is still the plaintext.
+fn encrypt_shifted(dev: &dyn Storage, image: &[u8], opts: &Options) -> Result<Outcome, Error> {
+    if !datashift::header_in_place(dev, SHIFT)? {
+        datashift::start_encrypt(dev, image)?;
+    }
+    run(dev, dev, PASS, opts, &mut |_| true)
+}
+
+/// An attached LUKS2 volume with data offset S on `device_len` bytes whose payload is
+/// `plain` encrypted; returns the image and the volume key.
+fn attached_volume(device_len: u64, plain: &[u8], sector_size: usize) -> (Vec<u8>, Vec<u8>) {
+    let mem = MemStorage::new(vec![0; device_len as usize]);
+    let opts = FormatOptions {
+        version: 2,
+        sector_size: Some(sector_size),
+        pbkdf: fast_pbkdf(),
+        data_offset: Some(SHIFT),
+        ..Default::default()
+    };
+    let (_, unlocked) = sectorcrypt_luks::format(&mem, device_len, &opts, PASS).unwrap();
+    let key = unlocked.volume_key.to_vec();
+    mem.write_at(&expected_ciphertext(&key, sector_size, plain), SHIFT)
+        .unwrap();
+    (mem.contents(), key)
+}
+
+/// What `sectorcrypt decrypt --header FILE` does once the header is exported to `header`:
+/// start unless the exported header records the decryption already, then run.
+fn decrypt_shifted(
+    header: &dyn Storage,
+    data: &dyn Storage,
+    opts: &Options,
+) -> Result<Outcome, Error> {
+    let h = Luks2Header::read(header).map_err(Error::Luks)?;
+    if reencrypt::state(h.metadata()) == State::None {
+        datashift::start_decrypt(header, data, PASS, MOVED, &fast_init())?;
+    }
+    run(header, data, PASS, opts, &mut |_| true)
+}
+
+fn opts() -> Options {
+    Options {
+        hotzone: 128 << 10,
+        threads: 1,
+    }
+}
+
+#[test]
+fn crash_sweep_of_a_shifted_encryption_loses_nothing() {
+    // L = 2.5 S: a full chunk, a partial one, and the moved first chunk.
+    let data_len = SHIFT * 5 / 2;
+    let device_len = data_len + 2 * SHIFT;
+    let plain = pattern(device_len as usize, 11);
+    let (image, key) = encrypt_image(device_len, 4096);
+    let want = expected_ciphertext(&key, 4096, &plain[..data_len as usize]);
+    let check = |dev: &MemStorage, what: &str| {
+        let out = dev.contents();
+        assert!(
+            out[SHIFT as usize..(SHIFT + data_len) as usize] == want[..],
+            "{what}: the payload is not exactly the encrypted plaintext"
+        );
+        let h = Luks2Header::read(dev).unwrap();
+        assert_eq!(reencrypt::state(h.metadata()), State::None, "{what}");
+        assert_eq!(h.data_segment().unwrap().offset, SHIFT, "{what}");
+        // The plaintext copy at the end is overwritten.
+        let copy = &out[(device_len - SHIFT) as usize..];
+        assert!(
+            copy != &plain[..SHIFT as usize],
+            "{what}: the plaintext copy is left"
+        );
+    };
+    let full = CrashingStorage::new(plain.clone(), None);
+    assert_eq!(
+        encrypt_shifted(&full, &image, &opts()).unwrap(),
+        Outcome::Finished
+    );
+    check(&MemStorage::new(full.contents()), "uninterrupted");
+    let total_ops = full.operations();
+    let mut tried = 0;
+    for cut in 0..=total_ops {
+        let dev = CrashingStorage::new(plain.clone(), Some(cut));
+        let first = encrypt_shifted(&dev, &image, &opts());
+        assert!(first.is_err() || cut >= total_ops, "cut {cut}: not noticed");
+        let after = MemStorage::new(dev.contents());
+        match encrypt_shifted(&after, &image, &opts()) {
+            Ok(Outcome::Finished) => {}
+            Err(Error::Unsupported(ref why)) if why.contains("no reencryption") => {}
+            other => panic!("cut {cut}: resuming gave {other:?}"),
+        }
+        check(&after, &format!("cut {cut}"));
+        tried += 1;
+    }
+    assert!(tried > 40, "{tried} cut points");
+    eprintln!("crash sweep (shifted encryption): {tried} cut points, 0 losses");
+}
+
+#[test]
+fn crash_sweep_of_a_shifted_decryption_loses_nothing() {
+    let device_len = SHIFT + (1280 << 10);
+    let data_len = device_len - SHIFT;
+    let plain = pattern(data_len as usize, 12);
+    let (volume, _) = attached_volume(device_len, &plain, 4096);
+    // One machine: the exported header file (a copy of the device's header area), then the
+    // device.
+    let mut image = volume[..SHIFT as usize].to_vec();
+    image.extend_from_slice(&volume);
+    let machine = |dev: Arc<dyn Storage>| {
+        (
+            Window::new(dev.clone(), 0, SHIFT),
+            Window::new(dev, SHIFT, device_len),
+        )
+    };
+    let check = |dev: Arc<MemStorage>, what: &str| {
+        let out = dev.contents();
+        let data = &out[SHIFT as usize..];
+        assert!(
+            data[..data_len as usize] == plain[..],
+            "{what}: the data is not exactly the plaintext at offset 0"
+        );
+        assert!(
+            data[data_len as usize..] != volume[data_len as usize..],
+            "{what}: the stale tail is left"
+        );
+        let (h, _) = machine(dev);
+        let h = Luks2Header::read(&h).unwrap();
+        assert_eq!(reencrypt::state(h.metadata()), State::None, "{what}");
+        assert_eq!(
+            h.metadata().keyslots.iter().count(),
+            0,
+            "{what}: keyslots left"
+        );
+    };
+    let full = Arc::new(CrashingStorage::new(image.clone(), None));
+    let (h, d) = machine(full.clone());
+    assert_eq!(decrypt_shifted(&h, &d, &opts()).unwrap(), Outcome::Finished);
+    check(Arc::new(MemStorage::new(full.contents())), "uninterrupted");
+    let total_ops = full.operations();
+    let mut tried = 0;
+    for cut in 0..=total_ops {
+        let dev = Arc::new(CrashingStorage::new(image.clone(), Some(cut)));
+        let (h, d) = machine(dev.clone());
+        let first = decrypt_shifted(&h, &d, &opts());
+        assert!(first.is_err() || cut >= total_ops, "cut {cut}: not noticed");
+        let after = Arc::new(MemStorage::new(dev.contents()));
+        let (h, d) = machine(after.clone());
+        let md = Luks2Header::read(&h).unwrap().metadata().clone();
+        // Past the final header write, nothing is left to do.
+        let finished = reencrypt::state(&md) == State::None
+            && md.segments.get(0).is_some_and(|s| s.kind() == "linear");
+
+        if !finished {
+            assert_eq!(
+                decrypt_shifted(&h, &d, &opts()).unwrap(),
+                Outcome::Finished,
+                "cut {cut}"
+            );
+        }
+        check(after, &format!("cut {cut}"));
+        tried += 1;
+    }
+    assert!(tried > 40, "{tried} cut points");
+    eprintln!("crash sweep (shifted decryption): {tried} cut points, 0 losses");
+}
+
+#[test]
+fn a_device_too_small_or_a_wrong_passphrase_changes_nothing() {
+    // Less than 3 S: refused before anything is written.
+    let device_len = 3 * SHIFT - 4096;
+    let plain = pattern(device_len as usize, 13);
+    let dev = MemStorage::new(plain.clone());
+    let image = vec![0u8; SHIFT as usize];
+    assert!(matches!(
+        datashift::start_encrypt(&dev, &image),
+        Err(Error::Unsupported(_))
+    ));
+    assert!(dev.contents() == plain);
+    // A wrong passphrase for a shifted decryption: neither the header nor the data change.
+    let device_len = SHIFT + (1 << 20);
+    let (volume, _) = attached_volume(device_len, &plain[..1 << 20], 4096);
+    let header = MemStorage::new(volume[..SHIFT as usize].to_vec());
+    let data = MemStorage::new(volume.clone());
+    assert!(matches!(
+        datashift::start_decrypt(&header, &data, b"wrong", MOVED, &fast_init()),
+        Err(Error::Luks(sectorcrypt_luks::Error::WrongPassphrase))
+    ));
+    assert!(data.contents() == volume);
+    assert!(header.contents() == volume[..SHIFT as usize]);
+}
+
+// ---- with cryptsetup ----
+
+#[test]
+fn shifted_encryption_interop_with_cryptsetup() {
+    let dir = scratch("shift-encrypt");
+    let key_file = dir.join("pass");
+    std::fs::write(&key_file, PASS).unwrap();
+    let device_len: u64 = 6 << 20;
+    let data_len = device_len - 2 * SHIFT;
+    let plain = pattern(device_len as usize, 14);
+    let reduce = (2 * SHIFT).to_string();
+
+    // Ours, paused after one step; cryptsetup finishes it.
+    let img = dir.join("ours.img");
+    std::fs::write(&img, &plain).unwrap();
+    let (image, key) = encrypt_image(device_len, 4096);
+    let dev = FileStorage::open(&img).unwrap();
+    datashift::start_encrypt(&dev, &image).unwrap();
+    let out = run(&dev, &dev, PASS, &opts(), &mut |_| false).unwrap();
+    assert!(matches!(out, Outcome::Paused(_)));
+    cryptsetup_reencrypt(&["--resume-only"], None, &key_file, &img);
+    let got = std::fs::read(&img).unwrap();
+    assert!(
+        got[SHIFT as usize..(SHIFT + data_len) as usize]
+            == expected_ciphertext(&key, 4096, &plain[..data_len as usize])[..],
+        "cryptsetup finished our shifted encryption"
+    );
+
+    // cryptsetup starts one (--init-only moves the first chunk and writes the header); we do
+    // all the steps; cryptsetup opens and decrypts the result.
+    let img = dir.join("theirs.img");
+    let vk_file = dir.join("vk");
+    let vk = pattern(64, 15);
+    std::fs::write(&vk_file, &vk).unwrap();
+    std::fs::write(&img, &plain).unwrap();
+    cryptsetup_reencrypt(
+        &[
+            "--encrypt",
+            "--type",
+            "luks2",
+            "--reduce-device-size",
+            &reduce,
+            "--sector-size",
+            "4096",
+            "--init-only",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--volume-key-file",
+            p(&vk_file),
+        ],
+        None,
+        &key_file,
+        &img,
+    );
+    let dev = FileStorage::open(&img).unwrap();
+    assert_eq!(
+        run(&dev, &dev, PASS, &opts(), &mut |_| true).unwrap(),
+        Outcome::Finished
+    );
+    let got = std::fs::read(&img).unwrap();
+    assert!(
+        got[SHIFT as usize..(SHIFT + data_len) as usize]
+            == expected_ciphertext(&vk, 4096, &plain[..data_len as usize])[..],
+        "our steps of cryptsetup's shifted encryption"
+    );
+    let hdr = dir.join("exported.hdr");
+    cryptsetup_reencrypt(&["--decrypt"], Some(&hdr), &key_file, &img);
+    let got = std::fs::read(&img).unwrap();
+    assert!(
+        got[..data_len as usize] == plain[..data_len as usize],
+        "cryptsetup decrypted our encryption back to the plaintext"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn shifted_decryption_interop_with_cryptsetup() {
+    let dir = scratch("shift-decrypt");
+    let key_file = dir.join("pass");
+    std::fs::write(&key_file, PASS).unwrap();
+    let device_len: u64 = SHIFT + (5 << 20);
+    let data_len = device_len - SHIFT;
+    let plain = pattern(data_len as usize, 16);
+
+    // Ours, paused after one step; cryptsetup finishes it.
+    let img = dir.join("ours.img");
+    let hdr = dir.join("ours.hdr");
+    let (volume, _) = attached_volume(device_len, &plain, 4096);
+    std::fs::write(&img, &volume).unwrap();
+    std::fs::write(&hdr, &volume[..SHIFT as usize]).unwrap();
+    let (h, d) = (
+        FileStorage::open(&hdr).unwrap(),
+        FileStorage::open(&img).unwrap(),
+    );
+    datashift::start_decrypt(&h, &d, PASS, MOVED, &fast_init()).unwrap();
+    let out = run(&h, &d, PASS, &opts(), &mut |_| false).unwrap();
+    assert!(matches!(out, Outcome::Paused(_)));
+    cryptsetup_reencrypt(&["--resume-only"], Some(&hdr), &key_file, &img);
+    assert!(
+        std::fs::read(&img).unwrap()[..data_len as usize] == plain[..],
+        "cryptsetup finished our shifted decryption"
+    );
+
+    // cryptsetup starts one on its own volume (header exported, first chunk moved); we finish.
+    let img = dir.join("theirs.img");
+    let hdr = dir.join("theirs.hdr");
+    std::fs::write(&img, &volume).unwrap();
+    cryptsetup_reencrypt(&["--decrypt", "--init-only"], Some(&hdr), &key_file, &img);
+    let (h, d) = (
+        FileStorage::open(&hdr).unwrap(),
+        FileStorage::open(&img).unwrap(),
+    );
+    assert_eq!(
+        run(&h, &d, PASS, &Options::default(), &mut |_| true).unwrap(),
+        Outcome::Finished
+    );
+    assert!(
+        std::fs::read(&img).unwrap()[..data_len as usize] == plain[..],
+        "our steps of cryptsetup's shifted decryption"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
