@@ -273,6 +273,49 @@ impl Storage for CrashingStorage {
     }
 }
 
+/// A window of another device: `len` bytes from `offset`. Used to read a header stored inside a
+/// device's data (a prepared copy during a data shift), and by tests to put a header and its
+/// data on one device so that one simulated power cut stops both.
+pub struct Window<S> {
+    inner: S,
+    offset: u64,
+    len: u64,
+}
+
+impl<S: std::ops::Deref<Target = D> + Send + Sync, D: Storage + ?Sized> Window<S> {
+    /// The window `[offset, offset + len)` of `inner`.
+    pub fn new(inner: S, offset: u64, len: u64) -> Self {
+        Window { inner, offset, len }
+    }
+
+    fn check(&self, offset: u64, len: usize) -> io::Result<u64> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= self.len => Ok(self.offset + offset),
+            _ => Err(past_end("a window access", offset, len, self.len)),
+        }
+    }
+}
+
+impl<S: std::ops::Deref<Target = D> + Send + Sync, D: Storage + ?Sized> Storage for Window<S> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let at = self.check(offset, buf.len())?;
+        self.inner.read_at(buf, at)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let at = self.check(offset, buf.len())?;
+        self.inner.write_at(buf, at)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.inner.sync()
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.len)
+    }
+    fn name(&self) -> String {
+        format!("{} at byte {}", self.inner.name(), self.offset)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,48 +373,5 @@ mod tests {
         );
         assert_eq!(r.len().unwrap(), 4096);
         std::fs::remove_dir_all(dir).unwrap();
-    }
-}
-
-/// A window of another device: `len` bytes from `offset`. Used to read a header stored inside a
-/// device's data (a prepared copy during a data shift), and by tests to put a header and its
-/// data on one device so that one simulated power cut stops both.
-pub struct Window<S> {
-    inner: S,
-    offset: u64,
-    len: u64,
-}
-
-impl<S: std::ops::Deref<Target = D> + Send + Sync, D: Storage + ?Sized> Window<S> {
-    /// The window `[offset, offset + len)` of `inner`.
-    pub fn new(inner: S, offset: u64, len: u64) -> Self {
-        Window { inner, offset, len }
-    }
-
-    fn check(&self, offset: u64, len: usize) -> io::Result<u64> {
-        match offset.checked_add(len as u64) {
-            Some(end) if end <= self.len => Ok(self.offset + offset),
-            _ => Err(past_end("a window access", offset, len, self.len)),
-        }
-    }
-}
-
-impl<S: std::ops::Deref<Target = D> + Send + Sync, D: Storage + ?Sized> Storage for Window<S> {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let at = self.check(offset, buf.len())?;
-        self.inner.read_at(buf, at)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        let at = self.check(offset, buf.len())?;
-        self.inner.write_at(buf, at)
-    }
-    fn sync(&self) -> io::Result<()> {
-        self.inner.sync()
-    }
-    fn len(&self) -> io::Result<u64> {
-        Ok(self.len)
-    }
-    fn name(&self) -> String {
-        format!("{} at byte {}", self.inner.name(), self.offset)
     }
 }

@@ -255,10 +255,10 @@ pub fn run(
             ))
         })?,
     };
-    let moved = match &r.backup_moved {
-        Some(m) => Some((m.offset, m.size.unwrap_or(0))),
-        None => None,
-    };
+    let moved = r
+        .backup_moved
+        .as_ref()
+        .map(|m| (m.offset, m.size.unwrap_or(0)));
     let layout_fits = match (plan, moved) {
         (Plan::EncryptShift, Some((offset, size))) => {
             shift + total <= offset && offset + size <= device_len && size > 0

@@ -1921,11 +1921,11 @@ pub fn init_decrypt_datashift(
 }
 
 /// The datashift layout of `r` (shift, moved segment), checked to be `mode` with `direction`.
-fn shift_layout<'a>(
-    r: &'a Reencryption,
+fn shift_layout(
+    r: &Reencryption,
     mode: Mode,
     direction: Direction,
-) -> Result<(u64, &'a ReencryptSegment), Error> {
+) -> Result<(u64, &ReencryptSegment), Error> {
     match (r.keyslot.resilience.shift_size(), &r.backup_moved) {
         (Some(shift), Some(moved))
             if r.keyslot.mode == mode && r.keyslot.direction == direction =>
