@@ -1,10 +1,13 @@
-//! `encrypt` and `decrypt`: convert a device in place, resumably, keeping the progress in LUKS2's
-//! own reencryption metadata (so `cryptsetup reencrypt --resume-only` can take over, and so can we
-//! from a state cryptsetup left).
+//! `encrypt`, `decrypt` and `reencrypt`: convert a device in place, resumably, keeping the
+//! progress in LUKS2's own reencryption metadata (so `cryptsetup reencrypt --resume-only` can take
+//! over, and so can we from a state cryptsetup left).
 //!
-//! Today: a detached header (`--header FILE`, the data stays where it is). Conversions that move
-//! the data (a header on the device itself: `encrypt --reduce-device-size`, `decrypt` without
-//! `--header`) are refused with a clear message, not attempted.
+//! The header goes to a file (`encrypt --header FILE`: the data stays where it is) or onto the
+//! device (`encrypt --reduce-device-size 2S`: the data moves S bytes on). Decrypting a volume
+//! whose header is on the device exports the header to a new file first (`decrypt --header
+//! FILE`), then moves the data back to offset 0. Starting such a conversion takes several writes
+//! before the header records it; each start is laid out so that a crash in the middle is
+//! finished (or safely redone) by running the same command again (`sectorcrypt_volume::datashift`).
 
 use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Write};
@@ -14,10 +17,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use sectorcrypt_cipher::CipherSpec;
 use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, Mode, State};
 use sectorcrypt_luks::luks2::Header as Luks2Header;
 use sectorcrypt_luks::{FormatOptions, Header};
 use sectorcrypt_storage::{FileStorage, MemStorage, Storage};
+use sectorcrypt_volume::datashift;
 use sectorcrypt_volume::reencrypt::{run, Options, Outcome, Progress, DEFAULT_HOTZONE};
 use sectorcrypt_volume::Error as VolumeError;
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -36,9 +41,10 @@ pub struct EncryptArgs {
     /// Put the LUKS2 header in this file (detached header); the data stays where it is.
     #[arg(long, value_name = "FILE")]
     header: Option<PathBuf>,
-    /// Make room for the header at the start of DEVICE by shifting the data (not supported yet).
-    #[arg(long = "reduce-device-size", value_name = "BYTES")]
-    reduce_device_size: Option<String>,
+    /// Put the header at the start of DEVICE, moving the data half of BYTES further on; the
+    /// last BYTES of DEVICE must be unused (shrink the file system first). Units: K, M, G (KiB...).
+    #[arg(long = "reduce-device-size", value_name = "BYTES", value_parser = parse_size)]
+    reduce_device_size: Option<u64>,
     /// Cipher specification (default aes-xts-plain64).
     #[arg(short = 'c', long, value_name = "SPEC")]
     cipher: Option<String>,
@@ -65,8 +71,9 @@ pub struct RunArgs {
     /// Do not ask for confirmation.
     #[arg(short = 'q', long = "batch-mode")]
     batch: bool,
-    /// Bytes converted per step (default 64 MiB).
-    #[arg(long = "hotzone-size", value_name = "BYTES")]
+    /// Bytes converted per step (default 64 MiB; a data-shift step is always the shift, this is
+    /// then the first chunk a decryption moves).
+    #[arg(long = "hotzone-size", value_name = "BYTES", value_parser = parse_size)]
     hotzone_size: Option<u64>,
     /// Cipher threads (default: the number of CPUs).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
@@ -81,11 +88,41 @@ pub struct DecryptArgs {
     /// The encrypted device or image file to decrypt in place.
     #[arg(value_name = "DEVICE")]
     device: PathBuf,
-    /// The detached LUKS2 header of DEVICE.
+    /// The detached LUKS2 header of DEVICE; for a header on DEVICE, a new file to export it to
+    /// (it holds the only copy of the keys until the decryption ends).
     #[arg(long, value_name = "FILE")]
     header: Option<PathBuf>,
     #[command(flatten)]
     run: RunArgs,
+}
+
+/// A size in bytes with an optional unit, as cryptsetup takes them: `S` (512-byte sectors),
+/// `K`/`KiB`, `M`/`MiB`, `G`/`GiB`, `T`/`TiB` (powers of 1024), `KB`, `MB`, `GB`, `TB` (of 1000).
+fn parse_size(text: &str) -> Result<u64, String> {
+    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = &text[digits.len()..];
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size (a number with an optional unit: 32M)"))?;
+    let scale: u64 = match unit {
+        "" => 1,
+        "S" | "s" => 512,
+        "K" | "k" | "KiB" => 1 << 10,
+        "M" | "m" | "MiB" => 1 << 20,
+        "G" | "g" | "GiB" => 1 << 30,
+        "T" | "t" | "TiB" => 1 << 40,
+        "KB" | "kB" => 1000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        _ => {
+            return Err(format!(
+                "'{unit}' is not a size unit (S, K, M, G, T, KB, MB, ...)"
+            ))
+        }
+    };
+    n.checked_mul(scale)
+        .ok_or_else(|| format!("'{text}' is too large"))
 }
 
 /// SIGINT and SIGTERM set the returned flag; the conversion stops at its next safe point.
@@ -102,8 +139,7 @@ fn stop_on_signals() -> Result<Arc<AtomicBool>, CliError> {
 /// Run the conversion recorded in the header at `header_path` to its end, with progress; an
 /// interruption is an error that says how to resume.
 fn convert(
-    verb: &str,
-    device: &Path,
+    resume: &str,
     header_path: &Path,
     data: &FileStorage,
     pass: &[u8],
@@ -128,12 +164,8 @@ fn convert(
     match outcome {
         Outcome::Finished => Ok(()),
         Outcome::Paused(p) => Err(CliError::usage(format!(
-            "interrupted after {} of {} bytes, at a safe point; resume with: sectorcrypt {verb} \
-             {} --header {} --resume-only",
-            p.done,
-            p.total,
-            device.display(),
-            header_path.display()
+            "interrupted after {} of {} bytes, at a safe point; resume with: {resume}",
+            p.done, p.total
         ))),
     }
 }
@@ -175,41 +207,192 @@ fn check_in_progress(path: &Path, mode: Mode) -> Result<(), CliError> {
     }
 }
 
-pub fn encrypt(args: EncryptArgs) -> Result<(), CliError> {
-    if args.reduce_device_size.is_some() {
-        return Err(CliError::usage(
-            "--reduce-device-size (a header on the device itself, by shifting the data) is not \
-             supported yet; use --header FILE to keep the header in a separate file",
-        ));
+/// How to resume a conversion that stopped.
+fn resume_hint(verb: &str, device: &Path, header: Option<&Path>) -> String {
+    match header {
+        Some(h) => format!(
+            "sectorcrypt {verb} {} --header {} --resume-only",
+            device.display(),
+            h.display()
+        ),
+        None => format!("sectorcrypt {verb} {} --resume-only", device.display()),
     }
-    let Some(header_path) = args.header.clone() else {
-        return Err(CliError::usage(
-            "encrypting in place needs --header FILE (the header goes there; the data stays)",
-        ));
-    };
+}
+
+fn device_len(dev: &FileStorage) -> Result<u64, CliError> {
+    dev.len()
+        .map_err(|e| CliError::usage(format!("cannot read the size of {}: {e}", dev.name())))
+}
+
+/// The largest data shift (half of `--reduce-device-size`), as cryptsetup's 1 GiB limit.
+const MAX_REDUCE: u64 = 1 << 30;
+
+pub fn encrypt(args: EncryptArgs) -> Result<(), CliError> {
+    match (&args.header, args.reduce_device_size) {
+        (Some(_), Some(_)) => Err(CliError::usage(
+            "--header and --reduce-device-size do not go together: with a detached header \
+             nothing needs to move",
+        )),
+        (Some(header_path), None) => encrypt_detached(&args, header_path),
+        (None, Some(reduce)) => encrypt_shifted(&args, Some(reduce)),
+        // Resuming a shifted encryption: the device's own header says how.
+        (None, None) if has_conversion(&args.device, Mode::Encrypt) => encrypt_shifted(&args, None),
+        (None, None) => Err(CliError::usage(
+            "encrypting in place needs room for the header: --header FILE (the header goes to \
+             FILE, the data stays) or --reduce-device-size BYTES (the header goes to the start \
+             of DEVICE and the data moves half of BYTES on; the last BYTES must be unused; \
+             after a crash, run the same command again)",
+        )),
+    }
+}
+
+/// Whether the LUKS2 header on `path` records a `mode` conversion.
+fn has_conversion(path: &Path, mode: Mode) -> bool {
+    FileStorage::open_read_only(path)
+        .ok()
+        .and_then(|dev| Luks2Header::read(&dev).ok())
+        .and_then(|h| reencrypt::parse(h.metadata()).ok().flatten())
+        .is_some_and(|r| r.keyslot.mode == mode)
+}
+
+fn encrypt_detached(args: &EncryptArgs, header_path: &Path) -> Result<(), CliError> {
     let data = open_rw(&args.device)?;
-    let data_len = data
-        .len()
-        .map_err(|e| CliError::usage(format!("cannot read the size of {}: {e}", data.name())))?;
+    let data_len = device_len(&data)?;
     check_size(&args.device, data_len)?;
     let stop = stop_on_signals()?;
     let pass = if args.run.resume_only {
-        check_in_progress(&header_path, Mode::Encrypt)?;
+        check_in_progress(header_path, Mode::Encrypt)?;
         args.run
             .key
             .read(&format!("Enter passphrase for {}: ", args.device.display()))?
     } else {
-        start(&args, &header_path, &data, data_len)?
+        start(args, header_path, &data, data_len)?
     };
-    convert(
-        "encrypt",
-        &args.device,
-        &header_path,
-        &data,
-        &pass,
-        &args.run,
-        &stop,
-    )
+    let resume = resume_hint("encrypt", &args.device, Some(header_path));
+    convert(&resume, header_path, &data, &pass, &args.run, &stop)
+}
+
+/// `encrypt --reduce-device-size`: the header at the start of the device, the data shifted.
+/// `reduce` is `None` when resuming what the device records.
+fn encrypt_shifted(args: &EncryptArgs, reduce: Option<u64>) -> Result<(), CliError> {
+    let dev = open_rw(&args.device)?;
+    let len = device_len(&dev)?;
+    check_size(&args.device, len)?;
+    if let Some(r) = reduce {
+        if r == 0 || r > MAX_REDUCE || !r.is_multiple_of(8192) {
+            return Err(CliError::usage(format!(
+                "--reduce-device-size {r}: it must be a non-zero multiple of 8 KiB (the data \
+                 moves by half of it, in whole 4 KiB blocks), at most 1 GiB"
+            )));
+        }
+    }
+    let stop = stop_on_signals()?;
+    // A start cut short is finished first (no secret needed: the prepared header is complete).
+    let in_place = match reduce {
+        Some(r) => datashift::header_in_place(&dev, r / 2).map_err(volume_error)?,
+        None => true,
+    };
+    let pass = if in_place {
+        let h = match Header::read(&dev).map_err(luks_error)? {
+            Header::Luks2(h) => *h,
+            Header::Luks1(_) => return Err(already_luks(&args.device)),
+        };
+        if reencrypt::state(h.metadata()) == State::None {
+            return Err(already_luks(&args.device));
+        }
+        check_in_progress(&args.device, Mode::Encrypt)?;
+        args.run
+            .key
+            .read(&format!("Enter passphrase for {}: ", args.device.display()))?
+    } else if args.run.resume_only {
+        return Err(CliError {
+            code: Code::Device,
+            message: format!(
+                "{} has no encryption in progress to resume",
+                args.device.display()
+            ),
+        });
+    } else {
+        start_shifted(args, &dev, len, reduce.unwrap_or(0) / 2)?
+    };
+    let resume = resume_hint("encrypt", &args.device, None);
+    convert(&resume, &args.device, &dev, &pass, &args.run, &stop)
+}
+
+fn already_luks(device: &Path) -> CliError {
+    CliError {
+        code: Code::Busy,
+        message: format!(
+            "{} already has a LUKS header; it is encrypted already",
+            device.display()
+        ),
+    }
+}
+
+/// The LUKS2 options of a new encryption.
+fn format_options(args: &EncryptArgs, data_offset: Option<u64>) -> Result<FormatOptions, CliError> {
+    let options = FormatOptions {
+        version: 2,
+        cipher: args.cipher.clone(),
+        key_bits: args.key_size,
+        sector_size: args.sector_size,
+        pbkdf: pbkdf_options(&args.pbkdf)?,
+        detached_header: data_offset.is_none(),
+        data_offset,
+        ..Default::default()
+    };
+    options.check().map_err(luks_error)?;
+    Ok(options)
+}
+
+/// A new shifted encryption by `shift` bytes: check everything, build the header for the start
+/// of the device in memory, then start (the copy to the end, the prepared header, the install).
+fn start_shifted(
+    args: &EncryptArgs,
+    dev: &FileStorage,
+    len: u64,
+    shift: u64,
+) -> Result<zeroize::Zeroizing<Vec<u8>>, CliError> {
+    let Some(keep) = datashift::encrypt_data_size(len, shift) else {
+        return Err(CliError {
+            code: Code::Device,
+            message: format!(
+                "{} is {len} bytes, too small for --reduce-device-size {}: it needs at least \
+                 three times the shift ({} bytes)",
+                args.device.display(),
+                2 * shift,
+                3 * shift
+            ),
+        });
+    };
+    let options = format_options(args, Some(shift))?;
+    confirm(
+        args.run.batch,
+        &format!(
+            "WARNING!\n========\nThis will encrypt {} in place. Its first {keep} bytes are kept \
+             (behind a {shift}-byte header); the last {} bytes must be unused (shrink the file \
+             system first): they are overwritten.",
+            args.device.display(),
+            2 * shift
+        ),
+    )?;
+    let pass = new_passphrase(
+        None,
+        &args.run.key,
+        &format!("Enter passphrase for {}: ", args.device.display()),
+    )?;
+    let image = MemStorage::new(vec![0; shift as usize]);
+    let (formatted, unlocked) =
+        sectorcrypt_luks::format(&image, len, &options, &pass).map_err(luks_error)?;
+    let Header::Luks2(h) = formatted else {
+        return Err(CliError::usage("the new header is not LUKS2"));
+    };
+    let md =
+        reencrypt::init_encrypt_datashift(&h, &unlocked.volume_key, len, &InitOptions::default())
+            .map_err(luks_error)?;
+    reencrypt::write_metadata(&image, &h, &md).map_err(luks_error)?;
+    datashift::start_encrypt(dev, &image.contents()).map_err(volume_error)?;
+    Ok(pass)
 }
 
 #[derive(clap::Args, Debug)]
@@ -220,6 +403,12 @@ pub struct ReencryptArgs {
     /// Its detached header, if it has one.
     #[arg(long, value_name = "FILE")]
     header: Option<PathBuf>,
+    /// New cipher specification (default: the current one).
+    #[arg(short = 'c', long, value_name = "SPEC")]
+    cipher: Option<String>,
+    /// New whole key size in bits (default: the current one, or the new cipher's default).
+    #[arg(short = 's', long = "key-size", value_name = "BITS")]
+    key_size: Option<usize>,
     /// New encryption sector size (default: the current one).
     #[arg(long = "sector-size", value_name = "BYTES")]
     sector_size: Option<u32>,
@@ -229,8 +418,9 @@ pub struct ReencryptArgs {
     run: RunArgs,
 }
 
-/// `reencrypt`: a new volume key for the data (key rotation), in place, resumably. The data
-/// does not move, so a header on the device itself works too.
+/// `reencrypt`: a new volume key for the data (key rotation), optionally a new cipher or sector
+/// size, in place, resumably. The data does not move, so a header on the device itself works
+/// too.
 pub fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
     let header_path = args.header.clone().unwrap_or_else(|| args.device.clone());
     let data = open_rw(&args.device)?;
@@ -254,9 +444,10 @@ pub fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
         let old = h.unlock(&header, &pass, None).map_err(luks_error)?;
         let pbkdf = pbkdf_options(&args.pbkdf)?.luks2().map_err(luks_error)?;
         let target = reencrypt::Target {
-            cipher: seg.cipher.clone(),
+            cipher: args.cipher.clone().unwrap_or_else(|| seg.cipher.clone()),
             sector_size: args.sector_size.unwrap_or(seg.sector_size),
         };
+        let key_len = new_key_len(&target.cipher, args.key_size, old.volume_key.len())?;
         let others = h.metadata().keyslots.iter().count().saturating_sub(1);
         confirm(
             args.run.batch,
@@ -269,8 +460,9 @@ pub fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
         )?;
         // First a keyslot holding the new key (bound to nothing yet), then one header write
         // that starts the reencryption: a crash between the two leaves the volume as it was.
-        let new_vk = sectorcrypt_luks::luks2::random_bytes(old.volume_key.len());
-        h.add_keyslot_for_new_key(&header, &new_vk, &pass, None, &pbkdf)
+        let new_vk = sectorcrypt_luks::luks2::random_bytes(key_len);
+        let keyslot_cipher = (target.cipher != seg.cipher).then_some(target.cipher.as_str());
+        h.add_keyslot_for_new_key(&header, &new_vk, &pass, None, &pbkdf, keyslot_cipher)
             .map_err(luks_error)?;
         let md = reencrypt::init_reencrypt(
             &h,
@@ -282,32 +474,57 @@ pub fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
         .map_err(luks_error)?;
         reencrypt::write_metadata(&header, &h, &md).map_err(luks_error)?;
     }
-    let device = args.device.clone();
-    let header_arg = args.header.as_deref().unwrap_or(&device);
-    convert(
-        "reencrypt",
-        &device,
-        header_arg,
-        &data,
-        &pass,
-        &args.run,
-        &stop,
-    )
+    let resume = resume_hint("reencrypt", &args.device, args.header.as_deref());
+    convert(&resume, &header_path, &data, &pass, &args.run, &stop)
+}
+
+/// The new volume key's length for `cipher`: `--key-size`, else the old length if the cipher
+/// takes it, else the cipher's default; refused before anything is written if the cipher does
+/// not run here or does not take that key.
+fn new_key_len(cipher: &str, key_bits: Option<usize>, old_len: usize) -> Result<usize, CliError> {
+    let spec =
+        CipherSpec::parse(cipher).map_err(|e| CliError::usage(format!("cipher {cipher}: {e}")))?;
+    if spec.to_string().starts_with("cipher_null") {
+        return Err(CliError::usage(
+            "reencrypting to cipher_null would store plaintext; use decrypt for that",
+        ));
+    }
+    let len = match key_bits {
+        Some(bits) if bits % 8 != 0 => {
+            return Err(CliError::usage(format!(
+                "a key of {bits} bits (not whole bytes)"
+            )))
+        }
+        Some(bits) => bits / 8,
+        None if spec.check_key_len(old_len).is_ok() => old_len,
+        None => spec.default_key_bits() / 8,
+    };
+    spec.check_key_len(len)
+        .map_err(|e| CliError::usage(format!("cipher {cipher} with a {}-bit key: {e}", len * 8)))?;
+    Ok(len)
 }
 
 pub fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
     let Some(header_path) = args.header.clone() else {
-        return Err(CliError::usage(
-            "decrypting in place needs the detached header (--header FILE); a header on the \
-             device itself would have to be moved off it first, which is not supported yet",
-        ));
+        let on_device =
+            FileStorage::open_read_only(&args.device).is_ok_and(|dev| Header::read(&dev).is_ok());
+        return Err(CliError::usage(if on_device {
+            format!(
+                "{} has its header on it, and the plaintext moves over it: add --header FILE, \
+                 a new file to export the header to (it holds the keys until the end)",
+                args.device.display()
+            )
+        } else {
+            "decrypting in place needs the detached header (--header FILE)".to_string()
+        }));
     };
     let data = open_rw(&args.device)?;
-    let data_len = data
-        .len()
-        .map_err(|e| CliError::usage(format!("cannot read the size of {}: {e}", data.name())))?;
+    let data_len = device_len(&data)?;
     check_size(&args.device, data_len)?;
     let stop = stop_on_signals()?;
+    if !header_path.exists() {
+        return decrypt_attached(&args, &header_path, &data, &stop);
+    }
     let header = open_rw(&header_path)?;
     let h = read_luks2(&header)?;
     let in_progress = reencrypt::state(h.metadata()) != State::None;
@@ -319,16 +536,7 @@ pub fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
         .key
         .read(&format!("Enter passphrase for {}: ", args.device.display()))?;
     if !in_progress {
-        if h.metadata()
-            .segments
-            .get(0)
-            .is_some_and(|s| s.kind() == "linear")
-        {
-            return Err(CliError::usage(format!(
-                "{} is not encrypted (its header describes plaintext): nothing to decrypt",
-                args.device.display()
-            )));
-        }
+        check_encrypted(&h, &args.device)?;
         let seg = h.data_segment().map_err(luks_error)?;
         if seg.offset != 0 {
             return Err(CliError::usage(format!(
@@ -352,15 +560,99 @@ pub fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
             .map_err(luks_error)?;
         reencrypt::write_metadata(&header, &h, &md).map_err(luks_error)?;
     }
-    convert(
-        "decrypt",
-        &args.device,
-        &header_path,
-        &data,
-        &pass,
-        &args.run,
-        &stop,
-    )
+    let resume = resume_hint("decrypt", &args.device, Some(&header_path));
+    convert(&resume, &header_path, &data, &pass, &args.run, &stop)
+}
+
+fn check_encrypted(h: &Luks2Header, device: &Path) -> Result<(), CliError> {
+    if h.metadata()
+        .segments
+        .get(0)
+        .is_some_and(|s| s.kind() == "linear")
+    {
+        return Err(CliError::usage(format!(
+            "{} is not encrypted (its header describes plaintext): nothing to decrypt",
+            device.display()
+        )));
+    }
+    Ok(())
+}
+
+/// `decrypt --header NEWFILE` of a volume whose header is on the device: export the header to
+/// `NEWFILE.partial`, start the shifted decryption there (wipe the device's signatures, move the
+/// first chunk to 0, record it), and only then name it `NEWFILE`. A run cut short before that
+/// finds the `.partial` file and carries on from it; the device's own header, while it is still
+/// there, is always exported afresh.
+fn decrypt_attached(
+    args: &DecryptArgs,
+    header_path: &Path,
+    dev: &FileStorage,
+    stop: &AtomicBool,
+) -> Result<(), CliError> {
+    let mut partial = header_path.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    let ask = || {
+        args.run
+            .key
+            .read(&format!("Enter passphrase for {}: ", args.device.display()))
+    };
+    let pass = match Header::read(dev) {
+        Ok(Header::Luks2(h)) => {
+            if let Some(r) = reencrypt::parse(h.metadata()).map_err(luks_error)? {
+                return Err(CliError::usage(format!(
+                    "{} records {} in progress; finish it first ({})",
+                    args.device.display(),
+                    r.keyslot.mode.as_str(),
+                    resume_hint(r.keyslot.mode.as_str(), &args.device, None)
+                )));
+            }
+            if args.run.resume_only {
+                return Err(CliError::usage(format!(
+                    "{} has no decryption in progress to resume",
+                    header_path.display()
+                )));
+            }
+            check_encrypted(&h, &args.device)?;
+            let pass = ask()?;
+            // A wrong passphrase is refused before anything is written.
+            h.unlock(dev, &pass, None).map_err(luks_error)?;
+            confirm(
+                args.run.batch,
+                &format!(
+                    "WARNING!\n========\nThis will decrypt {} in place, moving the data to its \
+                     start; its header is exported to {}, which holds the only copy of the keys \
+                     until the decryption ends.",
+                    args.device.display(),
+                    header_path.display()
+                ),
+            )?;
+            let area = 2 * h.binary().hdr_size + h.metadata().config.keyslots_size;
+            let mut bytes = vec![0u8; area as usize];
+            dev.read_at(&mut bytes, 0).map_err(|e| {
+                CliError::usage(format!("cannot read the header of {}: {e}", dev.name()))
+            })?;
+            install_file(&partial, &bytes)?;
+            pass
+        }
+        Ok(Header::Luks1(_)) => {
+            return Err(CliError::usage("LUKS1 has no in-place decryption metadata"))
+        }
+        Err(_) if partial.exists() => ask()?,
+        Err(e) => return Err(luks_error(e)),
+    };
+    let exported = open_rw(&partial)?;
+    let h = read_luks2(&exported)?;
+    if reencrypt::state(h.metadata()) == State::None {
+        let moved = args.run.hotzone_size.unwrap_or(DEFAULT_HOTZONE);
+        datashift::start_decrypt(&exported, dev, &pass, moved, &InitOptions::default())
+            .map_err(volume_error)?;
+    } else {
+        h.unlock(&exported, &pass, None).map_err(luks_error)?;
+    }
+    rename_synced(&partial, header_path)?;
+    let resume = resume_hint("decrypt", &args.device, Some(header_path));
+    convert(&resume, header_path, dev, &pass, &args.run, stop)
 }
 
 /// A new encryption: check everything, format the detached header for the device's data, and
@@ -372,13 +664,7 @@ fn start(
     data_len: u64,
 ) -> Result<zeroize::Zeroizing<Vec<u8>>, CliError> {
     if Header::read(data).is_ok() {
-        return Err(CliError {
-            code: Code::Busy,
-            message: format!(
-                "{} already has a LUKS header; it is encrypted already",
-                args.device.display()
-            ),
-        });
+        return Err(already_luks(&args.device));
     }
     if let Ok(existing) = FileStorage::open_read_only(header_path) {
         if Header::read(&existing).is_ok() {
@@ -391,16 +677,7 @@ fn start(
             });
         }
     }
-    let options = FormatOptions {
-        version: 2,
-        cipher: args.cipher.clone(),
-        key_bits: args.key_size,
-        sector_size: args.sector_size,
-        pbkdf: pbkdf_options(&args.pbkdf)?,
-        detached_header: true,
-        ..Default::default()
-    };
-    options.check().map_err(luks_error)?;
+    let options = format_options(args, None)?;
     confirm(
         args.run.batch,
         &format!(
@@ -449,14 +726,32 @@ fn install_file(path: &Path, bytes: &[u8]) -> Result<(), CliError> {
     file.write_all(bytes)
         .and_then(|()| file.sync_all())
         .map_err(|e| fail("write", e))?;
-    std::fs::rename(&tmp, path).map_err(|e| fail("install", e))?;
+    rename_synced(&tmp, path)
+}
+
+/// Rename `from` to `to` and make the rename durable.
+fn rename_synced(from: &Path, to: &Path) -> Result<(), CliError> {
+    std::fs::rename(from, to).map_err(|e| {
+        CliError::usage(format!(
+            "cannot rename {} to {}: {e}",
+            from.display(),
+            to.display()
+        ))
+    })?;
+    sync_dir(to)
+}
+
+fn sync_dir(path: &Path) -> Result<(), CliError> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| fail("sync the directory of", e))
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| {
+        CliError::usage(format!(
+            "cannot sync the directory of {}: {e}",
+            path.display()
+        ))
+    })
 }
 
 fn read_luks2(dev: &FileStorage) -> Result<Luks2Header, CliError> {

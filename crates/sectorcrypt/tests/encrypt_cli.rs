@@ -1,7 +1,8 @@
-//! `sectorcrypt encrypt`, `decrypt` (in place, detached header) and `reencrypt` (new volume key,
-//! header anywhere) with the real cryptsetup: what we encrypt, cryptsetup decrypts back to the
-//! original and the other way round; runs killed with SIGKILL at random moments and resumed lose
-//! nothing; SIGINT pauses at a safe point; bad input changes nothing.
+//! `sectorcrypt encrypt`, `decrypt` (in place: detached header, or header on the device with the
+//! data shifted) and `reencrypt` (new volume key, cipher or sector size; header anywhere) with the
+//! real cryptsetup: what we encrypt, cryptsetup decrypts back to the original and the other way
+//! round; runs killed with SIGKILL at random moments and resumed lose nothing; SIGINT pauses at a
+//! safe point; bad input changes nothing.
 
 mod common;
 
@@ -115,6 +116,17 @@ fn signalled(
     signal: &str,
     rng: &mut impl Rng,
 ) -> std::process::ExitStatus {
+    signalled_after(args, Some(hdr), signal, rng)
+}
+
+/// As [`signalled`], counting the random moment from the start when `hdr` is `None` (to hit
+/// the writes that come before any header records progress).
+fn signalled_after(
+    args: &[&str],
+    hdr: Option<&Path>,
+    signal: &str,
+    rng: &mut impl Rng,
+) -> std::process::ExitStatus {
     let mut child = Command::new(env!("CARGO_BIN_EXE_sectorcrypt"))
         .args(args)
         .stdin(Stdio::null())
@@ -125,10 +137,12 @@ fn signalled(
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut sent = false;
     while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
-        let progressed = cs(&["luksDump", "--dump-json-metadata", p(hdr)])
-            .status
-            .success()
-            && std::fs::metadata(hdr).is_ok();
+        let progressed = hdr.is_none_or(|hdr| {
+            std::fs::metadata(hdr).is_ok()
+                && cs(&["luksDump", "--dump-json-metadata", p(hdr)])
+                    .status
+                    .success()
+        });
         if progressed && !sent {
             std::thread::sleep(Duration::from_millis(rng.gen_range(0..400)));
             let _ = Command::new("kill")
@@ -239,9 +253,23 @@ fn bad_input_is_refused_and_changes_nothing() {
     let mut no_header = vec!["encrypt", p(&data), "--key-file", p(&key)];
     no_header.extend_from_slice(&FAST);
     assert_eq!(code(&no_header), Some(1));
+    // No room for the header and the shifted data (exit 4), a shift that is not whole blocks,
+    // and a shift with a detached header (exit 1).
     let mut shift = no_header.clone();
     shift.extend_from_slice(&["--reduce-device-size", "32M"]);
-    assert_eq!(code(&shift), Some(1));
+    assert_eq!(code(&shift), Some(4));
+    let mut ragged = no_header.clone();
+    ragged.extend_from_slice(&["--reduce-device-size", "3K"]);
+    assert_eq!(code(&ragged), Some(1));
+    assert_eq!(
+        code(&encrypt_args(
+            &data,
+            &hdr,
+            &key,
+            &["--reduce-device-size", "2M"]
+        )),
+        Some(1)
+    );
     assert_eq!(
         code(&encrypt_args(
             &data,
@@ -553,15 +581,205 @@ fn encrypt_reencrypt_decrypt_comes_back_to_the_original() {
         p(&key),
     ];
     re.extend_from_slice(&FAST);
-    re.extend_from_slice(&["--sector-size", "512"]);
+    // A cipher that does not run here: refused, nothing changes.
+    let header_before = std::fs::read(&hdr).unwrap();
+    let mut bad = re.clone();
+    bad.extend_from_slice(&["--cipher", "twofish-xts-plain64"]);
+    assert_eq!(sc(&bad).status.code(), Some(1));
+    assert_eq!(std::fs::read(&hdr).unwrap(), header_before);
+    // New key, new key size (AES-128-XTS) and new sector size.
+    re.extend_from_slice(&[
+        "--cipher",
+        "aes-xts-plain64",
+        "--key-size",
+        "256",
+        "--sector-size",
+        "512",
+    ]);
     ok(sc(&re), "reencrypt");
     let second = cryptsetup_key(&hdr, &key);
-    assert_ne!(first, second, "the volume key did not change");
+    assert_eq!(second.len(), 32, "the new key is 256 bits");
+    assert_ne!(first[..32], second[..], "the volume key did not change");
     assert!(std::fs::read(&data).unwrap() == xts(&second, 512, &plain));
     // Nothing left to resume.
     let mut resume = re.clone();
     resume.push("--resume-only");
     assert_eq!(sc(&resume).status.code(), Some(1));
     cryptsetup_decrypts_to(&hdr, &data, &key, &plain);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `sectorcrypt decrypt DEVICE --header NEWFILE` as a list of arguments.
+fn decrypt_export_args<'a>(data: &'a Path, hdr: &'a Path, key: &'a Path) -> Vec<&'a str> {
+    vec![
+        "decrypt",
+        p(data),
+        "--header",
+        p(hdr),
+        "--key-file",
+        p(key),
+        "-q",
+    ]
+}
+
+/// The interop test: a file encrypted in place by cryptsetup with
+/// `--reduce-device-size` (header on the device, data shifted) is decrypted in place here, the
+/// header exported to a new file, back to the original at offset 0.
+#[test]
+fn decrypts_in_place_what_cryptsetup_encrypted_with_reduce_device_size() {
+    let dir = scratch("encrypt_cli-shift-theirs");
+    let key = dir.join("pass");
+    std::fs::write(&key, "passphrase").unwrap();
+    let data = dir.join("data.img");
+    let plain = random_file(&data, 96 << 20, 41);
+    let kept = 64 << 20; // 96 MiB less --reduce-device-size 32M
+    ok(
+        cs(&[
+            "reencrypt",
+            "--encrypt",
+            "--type",
+            "luks2",
+            "--reduce-device-size",
+            "32M",
+            "--force-offline-reencrypt",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--batch-mode",
+            "--key-file",
+            p(&key),
+            p(&data),
+        ]),
+        "cryptsetup reencrypt --encrypt --reduce-device-size",
+    );
+    let encrypted = std::fs::read(&data).unwrap();
+    let hdr = dir.join("exported.hdr");
+    // Without a file to export the header to, or with a wrong passphrase: refused, untouched,
+    // no header file.
+    let out = sc(&["decrypt", p(&data), "--key-file", p(&key), "-q"]);
+    assert_eq!(out.status.code(), Some(1));
+    let wrong = dir.join("wrong");
+    std::fs::write(&wrong, "not it").unwrap();
+    assert_eq!(
+        sc(&decrypt_export_args(&data, &hdr, &wrong)).status.code(),
+        Some(2)
+    );
+    assert!(
+        std::fs::read(&data).unwrap() == encrypted,
+        "a refused decrypt wrote"
+    );
+    assert!(!hdr.exists() && !dir.join("exported.hdr.partial").exists());
+
+    ok(
+        sc(&decrypt_export_args(&data, &hdr, &key)),
+        "decrypt --header NEWFILE",
+    );
+    let now = std::fs::read(&data).unwrap();
+    assert!(now[..kept] == plain[..kept], "not the original at offset 0");
+    assert!(!dir.join("exported.hdr.partial").exists());
+    // The exported header is spent: no keyslots, plaintext segment, no requirement.
+    let json = ok(
+        cs(&["luksDump", "--dump-json-metadata", p(&hdr)]),
+        "luksDump",
+    )
+    .stdout;
+    let md: serde_json::Value = serde_json::from_slice(&json).unwrap();
+    assert_eq!(md["keyslots"], serde_json::json!({}));
+    assert_eq!(md["segments"]["0"]["type"], "linear");
+    assert!(md["config"].get("requirements").is_none());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A shifted encryption killed with SIGKILL at random moments and run again with the same
+/// command each time; cryptsetup then opens it and decrypts it (exporting the header) back to
+/// the original. Then the same for our shifted decryption of it, killed at random moments
+/// too, some of them before the exported header is in place.
+#[test]
+fn shifted_encryption_and_decryption_killed_at_random_moments_lose_nothing() {
+    let dir = scratch("encrypt_cli-shift-kill");
+    let key = dir.join("pass");
+    std::fs::write(&key, "passphrase").unwrap();
+    let data = dir.join("data.img");
+    let plain = random_file(&data, 512 << 20, 42);
+    let kept = 504 << 20; // less --reduce-device-size 8M
+    let mut args = vec![
+        "encrypt",
+        p(&data),
+        "--reduce-device-size",
+        "8M",
+        "--key-file",
+        p(&key),
+    ];
+    args.extend_from_slice(&FAST);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(43);
+    let mut kills = 0;
+    for _ in 0..4 {
+        if signalled(&args, &data, "KILL", &mut rng).success() {
+            break;
+        }
+        kills += 1;
+    }
+    eprintln!("shifted encrypt sigkill: {kills} runs killed");
+    assert!(kills >= 1, "no shifted encryption was killed part way");
+    // Finish with the short form: the device's header says what to resume.
+    let resume = ["encrypt", p(&data), "--key-file", p(&key), "--resume-only"];
+    let json = ok(
+        cs(&["luksDump", "--dump-json-metadata", p(&data)]),
+        "luksDump",
+    )
+    .stdout;
+    if String::from_utf8_lossy(&json).contains("online-reencrypt") {
+        ok(sc(&resume), "encrypt --resume-only");
+    }
+    ok(
+        cs(&["open", "--test-passphrase", "--key-file", p(&key), p(&data)]),
+        "cryptsetup open --test-passphrase",
+    );
+    let encrypted = std::fs::read(&data).unwrap();
+
+    // Our decryption of it, killed: twice from the start (the export, the move), then during
+    // the steps.
+    let hdr = dir.join("exported.hdr");
+    let dec = decrypt_export_args(&data, &hdr, &key);
+    let mut kills = 0;
+    for round in 0..5 {
+        let wait_for = (round >= 2).then_some(hdr.as_path());
+        if signalled_after(&dec, wait_for, "KILL", &mut rng).success() {
+            break;
+        }
+        kills += 1;
+    }
+    eprintln!("shifted decrypt sigkill: {kills} runs killed");
+    assert!(kills >= 1, "no shifted decryption was killed part way");
+    let last = sc(&dec);
+    if !last.status.success() {
+        let err = String::from_utf8_lossy(&last.stderr);
+        assert!(err.contains("not encrypted"), "resume failed: {err}");
+    }
+    let now = std::fs::read(&data).unwrap();
+    assert!(
+        now[..kept] == plain[..kept],
+        "not the original after kills and resume"
+    );
+
+    // And cryptsetup's decryption of the same encryption gives the same.
+    std::fs::write(&data, &encrypted).unwrap();
+    let hdr2 = dir.join("theirs.hdr");
+    ok(
+        cs(&[
+            "reencrypt",
+            "--decrypt",
+            "--header",
+            p(&hdr2),
+            "--force-offline-reencrypt",
+            "--batch-mode",
+            "--key-file",
+            p(&key),
+            p(&data),
+        ]),
+        "cryptsetup reencrypt --decrypt --header NEWFILE",
+    );
+    assert!(std::fs::read(&data).unwrap()[..kept] == plain[..kept]);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -71,6 +71,7 @@ fn init_detached_reencrypt(
         PASS,
         None,
         &fast_pbkdf().luks2().unwrap(),
+        None,
     )
     .unwrap();
     let target = reencrypt::Target {

@@ -862,6 +862,7 @@ impl Header {
 
     /// Seal a keyslot for `passphrase` into a free area (avoiding `avoid` too) and write and sync
     /// its material; the metadata is not touched.
+    #[allow(clippy::too_many_arguments)] // each is a separate choice of the three callers
     fn stage_keyslot(
         &self,
         dev: &dyn Storage,
@@ -870,8 +871,15 @@ impl Header {
         pbkdf: &Pbkdf,
         avoid: &[(u64, u64)],
         af_hash: Hash,
+        cipher: Option<&str>,
     ) -> Result<Luks2Keyslot, Error> {
-        let cipher = self.keyslot_cipher(volume_key)?;
+        let cipher = match cipher {
+            Some(c) => {
+                check_cipher(c, volume_key)?;
+                c.to_string()
+            }
+            None => self.keyslot_cipher(volume_key)?,
+        };
         let length = keyslot_area_size(volume_key.len());
         let offset = self
             .metadata
@@ -904,7 +912,7 @@ impl Header {
         self.check_writable()?;
         let digest = self.verified_digest(volume_key)?;
         let slot = self.pick_slot(slot)?;
-        let ks = self.stage_keyslot(dev, volume_key, passphrase, pbkdf, &[], Hash::Sha256)?;
+        let ks = self.stage_keyslot(dev, volume_key, passphrase, pbkdf, &[], Hash::Sha256, None)?;
         let mut md = self.metadata.clone();
         md.keyslots.0.push((slot, Keyslot::Luks2(Box::new(ks))));
         md.assign_digest(digest, slot)?;
@@ -915,8 +923,8 @@ impl Header {
     /// Add a keyslot holding a *new* volume key `new_vk` for `passphrase`, under a pbkdf2 digest
     /// of its own that lists no segment yet (what `cryptsetup reencrypt` adds before it starts a
     /// key rotation; `reencrypt::init_reencrypt` then binds it to the final segment). The keyslot
-    /// area is encrypted like the data segment's, so `new_vk` must fit the current cipher.
-    /// Returns the slot number.
+    /// area is encrypted with `cipher` (the new data cipher, when it changes), or else like the
+    /// data segment, whose cipher `new_vk` must then fit. Returns the slot number.
     ///
     /// Crash safety: the material is written and synced before the metadata names it; until then
     /// the volume is as it was.
@@ -927,6 +935,7 @@ impl Header {
         passphrase: &[u8],
         slot: Option<usize>,
         pbkdf: &Pbkdf,
+        cipher: Option<&str>,
     ) -> Result<usize, Error> {
         self.check_writable()?;
         let slot = self.pick_slot(slot)?;
@@ -941,7 +950,7 @@ impl Header {
         let number = (0..8u32)
             .find(|n| self.metadata.digests.get(*n).is_none())
             .ok_or_else(|| Error::Unsupported("all 8 digests are in use".into()))?;
-        let ks = self.stage_keyslot(dev, new_vk, passphrase, pbkdf, &[], hash)?;
+        let ks = self.stage_keyslot(dev, new_vk, passphrase, pbkdf, &[], hash, cipher)?;
         let mut md = self.metadata.clone();
         md.keyslots.0.push((slot, Keyslot::Luks2(Box::new(ks))));
         md.digests.0.push((
@@ -1030,8 +1039,15 @@ impl Header {
             .metadata
             .free_slot()
             .map_or(old_slot as u32, |s| s as u32);
-        let mut ks =
-            self.stage_keyslot(dev, volume_key, new_passphrase, pbkdf, &[old_area], af_hash)?;
+        let mut ks = self.stage_keyslot(
+            dev,
+            volume_key,
+            new_passphrase,
+            pbkdf,
+            &[old_area],
+            af_hash,
+            None,
+        )?;
         ks.priority = priority;
         let mut md = self.metadata.clone();
         // Token assignments follow the keyslot to its new number.
