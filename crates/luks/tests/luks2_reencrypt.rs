@@ -843,3 +843,205 @@ fn decrypt_detached_header() {
         "the data is plaintext again"
     );
 }
+
+// ---- decrypt, header on the device (exported, data shifted back) ----
+
+/// `--decrypt --header NEWFILE` of a volume whose header is on the device: the v3 init state
+/// reads as forward / datashift-checksum with a moved segment, its digest verifies with the old
+/// key; the builder, from the exported header, makes the same JSON; the per-step builders make
+/// the segment sets cryptsetup 2.6.1 was seen to write (`docs/LUKS2-REENCRYPT.md` §6.D); and
+/// cryptsetup finishes what the builder started (after the first chunk is moved, as the engine
+/// does) with the plaintext back at offset 0.
+#[test]
+fn decrypt_with_datashift() {
+    let f = Fixture::new("dec-shift");
+    let shift = 8 * MIB;
+    let size = 40 * MIB;
+    let data_size = size - shift;
+    let plain = pattern(data_size as usize, 10);
+    let dev = f.file("dev.img");
+    std::fs::File::create(&dev).unwrap().set_len(size).unwrap();
+    f.cs(&[
+        "luksFormat",
+        "--type",
+        "luks2",
+        "--offset",
+        &(shift / 512).to_string(),
+        "--sector-size",
+        "4096",
+        "--volume-key-file",
+        path(&f.vk1_file),
+        path(&dev),
+    ]);
+    let mut image = std::fs::read(&dev).unwrap();
+    let mut ct = plain.clone();
+    crypt_data(&f.vk1, 4096, &mut ct, 0, true);
+    image[shift as usize..].copy_from_slice(&ct);
+    std::fs::write(&dev, &image).unwrap();
+    let fresh = image[..shift as usize].to_vec();
+
+    let theirs_dev = f.file("theirs.img");
+    std::fs::write(&theirs_dev, &image).unwrap();
+    let hdr = f.file("theirs.hdr");
+    f.cs(&[
+        "reencrypt",
+        "--decrypt",
+        "--header",
+        path(&hdr),
+        "--force-offline-reencrypt",
+        "--init-only",
+        path(&theirs_dev),
+    ]);
+    let h = read_header(&hdr);
+    let r = check_parsed(
+        &h,
+        &Expect {
+            mode: Mode::Decrypt,
+            direction: Direction::Forward,
+            area_type: "datashift-checksum",
+            version: 3,
+            moved: true,
+        },
+    );
+    assert_eq!(r.keyslot.resilience.shift_size(), Some(shift));
+    assert!(reencrypt::verify_reencrypt_digest(&h, Some(&f.vk1), None).unwrap());
+    assert_tampering_detected(&hdr, Some(&f.vk1), None);
+    // cryptsetup moved the first chunk (all of S here, under its 20 MiB default) to 0.
+    assert!(read_range(&theirs_dev, 0, shift) == ct[..shift as usize]);
+
+    let ours = f.file("ours.hdr");
+    std::fs::write(&ours, &fresh).unwrap();
+    let base = read_header(&ours);
+    let md =
+        reencrypt::init_decrypt_datashift(&base, &f.vk1, size, 20 * MIB, &fast_opts()).unwrap();
+    let mut theirs = cs_json(&hdr);
+    let slot = reenc_slot(&theirs);
+    for d in theirs["digests"].as_object_mut().unwrap().values_mut() {
+        if d["keyslots"] == json!([slot]) {
+            d["iterations"] = json!(1000);
+        }
+    }
+    assert_same_json(md.to_json(), theirs, "decrypt --header NEWFILE (v3)");
+
+    // The step shapes of §6.D, scaled: S = M = 8 MiB, 32 MiB of data.
+    let r = reencrypt::parse(&md).unwrap().unwrap();
+    let shape = |md: &sectorcrypt_luks::luks2::metadata::Metadata| -> Vec<String> {
+        reencrypt::parse(md)
+            .unwrap()
+            .unwrap()
+            .segments
+            .iter()
+            .map(|s| {
+                let kind = match &s.kind {
+                    SegmentKind::Crypt { iv_tweak, .. } => format!("crypt/iv{iv_tweak}"),
+                    _ => "lin".to_string(),
+                };
+                let size = s.size.map_or("dyn".to_string(), |n| (n / MIB).to_string());
+                let hot = if s.has_flag("in-reencryption") {
+                    "/hot"
+                } else {
+                    ""
+                };
+                format!("{kind}({},{size}){hot}", s.offset / MIB)
+            })
+            .collect()
+    };
+    let step = |at: u64, len: u64, hot: bool| {
+        shape(&reencrypt::decrypt_datashift_progress(&md, &r, at, len, hot, data_size).unwrap())
+    };
+    let iv = |mib: u64| mib * MIB / 512;
+    assert_eq!(
+        step(16 * MIB, 8 * MIB, true),
+        [
+            "crypt/iv0(0,8)".to_string(),
+            "lin(8,8)".into(),
+            "lin(16,8)/hot".into(),
+            format!("crypt/iv{}(32,dyn)", iv(24)),
+        ]
+    );
+    assert_eq!(
+        step(24 * MIB, 8 * MIB, false),
+        ["crypt/iv0(0,8)", "lin(8,dyn)"]
+    );
+    assert_eq!(step(0, 8 * MIB, true), ["lin(0,8)/hot", "lin(8,dyn)"]);
+    assert_eq!(step(0, 8 * MIB, false), ["lin(0,dyn)"]);
+
+    // Written over the exported header (the device's first chunk moved first, as the engine
+    // does), cryptsetup accepts it and finishes the decryption.
+    let ours_dev = f.file("ours.img");
+    let mut moved = image.clone();
+    moved.copy_within(shift as usize..2 * shift as usize, 0);
+    std::fs::write(&ours_dev, &moved).unwrap();
+    write_built(&ours, &md);
+    cryptsetup_accepts(&f, Some(&ours), &ours_dev);
+    resume(&f, Some(&ours), &ours_dev, &[]);
+    assert!(
+        read_range(&ours_dev, 0, data_size) == plain,
+        "cryptsetup finished the decryption the builder started"
+    );
+}
+
+/// The segment sets of a shifted encryption's steps are cryptsetup's (§6.A: a 256 MiB device,
+/// S = 16 MiB, interrupted and crashed states).
+#[test]
+fn shifted_encryption_steps_match_cryptsetups_states() {
+    let f = Fixture::new("enc-shift-steps");
+    let size = 256 * MIB;
+    let shift = 16 * MIB;
+    let dev = f.file("dev.img");
+    std::fs::File::create(&dev).unwrap().set_len(size).unwrap();
+    f.cs(&[
+        "luksFormat",
+        "--type",
+        "luks2",
+        "--offset",
+        &(shift / 512).to_string(),
+        "--sector-size",
+        "512",
+        "--volume-key-file",
+        path(&f.vk1_file),
+        path(&dev),
+    ]);
+    let base = read_header(&dev);
+    let md = reencrypt::init_encrypt_datashift(&base, &f.vk1, size, &fast_opts()).unwrap();
+    let r = reencrypt::parse(&md).unwrap().unwrap();
+    let total = size - 2 * shift;
+    let segs = |at: u64, len: u64, hot: bool| -> Vec<(u64, Option<u64>, bool, bool)> {
+        let md = reencrypt::encrypt_datashift_progress(&md, &r, at, len, hot, total).unwrap();
+        reencrypt::parse(&md)
+            .unwrap()
+            .unwrap()
+            .segments
+            .iter()
+            .map(|s| {
+                (
+                    s.offset,
+                    s.size,
+                    matches!(s.kind, SegmentKind::Crypt { .. }),
+                    s.has_flag("in-reencryption"),
+                )
+            })
+            .collect()
+    };
+    // Crashed (seq 27): lin(240M,16M) | lin(16M,16M) | crypt(48M,16M,hot) | crypt(64M,176M).
+    assert_eq!(
+        segs(32 * MIB, 16 * MIB, true),
+        [
+            (240 * MIB, Some(16 * MIB), false, false),
+            (16 * MIB, Some(16 * MIB), false, false),
+            (48 * MIB, Some(16 * MIB), true, true),
+            (64 * MIB, Some(176 * MIB), true, false),
+        ]
+    );
+    // Interrupted (seq 26): lin(240M,16M) | lin(16M,32M) | crypt(64M,176M).
+    assert_eq!(
+        segs(48 * MIB, 16 * MIB, false),
+        [
+            (240 * MIB, Some(16 * MIB), false, false),
+            (16 * MIB, Some(32 * MIB), false, false),
+            (64 * MIB, Some(176 * MIB), true, false),
+        ]
+    );
+    // The last step done: one crypt segment at S, dynamic.
+    assert_eq!(segs(0, 16 * MIB, false), [(16 * MIB, None, true, false)]);
+}

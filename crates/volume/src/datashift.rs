@@ -24,6 +24,7 @@
 //! ([`start_decrypt`]). Every step of that is idempotent while the exported header has no
 //! reencryption: the ciphertext at S is untouched until the metadata is written.
 
+use sectorcrypt_luks::luks2::binary::{HDR_SIZES, MAGIC_PRIMARY, MAGIC_SECONDARY};
 use sectorcrypt_luks::luks2::reencrypt::{self, Direction, InitOptions, Mode, State};
 use sectorcrypt_luks::luks2::Header as Luks2Header;
 use sectorcrypt_storage::{MemStorage, Storage, Window};
@@ -83,6 +84,17 @@ pub fn start_encrypt(dev: &dyn Storage, image: &[u8]) -> Result<(), Error> {
     let device_len = dev.len().map_err(|e| io_at(dev, "reading the size", e))?;
     let data = encrypt_data_size(device_len, shift).ok_or_else(|| too_small(device_len, shift))?;
     check_image(image, device_len)?;
+    // Every install writes a header signature first; one without a readable header is a start
+    // cut short (with another shift than this run's, or the prepared copy would have been
+    // found): copying the device's start to the end now could overwrite the only good copy.
+    if let Some(at) = luks_signature(dev)? {
+        return Err(Error::Unsupported(format!(
+            "{} has a LUKS header signature at byte {at} but no readable header: if an \
+             encryption was cut short, run it again with the --reduce-device-size it was \
+             started with; otherwise wipe the signature (wipefs) first",
+            dev.name()
+        )));
+    }
     copy(dev, 0, device_len - shift, shift)?;
     write_synced(dev, image, data, "writing the prepared header")?;
     install_prepared(dev, shift).map(|_| ())
@@ -116,11 +128,30 @@ fn check_image(image: &[u8], device_len: u64) -> Result<(), Error> {
     }
 }
 
+/// The offset of a LUKS2 binary header signature at the start of `dev` (a primary one at 0 or a
+/// secondary one where LUKS2 allows it), if any.
+fn luks_signature(dev: &dyn Storage) -> Result<Option<u64>, Error> {
+    let len = dev.len().map_err(|e| io_at(dev, "reading the size", e))?;
+    let mut magic = [0u8; 6];
+    for (at, want) in std::iter::once((0, MAGIC_PRIMARY))
+        .chain(HDR_SIZES.iter().map(|&at| (at, MAGIC_SECONDARY)))
+        .filter(|(at, _)| at + 6 <= len)
+    {
+        dev.read_at(&mut magic, at)
+            .map_err(|e| io_at(dev, "looking for a header", e))?;
+        if magic == want {
+            return Ok(Some(at));
+        }
+    }
+    Ok(None)
+}
+
 /// After [`start_encrypt`] was cut short: if `dev` has a valid prepared header for a shift of
-/// `shift` bytes (so the copy at the end is complete), write it over the start of the device
-/// (keyslots first, then the secondary header, then the primary: any valid header found at the
-/// start afterwards has its keyslots), invalidate the prepared copy, and return `true`. Returns
-/// `false`, writing nothing, when there is no prepared header.
+/// `shift` bytes (so the copy at the end is complete), write it over the start of the device,
+/// invalidate the prepared copy, and return `true`. Returns `false`, writing nothing, when there
+/// is no prepared header. The order: a bare secondary signature (not a readable header), so that
+/// every install cut short leaves one; the keyslots; the secondary header; the primary one. So a
+/// readable header at the start always has its keyslots.
 ///
 /// Errors: [`Error::Io`].
 pub fn install_prepared(dev: &dyn Storage, shift: u64) -> Result<bool, Error> {
@@ -128,27 +159,21 @@ pub fn install_prepared(dev: &dyn Storage, shift: u64) -> Result<bool, Error> {
     let Some(data) = encrypt_data_size(device_len, shift) else {
         return Ok(false);
     };
+    if Luks2Header::read(&Window::new(dev, data, shift)).is_err() {
+        return Ok(false);
+    }
     let mut image = vec![0u8; shift as usize];
     dev.read_at(&mut image, data)
         .map_err(|e| io_at(dev, "reading the prepared header", e))?;
-    let prepared = Window::new(dev, data, shift);
-    if Luks2Header::read(&prepared).is_err() || check_image(&image, device_len).is_err() {
+    if check_image(&image, device_len).is_err() {
         return Ok(false);
     }
     let hdr = hdr_size(&image)? as usize;
-    write_synced(
-        dev,
-        &image[2 * hdr..],
-        2 * hdr as u64,
-        "installing the header",
-    )?;
-    write_synced(
-        dev,
-        &image[hdr..2 * hdr],
-        hdr as u64,
-        "installing the header",
-    )?;
-    write_synced(dev, &image[..hdr], 0, "installing the header")?;
+    let install = "installing the header";
+    write_synced(dev, &MAGIC_SECONDARY, hdr as u64, install)?;
+    write_synced(dev, &image[2 * hdr..], 2 * hdr as u64, install)?;
+    write_synced(dev, &image[hdr..2 * hdr], hdr as u64, install)?;
+    write_synced(dev, &image[..hdr], 0, install)?;
     write_synced(
         dev,
         &vec![0u8; 2 * hdr],
@@ -164,10 +189,7 @@ pub fn install_prepared(dev: &dyn Storage, shift: u64) -> Result<bool, Error> {
 ///
 /// Errors: [`Error::Io`].
 pub fn header_in_place(dev: &dyn Storage, shift: u64) -> Result<bool, Error> {
-    if Luks2Header::read(dev).is_ok() {
-        return Ok(true);
-    }
-    install_prepared(dev, shift)
+    Ok(install_prepared(dev, shift)? || Luks2Header::read(dev).is_ok())
 }
 
 /// Start a shifted decryption: `header_dev` holds the exported copy of the header of

@@ -26,12 +26,16 @@ const MOVED: u64 = 128 << 10;
 /// The first S bytes of a `device_len`-byte device as a shifted encryption makes them: a LUKS2
 /// header with data offset S whose metadata records the start; and the volume key.
 fn encrypt_image(device_len: u64, sector_size: usize) -> (Vec<u8>, Vec<u8>) {
-    let mem = MemStorage::new(vec![0; SHIFT as usize]);
+    encrypt_image_shifted(device_len, sector_size, SHIFT)
+}
+
+fn encrypt_image_shifted(device_len: u64, sector_size: usize, shift: u64) -> (Vec<u8>, Vec<u8>) {
+    let mem = MemStorage::new(vec![0; shift as usize]);
     let opts = FormatOptions {
         version: 2,
         sector_size: Some(sector_size),
         pbkdf: fast_pbkdf(),
-        data_offset: Some(SHIFT),
+        data_offset: Some(shift),
         ..Default::default()
     };
     let (h, unlocked) = sectorcrypt_luks::format(&mem, device_len, &opts, PASS).unwrap();
@@ -47,7 +51,7 @@ fn encrypt_image(device_len: u64, sector_size: usize) -> (Vec<u8>, Vec<u8>) {
 /// What `sectorcrypt encrypt --reduce-device-size` does: resume what the device records, or
 /// start (again) when its start is still the plaintext.
 fn encrypt_shifted(dev: &dyn Storage, image: &[u8], opts: &Options) -> Result<Outcome, Error> {
-    if !datashift::header_in_place(dev, SHIFT)? {
+    if !datashift::header_in_place(dev, image.len() as u64)? {
         datashift::start_encrypt(dev, image)?;
     }
     run(dev, dev, PASS, opts, &mut |_| true)
@@ -139,6 +143,68 @@ fn crash_sweep_of_a_shifted_encryption_loses_nothing() {
     }
     assert!(tried > 40, "{tried} cut points");
     eprintln!("crash sweep (shifted encryption): {tried} cut points, 0 losses");
+}
+
+/// A start cut short, then run again with another `--reduce-device-size`: refused without a
+/// write once the header install has begun (the start of the device is no longer the
+/// plaintext), a correct encryption with the other shift before that; the original shift then
+/// finishes the refused one.
+#[test]
+fn a_start_cut_short_and_rerun_with_another_shift_loses_nothing() {
+    let device_len = 8 * SHIFT;
+    let plain = pattern(device_len as usize, 17);
+    let (image, key) = encrypt_image(device_len, 4096);
+    let other = SHIFT * 2;
+    let (image2, key2) = encrypt_image_shifted(device_len, 4096, other);
+    let full = CrashingStorage::new(plain.clone(), None);
+    datashift::start_encrypt(&full, &image).unwrap();
+    let start_ops = full.operations();
+    let (mut refused, mut restarted) = (0, 0);
+    for cut in 0..start_ops {
+        let dev = CrashingStorage::new(plain.clone(), Some(cut));
+        assert!(datashift::start_encrypt(&dev, &image).is_err(), "cut {cut}");
+        let after = MemStorage::new(dev.contents());
+        let before = after.contents();
+        match encrypt_shifted(&after, &image2, &opts()) {
+            // Either a fresh start with the other shift (the device's start was untouched), or
+            // the recorded encryption resumed (its header was already readable).
+            Ok(Outcome::Finished) => {
+                let shift = Luks2Header::read(&after)
+                    .unwrap()
+                    .data_segment()
+                    .unwrap()
+                    .offset;
+                let k = if shift == other { &key2 } else { &key };
+                let (l, out) = (device_len - 2 * shift, after.contents());
+                let want = expected_ciphertext(k, 4096, &plain[..l as usize]);
+                assert!(
+                    out[shift as usize..(shift + l) as usize] == want[..],
+                    "cut {cut}"
+                );
+                restarted += usize::from(shift == other);
+            }
+            Err(Error::Unsupported(why)) if why.contains("signature") => {
+                assert!(
+                    after.contents() == before,
+                    "cut {cut}: a refused start wrote"
+                );
+                assert_eq!(
+                    encrypt_shifted(&after, &image, &opts()).unwrap(),
+                    Outcome::Finished
+                );
+                let (l, out) = (device_len - 2 * SHIFT, after.contents());
+                let want = expected_ciphertext(&key, 4096, &plain[..l as usize]);
+                assert!(
+                    out[SHIFT as usize..(SHIFT + l) as usize] == want[..],
+                    "cut {cut}"
+                );
+                refused += 1;
+            }
+            other => panic!("cut {cut}: {other:?}"),
+        }
+    }
+    eprintln!("other shift after a cut start: {restarted} restarted, {refused} refused");
+    assert!(refused > 0 && restarted > 0);
 }
 
 #[test]
