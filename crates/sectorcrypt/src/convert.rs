@@ -154,8 +154,40 @@ fn convert(
             |n| n as usize,
         ),
     };
-    let mut report = Reporter::new(args.json);
-    let outcome = run(&header, data, pass, &options, &mut |p| {
+    run_reporting(&header, data, pass, &options, args.json, stop, resume)
+}
+
+/// Finish the conversion recorded in the header on `header` (for `serve` and `mount` of an
+/// interrupted one), with a progress bar on a terminal; a signal stops it at a safe point and
+/// says `resume`.
+pub fn finish_conversion(
+    header: &dyn Storage,
+    data: &dyn Storage,
+    pass: &[u8],
+    threads: usize,
+    resume: &str,
+) -> Result<(), CliError> {
+    let stop = stop_on_signals()?;
+    let options = Options {
+        hotzone: DEFAULT_HOTZONE,
+        threads,
+    };
+    run_reporting(header, data, pass, &options, false, &stop, resume)
+}
+
+/// Run the conversion to its end, reporting each step; a stop request pauses it at a safe point,
+/// which is an error that says `resume`.
+fn run_reporting(
+    header: &dyn Storage,
+    data: &dyn Storage,
+    pass: &[u8],
+    options: &Options,
+    json: bool,
+    stop: &AtomicBool,
+    resume: &str,
+) -> Result<(), CliError> {
+    let mut report = Reporter::new(json);
+    let outcome = run(header, data, pass, options, &mut |p| {
         report.step(p);
         !stop.load(Ordering::Relaxed)
     })
@@ -207,8 +239,20 @@ fn check_in_progress(path: &Path, mode: Mode) -> Result<(), CliError> {
     }
 }
 
+/// The reencryption's start options: cryptsetup's defaults, but with `--pbkdf-force-iterations`
+/// the reencryption digest takes the minimum PBKDF2 count instead of a calibration, as
+/// cryptsetup's does.
+fn init_options(pbkdf: &PbkdfArgs) -> InitOptions {
+    InitOptions {
+        digest_iterations: pbkdf
+            .force_iterations
+            .map(|_| sectorcrypt_luks::kdf::PBKDF2_MIN_ITERATIONS),
+        ..InitOptions::default()
+    }
+}
+
 /// How to resume a conversion that stopped.
-fn resume_hint(verb: &str, device: &Path, header: Option<&Path>) -> String {
+pub fn resume_hint(verb: &str, device: &Path, header: Option<&Path>) -> String {
     match header {
         Some(h) => format!(
             "sectorcrypt {verb} {} --header {} --resume-only",
@@ -387,9 +431,13 @@ fn start_shifted(
     let Header::Luks2(h) = formatted else {
         return Err(CliError::usage("the new header is not LUKS2"));
     };
-    let md =
-        reencrypt::init_encrypt_datashift(&h, &unlocked.volume_key, len, &InitOptions::default())
-            .map_err(luks_error)?;
+    let md = reencrypt::init_encrypt_datashift(
+        &h,
+        &unlocked.volume_key,
+        len,
+        &init_options(&args.pbkdf),
+    )
+    .map_err(luks_error)?;
     reencrypt::write_metadata(&image, &h, &md).map_err(luks_error)?;
     datashift::start_encrypt(dev, &image.contents()).map_err(volume_error)?;
     Ok(pass)
@@ -426,7 +474,7 @@ pub fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
     let data = open_rw(&args.device)?;
     let header = open_rw(&header_path)?;
     let stop = stop_on_signals()?;
-    let mut h = read_luks2(&header)?;
+    let h = read_luks2(&header)?;
     let in_progress = reencrypt::state(h.metadata()) != State::None;
     if args.run.resume_only || in_progress {
         check_in_progress(&header_path, Mode::Reencrypt)?;
@@ -458,18 +506,20 @@ pub fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
                 args.device.display()
             ),
         )?;
-        // First a keyslot holding the new key (bound to nothing yet), then one header write
-        // that starts the reencryption: a crash between the two leaves the volume as it was.
+        // The new key's keyslot material first (in a free area), then one header write that
+        // adds its keyslot and starts the reencryption: a crash leaves the volume as it was or
+        // the reencryption started.
         let new_vk = sectorcrypt_luks::luks2::random_bytes(key_len);
         let keyslot_cipher = (target.cipher != seg.cipher).then_some(target.cipher.as_str());
-        h.add_keyslot_for_new_key(&header, &new_vk, &pass, None, &pbkdf, keyslot_cipher)
+        let staged = h
+            .stage_keyslot_for_new_key(&header, &new_vk, &pass, None, &pbkdf, keyslot_cipher)
             .map_err(luks_error)?;
         let md = reencrypt::init_reencrypt(
-            &h,
+            &staged,
             &old.volume_key,
             &new_vk,
             &target,
-            &InitOptions::default(),
+            &init_options(&args.pbkdf),
         )
         .map_err(luks_error)?;
         reencrypt::write_metadata(&header, &h, &md).map_err(luks_error)?;
@@ -700,7 +750,7 @@ fn start(
     let Header::Luks2(h) = formatted else {
         return Err(CliError::usage("the new header is not LUKS2"));
     };
-    let md = reencrypt::init_encrypt(&h, &unlocked.volume_key, &InitOptions::default())
+    let md = reencrypt::init_encrypt(&h, &unlocked.volume_key, &init_options(&args.pbkdf))
         .map_err(luks_error)?;
     reencrypt::write_metadata(&header, &h, &md).map_err(luks_error)?;
     install_file(header_path, &header.contents())?;

@@ -4,10 +4,12 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use sectorcrypt_luks::luks2::reencrypt;
 use sectorcrypt_luks::Header;
 use sectorcrypt_storage::{FileStorage, Storage};
 use sectorcrypt_volume::{Volume, VolumeOptions};
 
+use crate::convert::{finish_conversion, resume_hint};
 use crate::exit::{CliError, Code};
 use crate::header::luks_error;
 use crate::keyfile::KeyArgs;
@@ -72,10 +74,37 @@ impl VolumeArgs {
             Some(h) => Arc::new(open(h, false)?),
             None => Arc::clone(&data),
         };
-        let header = Header::read(&*header_dev).map_err(luks_error)?;
+        let mut header = Header::read(&*header_dev).map_err(luks_error)?;
         let pass = self
             .key
             .read(&format!("Enter passphrase for {}: ", self.device.display()))?;
+        // A volume half converted in place has two layouts. An interrupted encryption or
+        // reencryption is finished first (as the next run of its command would), then served;
+        // a decryption, or any conversion of a read-only volume, is refused with the command
+        // that finishes it.
+        if let Header::Luks2(h) = &header {
+            if let Ok(Some(r)) = reencrypt::parse(h.metadata()) {
+                let verb = r.keyslot.mode.as_str();
+                let hint = resume_hint(verb, &self.device, self.header.as_deref());
+                if self.readonly || r.keyslot.mode == reencrypt::Mode::Decrypt {
+                    return Err(CliError::usage(format!(
+                        "{} is being converted in place ({verb}, interrupted); finish it \
+                         first: {hint}",
+                        self.device.display()
+                    )));
+                }
+                eprintln!(
+                    "{}: finishing the interrupted {verb} first (as {hint} would)",
+                    self.device.display()
+                );
+                let header_rw = match &self.header {
+                    Some(h) => Arc::new(open(h, true)?) as Arc<dyn Storage>,
+                    None => Arc::clone(&data),
+                };
+                finish_conversion(&*header_rw, &*data, &pass, self.threads(), &hint)?;
+                header = Header::read(&*header_dev).map_err(luks_error)?;
+            }
+        }
         let unlocked = header
             .unlock(&*header_dev, &pass, self.key_slot)
             .map_err(luks_error)?;

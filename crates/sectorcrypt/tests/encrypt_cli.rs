@@ -224,9 +224,51 @@ fn sigint_pauses_at_a_safe_point_and_resume_finishes() {
             segments.contains("backup-final") && !segments.contains("in-reencryption"),
             "a SIGINT must leave a clean, resumable state: {segments}"
         );
+        // Serving the half-converted volume read-only is refused with the command that
+        // finishes it; read-write, serving finishes it first (and a second attempt at
+        // resuming finds nothing to do).
+        let sock = dir.join("s.sock");
+        let mut serve = vec![
+            "serve",
+            p(&data),
+            "--header",
+            p(&hdr),
+            "--key-file",
+            p(&key),
+            "--socket",
+            p(&sock),
+        ];
+        let mut readonly = serve.clone();
+        readonly.push("--readonly");
+        let refused = sc(&readonly);
+        assert_eq!(refused.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            err.contains("encrypt") && err.contains("--resume-only"),
+            "{err}"
+        );
+        serve.extend_from_slice(&["--threads", "2"]);
+        let mut server = Command::new(env!("CARGO_BIN_EXE_sectorcrypt"))
+            .args(&serve)
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !sock.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            sock.exists(),
+            "serve did not finish the encryption and listen"
+        );
+        let _ = Command::new("kill")
+            .args(["-s", "TERM", &server.id().to_string()])
+            .status();
+        assert!(server.wait().unwrap().success(), "serve after finishing");
         let mut resume = args.clone();
         resume.push("--resume-only");
-        ok(sc(&resume), "encrypt --resume-only");
+        assert_eq!(sc(&resume).status.code(), Some(1), "nothing left to resume");
         cryptsetup_decrypts_to(&hdr, &data, &key, &plain);
         interrupted = true;
         break;

@@ -14,7 +14,9 @@
 //! copy. [`start_encrypt`] closes that window with a *prepared* copy of the header, written to
 //! `[L, L + S)` (free until the first step) **after** the copy at the end is durable: a valid
 //! prepared header proves the copy complete, so [`install_prepared`] can always finish the
-//! install, and without one the start of the device is still the untouched plaintext.
+//! install, and without one the start of the device is still the untouched plaintext, unless a
+//! run with another shift was cut short: every install writes a header signature first, and a
+//! start that finds a signature without a readable header refuses to copy anything.
 //!
 //! # Decryption with the header on the device (`decrypt --header NEWFILE`)
 //!

@@ -63,22 +63,23 @@ fn init_detached_reencrypt(
     data_len: u64,
     new_sector_size: u32,
 ) -> (Vec<u8>, Vec<u8>) {
-    let (mut h, old_vk) = format_detached(header_dev, data_len, 512);
+    let (h, old_vk) = format_detached(header_dev, data_len, 512);
     let new_vk = pattern(64, 77);
-    h.add_keyslot_for_new_key(
-        header_dev,
-        &new_vk,
-        PASS,
-        None,
-        &fast_pbkdf().luks2().unwrap(),
-        None,
-    )
-    .unwrap();
+    let staged = h
+        .stage_keyslot_for_new_key(
+            header_dev,
+            &new_vk,
+            PASS,
+            None,
+            &fast_pbkdf().luks2().unwrap(),
+            None,
+        )
+        .unwrap();
     let target = reencrypt::Target {
         cipher: "aes-xts-plain64".into(),
         sector_size: new_sector_size,
     };
-    let md = reencrypt::init_reencrypt(&h, &old_vk, &new_vk, &target, &fast_init()).unwrap();
+    let md = reencrypt::init_reencrypt(&staged, &old_vk, &new_vk, &target, &fast_init()).unwrap();
     reencrypt::write_metadata(header_dev, &h, &md).unwrap();
     (old_vk, new_vk)
 }

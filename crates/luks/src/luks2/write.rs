@@ -920,23 +920,23 @@ impl Header {
         Ok(slot as usize)
     }
 
-    /// Add a keyslot holding a *new* volume key `new_vk` for `passphrase`, under a pbkdf2 digest
-    /// of its own that lists no segment yet (what `cryptsetup reencrypt` adds before it starts a
-    /// key rotation; `reencrypt::init_reencrypt` then binds it to the final segment). The keyslot
-    /// area is encrypted with `cipher` (the new data cipher, when it changes), or else like the
-    /// data segment, whose cipher `new_vk` must then fit. Returns the slot number.
-    ///
-    /// Crash safety: the material is written and synced before the metadata names it; until then
-    /// the volume is as it was.
-    pub fn add_keyslot_for_new_key(
-        &mut self,
+    /// Stage a keyslot holding a *new* volume key `new_vk` for `passphrase`, under a pbkdf2
+    /// digest of its own that lists no segment yet (what `cryptsetup reencrypt` adds before it
+    /// starts a key rotation): its material is written and synced to a free area, and the header
+    /// returned has it in its metadata, **which is not written**. `reencrypt::init_reencrypt` on
+    /// the returned header binds it to the final segment, and one metadata write (over `self`)
+    /// then records both, so a crash leaves the volume as it was or the reencryption started,
+    /// never an unused keyslot. The keyslot area is encrypted with `cipher` (the new data cipher,
+    /// when it changes), or else like the data segment, whose cipher `new_vk` must then fit.
+    pub fn stage_keyslot_for_new_key(
+        &self,
         dev: &dyn Storage,
         new_vk: &[u8],
         passphrase: &[u8],
         slot: Option<usize>,
         pbkdf: &Pbkdf,
         cipher: Option<&str>,
-    ) -> Result<usize, Error> {
+    ) -> Result<Header, Error> {
         self.check_writable()?;
         let slot = self.pick_slot(slot)?;
         let hash = Hash::Sha256;
@@ -966,8 +966,9 @@ impl Header {
             }),
         ));
         md.digests.0.sort_by_key(|(n, _)| *n);
-        self.commit(dev, &md)?;
-        Ok(slot as usize)
+        let mut staged = self.clone();
+        staged.metadata = md;
+        Ok(staged)
     }
 
     /// Remove keyslot `slot` (`cryptsetup luksKillSlot`): the metadata without it first, then
