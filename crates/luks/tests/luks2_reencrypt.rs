@@ -63,6 +63,23 @@ impl Fixture {
         self.dir.join(name)
     }
 
+    /// `cryptsetup luksFormat` of `dev` with the data at `offset` (bytes) and `sector_size`,
+    /// holding the first volume key.
+    fn format_attached(&self, dev: &Path, offset: u64, sector_size: u32) {
+        self.cs(&[
+            "luksFormat",
+            "--type",
+            "luks2",
+            "--offset",
+            &(offset / 512).to_string(),
+            "--sector-size",
+            &sector_size.to_string(),
+            "--volume-key-file",
+            path(&self.vk1_file),
+            path(dev),
+        ]);
+    }
+
     /// `cryptsetup ARGS... --batch-mode --key-file K` with the fast PBKDF2, insisting on success.
     fn cs(&self, args: &[&str]) -> String {
         let mut all: Vec<&str> = args.to_vec();
@@ -615,18 +632,7 @@ fn encrypt_with_datashift() {
     let mut img = plain.clone();
     img.copy_within(0..shift as usize, (size - shift) as usize);
     std::fs::write(&ours, &img).unwrap();
-    f.cs(&[
-        "luksFormat",
-        "--type",
-        "luks2",
-        "--offset",
-        &(shift / 512).to_string(),
-        "--sector-size",
-        "512",
-        "--volume-key-file",
-        path(&f.vk1_file),
-        path(&ours),
-    ]);
+    f.format_attached(&ours, shift, 512);
     let base = read_header(&ours);
     let md = reencrypt::init_encrypt_datashift(&base, &f.vk1, size, &fast_opts()).unwrap();
     assert_same_json(md.to_json(), theirs, "encrypt --reduce-device-size");
@@ -861,18 +867,7 @@ fn decrypt_with_datashift() {
     let plain = pattern(data_size as usize, 10);
     let dev = f.file("dev.img");
     std::fs::File::create(&dev).unwrap().set_len(size).unwrap();
-    f.cs(&[
-        "luksFormat",
-        "--type",
-        "luks2",
-        "--offset",
-        &(shift / 512).to_string(),
-        "--sector-size",
-        "4096",
-        "--volume-key-file",
-        path(&f.vk1_file),
-        path(&dev),
-    ]);
+    f.format_attached(&dev, shift, 4096);
     let mut image = std::fs::read(&dev).unwrap();
     let mut ct = plain.clone();
     crypt_data(&f.vk1, 4096, &mut ct, 0, true);
@@ -990,18 +985,7 @@ fn shifted_encryption_steps_match_cryptsetups_states() {
     let shift = 16 * MIB;
     let dev = f.file("dev.img");
     std::fs::File::create(&dev).unwrap().set_len(size).unwrap();
-    f.cs(&[
-        "luksFormat",
-        "--type",
-        "luks2",
-        "--offset",
-        &(shift / 512).to_string(),
-        "--sector-size",
-        "512",
-        "--volume-key-file",
-        path(&f.vk1_file),
-        path(&dev),
-    ]);
+    f.format_attached(&dev, shift, 512);
     let base = read_header(&dev);
     let md = reencrypt::init_encrypt_datashift(&base, &f.vk1, size, &fast_opts()).unwrap();
     let r = reencrypt::parse(&md).unwrap().unwrap();

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use sectorcrypt_cipher::CipherSpec;
+use sectorcrypt_luks::luks2::metadata::Metadata;
 use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, Mode, State};
 use sectorcrypt_luks::luks2::Header as Luks2Header;
 use sectorcrypt_luks::{FormatOptions, Header};
@@ -410,37 +411,47 @@ fn start_shifted(
         });
     };
     let options = format_options(args, Some(shift))?;
-    confirm(
-        args.run.batch,
-        &format!(
-            "WARNING!\n========\nThis will encrypt {} in place. Its first {keep} bytes are kept \
-             (behind a {shift}-byte header); the last {} bytes must be unused (shrink the file \
-             system first): they are overwritten.",
-            args.device.display(),
-            2 * shift
-        ),
-    )?;
+    let warning = format!(
+        "WARNING!\n========\nThis will encrypt {} in place. Its first {keep} bytes are kept \
+         (behind a {shift}-byte header); the last {} bytes must be unused (shrink the file \
+         system first): they are overwritten.",
+        args.device.display(),
+        2 * shift
+    );
+    let (image, pass) = new_header(args, &options, shift, len, &warning, |h, vk| {
+        reencrypt::init_encrypt_datashift(h, vk, len, &init_options(&args.pbkdf))
+    })?;
+    datashift::start_encrypt(dev, &image).map_err(volume_error)?;
+    Ok(pass)
+}
+
+/// Confirm `warning`, ask for the new passphrase, and build the new header in memory (`size`
+/// bytes): formatted with `options` for a `data_len`-byte device, then the encryption's start
+/// recorded by `init` (given the header and the volume key). Returns its bytes and the
+/// passphrase.
+fn new_header(
+    args: &EncryptArgs,
+    options: &FormatOptions,
+    size: u64,
+    data_len: u64,
+    warning: &str,
+    init: impl FnOnce(&Luks2Header, &[u8]) -> Result<Metadata, sectorcrypt_luks::Error>,
+) -> Result<(Vec<u8>, zeroize::Zeroizing<Vec<u8>>), CliError> {
+    confirm(args.run.batch, warning)?;
     let pass = new_passphrase(
         None,
         &args.run.key,
         &format!("Enter passphrase for {}: ", args.device.display()),
     )?;
-    let image = MemStorage::new(vec![0; shift as usize]);
+    let image = MemStorage::new(vec![0; size as usize]);
     let (formatted, unlocked) =
-        sectorcrypt_luks::format(&image, len, &options, &pass).map_err(luks_error)?;
+        sectorcrypt_luks::format(&image, data_len, options, &pass).map_err(luks_error)?;
     let Header::Luks2(h) = formatted else {
         return Err(CliError::usage("the new header is not LUKS2"));
     };
-    let md = reencrypt::init_encrypt_datashift(
-        &h,
-        &unlocked.volume_key,
-        len,
-        &init_options(&args.pbkdf),
-    )
-    .map_err(luks_error)?;
+    let md = init(&h, &unlocked.volume_key).map_err(luks_error)?;
     reencrypt::write_metadata(&image, &h, &md).map_err(luks_error)?;
-    datashift::start_encrypt(dev, &image.contents()).map_err(volume_error)?;
-    Ok(pass)
+    Ok((image.contents(), pass))
 }
 
 #[derive(clap::Args, Debug)]
@@ -728,32 +739,19 @@ fn start(
         }
     }
     let options = format_options(args, None)?;
-    confirm(
-        args.run.batch,
-        &format!(
-            "WARNING!\n========\nThis will encrypt {} in place and write its header to {}.",
-            args.device.display(),
-            header_path.display()
-        ),
-    )?;
-    let pass = new_passphrase(
-        None,
-        &args.run.key,
-        &format!("Enter passphrase for {}: ", args.device.display()),
-    )?;
+    let warning = format!(
+        "WARNING!\n========\nThis will encrypt {} in place and write its header to {}.",
+        args.device.display(),
+        header_path.display()
+    );
     // The header is made whole in memory (formatted, then the encryption's start recorded) and
     // only then becomes the file, by rename: a crash leaves no header or a complete one, never a
     // header that names the plaintext as encrypted.
-    let header = MemStorage::new(vec![0; options.header_file_size() as usize]);
-    let (formatted, unlocked) =
-        sectorcrypt_luks::format(&header, data_len, &options, &pass).map_err(luks_error)?;
-    let Header::Luks2(h) = formatted else {
-        return Err(CliError::usage("the new header is not LUKS2"));
-    };
-    let md = reencrypt::init_encrypt(&h, &unlocked.volume_key, &init_options(&args.pbkdf))
-        .map_err(luks_error)?;
-    reencrypt::write_metadata(&header, &h, &md).map_err(luks_error)?;
-    install_file(header_path, &header.contents())?;
+    let size = options.header_file_size();
+    let (image, pass) = new_header(args, &options, size, data_len, &warning, |h, vk| {
+        reencrypt::init_encrypt(h, vk, &init_options(&args.pbkdf))
+    })?;
+    install_file(header_path, &image)?;
     Ok(pass)
 }
 
