@@ -153,7 +153,9 @@ fn luks_signature(dev: &dyn Storage) -> Result<Option<u64>, Error> {
 /// invalidate the prepared copy, and return `true`. Returns `false`, writing nothing, when there
 /// is no prepared header. The order: a bare secondary signature (not a readable header), so that
 /// every install cut short leaves one; the keyslots; the secondary header; the primary one. So a
-/// readable header at the start always has its keyslots.
+/// readable header at the start always has its keyslots. A header in place that is newer than
+/// the prepared copy (same UUID, higher seqid: steps ran after a cut before the invalidation) is
+/// kept; only the prepared copy is invalidated.
 ///
 /// Errors: [`Error::Io`].
 pub fn install_prepared(dev: &dyn Storage, shift: u64) -> Result<bool, Error> {
@@ -161,9 +163,9 @@ pub fn install_prepared(dev: &dyn Storage, shift: u64) -> Result<bool, Error> {
     let Some(data) = encrypt_data_size(device_len, shift) else {
         return Ok(false);
     };
-    if Luks2Header::read(&Window::new(dev, data, shift)).is_err() {
+    let Ok(prepared) = Luks2Header::read(&Window::new(dev, data, shift)) else {
         return Ok(false);
-    }
+    };
     let mut image = vec![0u8; shift as usize];
     dev.read_at(&mut image, data)
         .map_err(|e| io_at(dev, "reading the prepared header", e))?;
@@ -171,11 +173,17 @@ pub fn install_prepared(dev: &dyn Storage, shift: u64) -> Result<bool, Error> {
         return Ok(false);
     }
     let hdr = hdr_size(&image)? as usize;
-    let install = "installing the header";
-    write_synced(dev, &MAGIC_SECONDARY, hdr as u64, install)?;
-    write_synced(dev, &image[2 * hdr..], 2 * hdr as u64, install)?;
-    write_synced(dev, &image[hdr..2 * hdr], hdr as u64, install)?;
-    write_synced(dev, &image[..hdr], 0, install)?;
+    // The install finished but the prepared copy outlived it (a cut before the invalidation)
+    // and steps have run since: the header in place is newer, and must not be set back.
+    let progressed = Luks2Header::read(dev)
+        .is_ok_and(|h| h.uuid() == prepared.uuid() && h.seqid() > prepared.seqid());
+    if !progressed {
+        let install = "installing the header";
+        write_synced(dev, &MAGIC_SECONDARY, hdr as u64, install)?;
+        write_synced(dev, &image[2 * hdr..], 2 * hdr as u64, install)?;
+        write_synced(dev, &image[hdr..2 * hdr], hdr as u64, install)?;
+        write_synced(dev, &image[..hdr], 0, install)?;
+    }
     write_synced(
         dev,
         &vec![0u8; 2 * hdr],

@@ -207,6 +207,43 @@ fn a_start_cut_short_and_rerun_with_another_shift_loses_nothing() {
     assert!(refused > 0 && restarted > 0);
 }
 
+/// A cut after the header install but before the prepared copy is invalidated, then steps run
+/// (resumed from the header in place), then the start is run again: the prepared copy, still
+/// readable where the first steps did not write (L < 2 S), must not set the header back.
+#[test]
+fn a_stale_prepared_header_never_sets_progress_back() {
+    let data_len = SHIFT * 3 / 2;
+    let device_len = data_len + 2 * SHIFT;
+    let plain = pattern(device_len as usize, 18);
+    let (image, key) = encrypt_image(device_len, 4096);
+    let full = CrashingStorage::new(plain.clone(), None);
+    datashift::start_encrypt(&full, &image).unwrap();
+    // The last write and sync of the start invalidate the prepared copy: cut before them.
+    let dev = CrashingStorage::new(plain.clone(), Some(full.operations() - 2));
+    assert!(datashift::start_encrypt(&dev, &image).is_err());
+    let dev = MemStorage::new(dev.contents());
+    let out = run(&dev, &dev, PASS, &opts(), &mut |_| false).unwrap();
+    assert!(matches!(out, Outcome::Paused(_)));
+    let before = dev.contents();
+    assert!(datashift::header_in_place(&dev, SHIFT).unwrap());
+    let after = dev.contents();
+    assert!(
+        after[..SHIFT as usize] == before[..SHIFT as usize],
+        "the header in place was set back to the prepared one"
+    );
+    let prepared = Window::new(&dev as &dyn Storage, data_len, SHIFT);
+    assert!(
+        Luks2Header::read(&prepared).is_err(),
+        "the prepared copy is left"
+    );
+    assert_eq!(
+        encrypt_shifted(&dev, &image, &opts()).unwrap(),
+        Outcome::Finished
+    );
+    let want = expected_ciphertext(&key, 4096, &plain[..data_len as usize]);
+    assert!(dev.contents()[SHIFT as usize..(SHIFT + data_len) as usize] == want[..]);
+}
+
 #[test]
 fn crash_sweep_of_a_shifted_decryption_loses_nothing() {
     let device_len = SHIFT + (1280 << 10);
