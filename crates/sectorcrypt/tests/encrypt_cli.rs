@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,15 @@ const FAST: [&str; 5] = [
     "1000",
     "-q",
 ];
+
+/// A scratch directory, a passphrase file in it, and the path of a data image there.
+fn workspace(name: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let dir = scratch(name);
+    let key = dir.join("pass");
+    std::fs::write(&key, "passphrase").unwrap();
+    let data = dir.join("data.img");
+    (dir, key, data)
+}
 
 fn random_file(path: &Path, len: usize, seed: u64) -> Vec<u8> {
     let mut v = vec![0u8; len];
@@ -64,10 +73,7 @@ fn encrypt_args<'a>(
 
 #[test]
 fn encrypted_in_place_and_decrypted_by_cryptsetup() {
-    let dir = scratch("encrypt_cli-roundtrip");
-    let key = dir.join("pass");
-    std::fs::write(&key, "passphrase").unwrap();
-    let data = dir.join("data.img");
+    let (dir, key, data) = workspace("encrypt_cli-roundtrip");
     let hdr = dir.join("hdr.img");
     let plain = random_file(&data, 48 << 20, 1);
     let out = ok(
@@ -159,10 +165,7 @@ fn signalled_after(
 /// again until done: cryptsetup decrypts the result to the original.
 #[test]
 fn sigkill_at_random_moments_then_resume_loses_nothing() {
-    let dir = scratch("encrypt_cli-sigkill");
-    let key = dir.join("pass");
-    std::fs::write(&key, "passphrase").unwrap();
-    let data = dir.join("data.img");
+    let (dir, key, data) = workspace("encrypt_cli-sigkill");
     let hdr = dir.join("hdr.img");
     let plain = random_file(&data, 512 << 20, 2);
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
@@ -196,10 +199,7 @@ fn sigkill_at_random_moments_then_resume_loses_nothing() {
 
 #[test]
 fn sigint_pauses_at_a_safe_point_and_resume_finishes() {
-    let dir = scratch("encrypt_cli-sigint");
-    let key = dir.join("pass");
-    std::fs::write(&key, "passphrase").unwrap();
-    let data = dir.join("data.img");
+    let (dir, key, data) = workspace("encrypt_cli-sigint");
     let hdr = dir.join("hdr.img");
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
     let mut interrupted = false;
@@ -279,10 +279,7 @@ fn sigint_pauses_at_a_safe_point_and_resume_finishes() {
 
 #[test]
 fn bad_input_is_refused_and_changes_nothing() {
-    let dir = scratch("encrypt_cli-bad");
-    let key = dir.join("pass");
-    std::fs::write(&key, "passphrase").unwrap();
-    let data = dir.join("data.img");
+    let (dir, key, data) = workspace("encrypt_cli-bad");
     let hdr = dir.join("hdr.img");
     let plain = random_file(&data, 8 << 20, 4);
     let code = |args: &[&str]| {
@@ -378,10 +375,7 @@ fn decrypt_args<'a>(
 
 #[test]
 fn decrypts_what_cryptsetup_encrypted_and_what_we_encrypted() {
-    let dir = scratch("encrypt_cli-decrypt");
-    let key = dir.join("pass");
-    std::fs::write(&key, "passphrase").unwrap();
-    let data = dir.join("data.img");
+    let (dir, key, data) = workspace("encrypt_cli-decrypt");
     let hdr = dir.join("hdr.img");
     let plain = random_file(&data, 24 << 20, 11);
     ok(
@@ -453,10 +447,7 @@ fn decrypts_what_cryptsetup_encrypted_and_what_we_encrypted() {
 
 #[test]
 fn decryption_killed_at_random_moments_then_resumed_loses_nothing() {
-    let dir = scratch("encrypt_cli-decrypt-kill");
-    let key = dir.join("pass");
-    std::fs::write(&key, "passphrase").unwrap();
-    let data = dir.join("data.img");
+    let (dir, key, data) = workspace("encrypt_cli-decrypt-kill");
     let hdr = dir.join("hdr.img");
     let plain = random_file(&data, 256 << 20, 12);
     ok(sc(&encrypt_args(&data, &hdr, &key, &[])), "encrypt");
@@ -606,10 +597,7 @@ fn reencrypt_rotates_the_key_of_an_attached_header_volume_even_when_killed() {
 
 #[test]
 fn encrypt_reencrypt_decrypt_comes_back_to_the_original() {
-    let dir = scratch("encrypt_cli-cycle");
-    let key = dir.join("pass");
-    std::fs::write(&key, "passphrase").unwrap();
-    let data = dir.join("data.img");
+    let (dir, key, data) = workspace("encrypt_cli-cycle");
     let hdr = dir.join("hdr.img");
     let plain = random_file(&data, 32 << 20, 31);
     ok(sc(&encrypt_args(&data, &hdr, &key, &[])), "encrypt");
@@ -669,10 +657,7 @@ fn decrypt_export_args<'a>(data: &'a Path, hdr: &'a Path, key: &'a Path) -> Vec<
 /// header exported to a new file, back to the original at offset 0.
 #[test]
 fn decrypts_in_place_what_cryptsetup_encrypted_with_reduce_device_size() {
-    let dir = scratch("encrypt_cli-shift-theirs");
-    let key = dir.join("pass");
-    std::fs::write(&key, "passphrase").unwrap();
-    let data = dir.join("data.img");
+    let (dir, key, data) = workspace("encrypt_cli-shift-theirs");
     let plain = random_file(&data, 96 << 20, 41);
     let kept = 64 << 20; // 96 MiB less --reduce-device-size 32M
     ok(
@@ -739,10 +724,7 @@ fn decrypts_in_place_what_cryptsetup_encrypted_with_reduce_device_size() {
 /// too, some of them before the exported header is in place.
 #[test]
 fn shifted_encryption_and_decryption_killed_at_random_moments_lose_nothing() {
-    let dir = scratch("encrypt_cli-shift-kill");
-    let key = dir.join("pass");
-    std::fs::write(&key, "passphrase").unwrap();
-    let data = dir.join("data.img");
+    let (dir, key, data) = workspace("encrypt_cli-shift-kill");
     let plain = random_file(&data, 512 << 20, 42);
     let kept = 504 << 20; // less --reduce-device-size 8M
     let mut args = vec![

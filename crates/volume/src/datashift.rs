@@ -57,12 +57,6 @@ fn write_synced(dev: &dyn Storage, buf: &[u8], offset: u64, what: &str) -> Resul
         .map_err(|e| io_at(dev, what, e))
 }
 
-/// The header image's metadata size (one copy), read from the image.
-fn hdr_size(image: &[u8]) -> Result<u64, Error> {
-    let h = Luks2Header::read(&MemStorage::new(image.to_vec())).map_err(luks)?;
-    Ok(h.binary().hdr_size)
-}
-
 /// The plaintext a shifted encryption keeps on a `device_len`-byte device with shift `shift`
 /// (L = D − 2S), if there is room: at least S, so that the prepared header at `[L, L + S)`
 /// overlaps neither the header's place nor the copy at the end.
@@ -85,7 +79,8 @@ pub fn start_encrypt(dev: &dyn Storage, image: &[u8]) -> Result<(), Error> {
     let shift = image.len() as u64;
     let device_len = dev.len().map_err(|e| io_at(dev, "reading the size", e))?;
     let data = encrypt_data_size(device_len, shift).ok_or_else(|| too_small(device_len, shift))?;
-    check_image(image, device_len)?;
+    let h = Luks2Header::read(&MemStorage::new(image.to_vec())).map_err(luks)?;
+    check_start(&h, shift, device_len)?;
     // Every install writes a header signature first; one without a readable header is a start
     // cut short (with another shift than this run's, or the prepared copy would have been
     // found): copying the device's start to the end now could overwrite the only good copy.
@@ -109,12 +104,10 @@ fn too_small(device_len: u64, shift: u64) -> Error {
     ))
 }
 
-/// `image` must be a header starting the shifted encryption of a `device_len`-byte device.
-fn check_image(image: &[u8], device_len: u64) -> Result<(), Error> {
-    let h = Luks2Header::read(&MemStorage::new(image.to_vec())).map_err(luks)?;
-    let r = reencrypt::parse(h.metadata()).map_err(luks)?;
-    let shift = image.len() as u64;
-    match r {
+/// `h` must be a header starting the shifted encryption by `shift` bytes of a `device_len`-byte
+/// device.
+fn check_start(h: &Luks2Header, shift: u64, device_len: u64) -> Result<(), Error> {
+    match reencrypt::parse(h.metadata()).map_err(luks)? {
         Some(r)
             if r.keyslot.mode == Mode::Encrypt
                 && r.keyslot.direction == Direction::Backward
@@ -166,13 +159,13 @@ pub fn install_prepared(dev: &dyn Storage, shift: u64) -> Result<bool, Error> {
     let Ok(prepared) = Luks2Header::read(&Window::new(dev, data, shift)) else {
         return Ok(false);
     };
+    if check_start(&prepared, shift, device_len).is_err() {
+        return Ok(false);
+    }
     let mut image = vec![0u8; shift as usize];
     dev.read_at(&mut image, data)
         .map_err(|e| io_at(dev, "reading the prepared header", e))?;
-    if check_image(&image, device_len).is_err() {
-        return Ok(false);
-    }
-    let hdr = hdr_size(&image)? as usize;
+    let hdr = prepared.binary().hdr_size as usize;
     // The install finished but the prepared copy outlived it (a cut before the invalidation)
     // and steps have run since: the header in place is newer, and must not be set back.
     let progressed = Luks2Header::read(dev)

@@ -314,8 +314,8 @@ pub fn run(
         engine.recover(hz)?;
         header = engine.commit(&header, &r, hz, false)?;
     }
+    let mut r = in_progress(&header)?;
     loop {
-        let r = in_progress(&header)?;
         let Some(hz) = engine.next_hotzone(header.metadata(), &r) else {
             engine.finish(&header, &r)?;
             return Ok(Outcome::Finished);
@@ -333,7 +333,7 @@ pub fn run(
             engine.shift_copy(hz)?;
         }
         header = engine.commit(&header, &r, hz, false)?;
-        let r = in_progress(&header)?;
+        r = in_progress(&header)?;
         let now = Progress {
             done: engine.done(header.metadata(), &r),
             total,
@@ -403,12 +403,14 @@ pub(crate) fn wipe_random(dev: &dyn Storage, offset: u64, len: u64) -> Result<()
         &key,
         &SectorOptions::default(),
     )?;
+    let mut buf = vec![0u8; PIECE.min(len).div_ceil(512) as usize * 512];
     let mut done = 0;
     while done < len {
         let n = PIECE.min(len - done);
         // Whole sectors for the cipher; a ragged end just keeps some zero bytes' ciphertext.
-        let mut buf = vec![0u8; n.div_ceil(512) as usize * 512];
-        cipher.process(&mut buf, (offset + done) / 512, Direction_::Encrypt)?;
+        let buf = &mut buf[..n.div_ceil(512) as usize * 512];
+        buf.fill(0);
+        cipher.process(buf, (offset + done) / 512, Direction_::Encrypt)?;
         dev.write_at(&buf[..n as usize], offset + done)
             .map_err(|e| io_at(dev, "overwriting data no longer needed", e))?;
         done += n;

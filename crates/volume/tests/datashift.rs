@@ -355,8 +355,7 @@ fn shifted_encryption_interop_with_cryptsetup() {
     let (image, key) = encrypt_image(device_len, 4096);
     let dev = FileStorage::open(&img).unwrap();
     datashift::start_encrypt(&dev, &image).unwrap();
-    let out = run(&dev, &dev, PASS, &opts(), &mut |_| false).unwrap();
-    assert!(matches!(out, Outcome::Paused(_)));
+    one_step(&img, &img, 128 << 10);
     cryptsetup_reencrypt(&["--resume-only"], None, &key_file, &img);
     let got = std::fs::read(&img).unwrap();
     assert!(
@@ -393,11 +392,7 @@ fn shifted_encryption_interop_with_cryptsetup() {
         &key_file,
         &img,
     );
-    let dev = FileStorage::open(&img).unwrap();
-    assert_eq!(
-        run(&dev, &dev, PASS, &opts(), &mut |_| true).unwrap(),
-        Outcome::Finished
-    );
+    run_to_end(&img, &img);
     let got = std::fs::read(&img).unwrap();
     assert!(
         got[SHIFT as usize..(SHIFT + data_len) as usize]
@@ -434,8 +429,7 @@ fn shifted_decryption_interop_with_cryptsetup() {
         FileStorage::open(&img).unwrap(),
     );
     datashift::start_decrypt(&h, &d, PASS, MOVED, &fast_init()).unwrap();
-    let out = run(&h, &d, PASS, &opts(), &mut |_| false).unwrap();
-    assert!(matches!(out, Outcome::Paused(_)));
+    one_step(&hdr, &img, 128 << 10);
     cryptsetup_reencrypt(&["--resume-only"], Some(&hdr), &key_file, &img);
     assert!(
         std::fs::read(&img).unwrap()[..data_len as usize] == plain[..],
@@ -447,14 +441,7 @@ fn shifted_decryption_interop_with_cryptsetup() {
     let hdr = dir.join("theirs.hdr");
     std::fs::write(&img, &volume).unwrap();
     cryptsetup_reencrypt(&["--decrypt", "--init-only"], Some(&hdr), &key_file, &img);
-    let (h, d) = (
-        FileStorage::open(&hdr).unwrap(),
-        FileStorage::open(&img).unwrap(),
-    );
-    assert_eq!(
-        run(&h, &d, PASS, &Options::default(), &mut |_| true).unwrap(),
-        Outcome::Finished
-    );
+    run_to_end(&hdr, &img);
     assert!(
         std::fs::read(&img).unwrap()[..data_len as usize] == plain[..],
         "our steps of cryptsetup's shifted decryption"

@@ -275,18 +275,7 @@ fn cryptsetup_resumes_ours_and_we_resume_cryptsetups() {
     std::fs::write(&hdr, vec![0u8; HEADER_LEN as usize]).unwrap();
     std::fs::write(&data, &plain).unwrap();
     let key = init_detached(&FileStorage::open(&hdr).unwrap(), data_len as u64, 4096);
-    let out = run(
-        &FileStorage::open(&hdr).unwrap(),
-        &FileStorage::open(&data).unwrap(),
-        PASS,
-        &Options {
-            hotzone: 2 << 20,
-            threads: 2,
-        },
-        &mut |_| false,
-    )
-    .unwrap();
-    assert!(matches!(out, Outcome::Paused(_)));
+    one_step(&hdr, &data, 2 << 20);
     cryptsetup_reencrypt(&["--resume-only"], Some(&hdr), &key_file, &data);
     assert_eq!(
         std::fs::read(&data).unwrap(),
@@ -317,15 +306,7 @@ fn cryptsetup_resumes_ours_and_we_resume_cryptsetups() {
         &key_file,
         &data,
     );
-    let out = run(
-        &FileStorage::open(&hdr).unwrap(),
-        &FileStorage::open(&data).unwrap(),
-        PASS,
-        &Options::default(),
-        &mut |_| true,
-    )
-    .unwrap();
-    assert_eq!(out, Outcome::Finished);
+    run_to_end(&hdr, &data);
     // cryptsetup sees a finished volume: the passphrase opens it, and it decrypts it in place
     // back to the plaintext.
     cryptsetup(&[
@@ -381,15 +362,7 @@ fn decryption_interop_with_cryptsetup() {
         &data,
     );
     cryptsetup_reencrypt(&["--decrypt", "--init-only"], Some(&hdr), &key_file, &data);
-    let out = run(
-        &FileStorage::open(&hdr).unwrap(),
-        &FileStorage::open(&data).unwrap(),
-        PASS,
-        &Options::default(),
-        &mut |_| true,
-    )
-    .unwrap();
-    assert_eq!(out, Outcome::Finished);
+    run_to_end(&hdr, &data);
     assert!(
         std::fs::read(&data).unwrap() == plain,
         "our decryption of cryptsetup's encryption"
@@ -401,18 +374,7 @@ fn decryption_interop_with_cryptsetup() {
     std::fs::write(&hdr, vec![0u8; HEADER_LEN as usize]).unwrap();
     let key = init_detached_decrypt(&FileStorage::open(&hdr).unwrap(), data_len as u64, 4096);
     std::fs::write(&data, expected_ciphertext(&key, 4096, &plain)).unwrap();
-    let out = run(
-        &FileStorage::open(&hdr).unwrap(),
-        &FileStorage::open(&data).unwrap(),
-        PASS,
-        &Options {
-            hotzone: 2 << 20,
-            threads: 2,
-        },
-        &mut |_| false,
-    )
-    .unwrap();
-    assert!(matches!(out, Outcome::Paused(_)));
+    one_step(&hdr, &data, 2 << 20);
     cryptsetup_reencrypt(&["--resume-only"], Some(&hdr), &key_file, &data);
     assert!(
         std::fs::read(&data).unwrap() == plain,
@@ -437,18 +399,7 @@ fn reencryption_interop_with_cryptsetup() {
     let (old, new) =
         init_detached_reencrypt(&FileStorage::open(&hdr).unwrap(), data_len as u64, 4096);
     std::fs::write(&data, expected_ciphertext(&old, 512, &plain)).unwrap();
-    let out = run(
-        &FileStorage::open(&hdr).unwrap(),
-        &FileStorage::open(&data).unwrap(),
-        PASS,
-        &Options {
-            hotzone: 2 << 20,
-            threads: 2,
-        },
-        &mut |_| false,
-    )
-    .unwrap();
-    assert!(matches!(out, Outcome::Paused(_)));
+    one_step(&hdr, &data, 2 << 20);
     cryptsetup_reencrypt(&["--resume-only"], Some(&hdr), &key_file, &data);
     assert!(std::fs::read(&data).unwrap() == expected_ciphertext(&new, 4096, &plain));
 
@@ -489,9 +440,8 @@ fn reencryption_interop_with_cryptsetup() {
         &key_file,
         &img,
     );
+    run_to_end(&img, &img);
     let dev = FileStorage::open(&img).unwrap();
-    let out = run(&dev, &dev, PASS, &Options::default(), &mut |_| true).unwrap();
-    assert_eq!(out, Outcome::Finished);
     // The new key, as cryptsetup sees it, decrypts the payload to the plaintext.
     let dump = Command::new("cryptsetup")
         .args([

@@ -1364,45 +1364,17 @@ pub fn encrypt_forward_progress(
     done: u64,
     hot: Option<u64>,
 ) -> Result<Metadata, Error> {
-    if r.keyslot.mode != Mode::Encrypt
-        || r.keyslot.direction != Direction::Forward
-        || r.backup_moved.is_some()
-    {
-        return Err(Error::Unsupported(
-            "progress of anything but a forward encryption without a data shift".into(),
-        ));
-    }
-    let SegmentKind::Crypt {
-        iv_tweak,
-        encryption,
-        sector_size,
-    } = &r.backup_final.kind
-    else {
-        return Err(Error::Corrupt(
-            "the backup-final segment is not a crypt segment".into(),
-        ));
-    };
-    let digest = r
-        .digest_new
-        .ok_or_else(|| Error::Corrupt("no digest lists the backup-final segment".into()))?;
+    in_place_layout(r, Mode::Encrypt, Direction::Forward)?;
+    let digest = crypt_layout_digest(&r.backup_final, r.digest_new, FLAG_BACKUP_FINAL)?;
     let base = r.backup_final.offset;
-    let crypt_at = |at: u64, size: u64, flags: Vec<String>| ReencryptSegment {
-        id: 0,
-        offset: base + at,
-        size: Some(size),
-        kind: SegmentKind::Crypt {
-            iv_tweak: iv_tweak + at / 512,
-            encryption: encryption.clone(),
-            sector_size: *sector_size,
-        },
-        flags,
-    };
+    let crypt_at =
+        |at: u64, size: u64, hot: bool| r.backup_final.piece(at, base + at, Some(size), hot);
     let mut regular = Vec::new();
     if done > 0 {
-        regular.push(crypt_at(0, done, Vec::new()));
+        regular.push(crypt_at(0, done, false));
     }
     if let Some(len) = hot {
-        regular.push(crypt_at(done, len, vec![FLAG_IN_REENCRYPTION.into()]));
+        regular.push(crypt_at(done, len, true));
     }
     let rest = done + hot.unwrap_or(0);
     regular.push(linear_at(base + rest, None, false));
@@ -1424,29 +1396,12 @@ pub fn decrypt_backward_progress(
     hot: Option<u64>,
     total: u64,
 ) -> Result<Metadata, Error> {
-    if r.keyslot.mode != Mode::Decrypt
-        || r.keyslot.direction != Direction::Backward
-        || r.backup_moved.is_some()
-    {
-        return Err(Error::Unsupported(
-            "progress of anything but a backward decryption without a data shift".into(),
-        ));
-    }
-    let SegmentKind::Crypt { .. } = &r.backup_previous.kind else {
-        return Err(Error::Corrupt(
-            "the backup-previous segment is not a crypt segment".into(),
-        ));
-    };
-    let digest = r
-        .digest_old
-        .ok_or_else(|| Error::Corrupt("no digest lists the backup-previous segment".into()))?;
+    in_place_layout(r, Mode::Decrypt, Direction::Backward)?;
+    let digest = crypt_layout_digest(&r.backup_previous, r.digest_old, FLAG_BACKUP_PREVIOUS)?;
     let base = r.backup_previous.offset;
     let mut regular = Vec::new();
     if remaining > 0 {
-        let mut old = r.backup_previous.clone();
-        old.size = Some(remaining);
-        old.flags.clear();
-        regular.push(old);
+        regular.push(r.backup_previous.piece(0, base, Some(remaining), false));
     }
     let mut end = remaining;
     if let Some(len) = hot {
@@ -1474,14 +1429,7 @@ pub fn reencrypt_forward_progress(
     hot: Option<u64>,
     total: u64,
 ) -> Result<Metadata, Error> {
-    if r.keyslot.mode != Mode::Reencrypt
-        || r.keyslot.direction != Direction::Forward
-        || r.backup_moved.is_some()
-    {
-        return Err(Error::Unsupported(
-            "progress of anything but a forward reencryption without a data shift".into(),
-        ));
-    }
+    in_place_layout(r, Mode::Reencrypt, Direction::Forward)?;
     let (Some(old_digest), Some(new_digest)) = (r.digest_old, r.digest_new) else {
         return Err(Error::Corrupt("a reencryption without two digests".into()));
     };
@@ -1932,12 +1880,38 @@ fn shift_layout(
         {
             Ok((shift, moved))
         }
-        _ => Err(Error::Unsupported(format!(
-            "progress of anything but a {} {} with a moved first segment",
-            direction.as_str(),
-            mode.as_str()
-        ))),
+        _ => Err(wrong_layout(mode, direction, "with a moved first segment")),
     }
+}
+
+/// `r` must be `mode` in `direction` without a data shift.
+fn in_place_layout(r: &Reencryption, mode: Mode, direction: Direction) -> Result<(), Error> {
+    match r.backup_moved {
+        None if r.keyslot.mode == mode && r.keyslot.direction == direction => Ok(()),
+        _ => Err(wrong_layout(mode, direction, "without a data shift")),
+    }
+}
+
+/// The volume-key digest of the crypt backup layout `layout` (flagged `flag`).
+fn crypt_layout_digest(
+    layout: &ReencryptSegment,
+    digest: Option<u32>,
+    flag: &str,
+) -> Result<u32, Error> {
+    if !matches!(layout.kind, SegmentKind::Crypt { .. }) {
+        return Err(Error::Corrupt(format!(
+            "the {flag} segment is not a crypt segment"
+        )));
+    }
+    digest.ok_or_else(|| Error::Corrupt(format!("no digest lists the {flag} segment")))
+}
+
+fn wrong_layout(mode: Mode, direction: Direction, how: &str) -> Error {
+    Error::Unsupported(format!(
+        "progress of anything but a {} {} {how}",
+        direction.as_str(),
+        mode.as_str()
+    ))
 }
 
 /// The metadata of the attached-header decryption of [`init_decrypt_datashift`] when the
@@ -1958,9 +1932,7 @@ pub fn decrypt_datashift_progress(
     total: u64,
 ) -> Result<Metadata, Error> {
     let (shift, moved) = shift_layout(r, Mode::Decrypt, Direction::Forward)?;
-    let digest = r
-        .digest_old
-        .ok_or_else(|| Error::Corrupt("no digest lists the backup-previous segment".into()))?;
+    let digest = crypt_layout_digest(&r.backup_previous, r.digest_old, FLAG_BACKUP_PREVIOUS)?;
     let m = moved.size.unwrap_or(0);
     let end = at + len;
     let mut regular = Vec::new();
@@ -2011,9 +1983,7 @@ pub fn encrypt_datashift_progress(
     total: u64,
 ) -> Result<Metadata, Error> {
     let (shift, moved) = shift_layout(r, Mode::Encrypt, Direction::Backward)?;
-    let digest = r
-        .digest_new
-        .ok_or_else(|| Error::Corrupt("no digest lists the backup-final segment".into()))?;
+    let digest = crypt_layout_digest(&r.backup_final, r.digest_new, FLAG_BACKUP_FINAL)?;
     let mut regular = Vec::new();
     if at > 0 {
         regular.push(linear_at(moved.offset, Some(at.min(shift)), false));

@@ -11,7 +11,8 @@ use sectorcrypt_luks::hash::Hash;
 use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, ResilienceKind, State};
 use sectorcrypt_luks::luks2::Header as Luks2Header;
 use sectorcrypt_luks::PbkdfOptions;
-use sectorcrypt_storage::Storage;
+use sectorcrypt_storage::{FileStorage, Storage};
+use sectorcrypt_volume::reencrypt::{run, Options, Outcome};
 
 pub const PASS: &[u8] = b"in place";
 pub const HEADER_LEN: u64 = 16 << 20;
@@ -94,4 +95,30 @@ pub fn scratch(name: &str) -> PathBuf {
 
 pub fn p(path: &Path) -> &str {
     path.to_str().unwrap()
+}
+
+/// Run the conversion recorded in the header file `hdr` over the data file `data` (the same
+/// file for a header on the device) for one step of `hotzone` bytes (or the shift), and stop:
+/// a clean state part way, for the other tool to resume.
+pub fn one_step(hdr: &Path, data: &Path, hotzone: u64) {
+    let opts = Options {
+        hotzone,
+        threads: 2,
+    };
+    let (h, d) = (
+        FileStorage::open(hdr).unwrap(),
+        FileStorage::open(data).unwrap(),
+    );
+    let out = run(&h, &d, PASS, &opts, &mut |_| false).unwrap();
+    assert!(matches!(out, Outcome::Paused(_)), "{out:?}");
+}
+
+/// Run the conversion recorded in the header file `hdr` over the data file `data` to its end.
+pub fn run_to_end(hdr: &Path, data: &Path) {
+    let (h, d) = (
+        FileStorage::open(hdr).unwrap(),
+        FileStorage::open(data).unwrap(),
+    );
+    let out = run(&h, &d, PASS, &Options::default(), &mut |_| true).unwrap();
+    assert_eq!(out, Outcome::Finished);
 }
