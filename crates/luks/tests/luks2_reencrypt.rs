@@ -11,7 +11,7 @@
 mod luks2_support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use luks2_support::*;
 use sectorcrypt_cipher::spec::CipherSpec;
@@ -23,6 +23,7 @@ use sectorcrypt_luks::luks2::reencrypt::{
 use sectorcrypt_luks::luks2::Header;
 use sectorcrypt_luks::Error;
 use sectorcrypt_storage::FileStorage;
+use sectorcrypt_testkit::fault;
 use serde_json::{json, Value};
 
 const MIB: u64 = 1 << 20;
@@ -454,53 +455,35 @@ fn encrypt_detached_header() {
     );
 }
 
-/// Run `cryptsetup reencrypt --resume-only` and send it `signal` as soon as its header shows a
-/// finished step (watching the header rather than a clock, so a loaded machine changes nothing).
-fn signalled_run(f: &Fixture, signal: &str, hdr: &Path, data: &Path) {
-    let mut child = Command::new("cryptsetup")
-        .args([
-            "reencrypt",
-            "--resume-only",
-            "--force-offline-reencrypt",
-            "--hotzone-size",
-            "1M",
-            "--resilience",
-            "checksum",
-            "--header",
-            path(hdr),
-            "--batch-mode",
-            "--key-file",
-            path(&f.key),
-            path(data),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
-        // The header may be mid-write; a copy that does not read yet is simply polled again.
-        let progressed = FileStorage::open_read_only(hdr)
-            .ok()
-            .and_then(|dev| Header::read(&dev).ok())
-            .and_then(|h| reencrypt::parse(h.metadata()).ok().flatten())
-            .is_some_and(|r| r.segments.len() >= 2);
-        if progressed {
-            let _ = Command::new("kill")
-                .args(["-s", signal, &child.id().to_string()])
-                .status();
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-    let _ = child.wait();
+/// Run `cryptsetup reencrypt --resume-only` with `signal` delivered on entry to its `n`-th
+/// `write` (strace's fault injection: a point in its I/O, the same on every machine, never a
+/// moment in time). cryptsetup 2.6 writes 14 times a 1 MiB step: the checksums, two header
+/// copies of three writes each, the data, two header copies again.
+fn signalled_run(f: &Fixture, signal: &str, n: u64, hdr: &Path, data: &Path) {
+    let mut cmd = Command::new("cryptsetup");
+    cmd.args([
+        "reencrypt",
+        "--resume-only",
+        "--force-offline-reencrypt",
+        "--hotzone-size",
+        "1M",
+        "--resilience",
+        "checksum",
+        "--header",
+        path(hdr),
+        "--batch-mode",
+        "--key-file",
+        path(&f.key),
+        path(data),
+    ]);
+    fault::signal_at(&cmd, "write", n, signal);
 }
 
 /// Interrupted (SIGINT: CLEAN with a done and a pending segment) and crashed (SIGKILL: CRASH, a
 /// segment `in-reencryption`) runs of an encryption: the state reads right, the digest still
 /// verifies (steps do not touch what it covers), and cryptsetup then recovers and finishes with
-/// the right data. A SIGKILL can land between two steps (a CLEAN state): then it is tried again.
+/// the right data. The signal goes at successive writes of the second step until one leaves the
+/// wanted state (a SIGKILL between two header writes leaves a CLEAN one).
 #[test]
 fn interrupted_and_crashed_encryption() {
     let f = Fixture::new("enc-signals");
@@ -523,11 +506,11 @@ fn interrupted_and_crashed_encryption() {
     ]);
     for (signal, want) in [("INT", State::Clean), ("KILL", State::Crash)] {
         let mut seen = false;
-        for _ in 0..20 {
+        for n in 16..=30 {
             let hdr = f.file(&format!("run-{signal}.hdr"));
             std::fs::copy(&init, &hdr).unwrap();
             std::fs::write(&data, &plain).unwrap();
-            signalled_run(&f, signal, &hdr, &data);
+            signalled_run(&f, signal, n, &hdr, &data);
             let h = read_header(&hdr);
             let st = reencrypt::state(h.metadata());
             if st != want {
@@ -573,7 +556,7 @@ fn interrupted_and_crashed_encryption() {
         }
         assert!(
             seen,
-            "20 runs signalled with SIG{signal} never left the {want:?} state"
+            "SIG{signal} at writes 16 to 30 never left the {want:?} state"
         );
     }
 }

@@ -24,8 +24,10 @@ use common::{ok, p, python, sc};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sectorcrypt");
 
-/// How long a server may take to start serving, and to exit after SIGTERM.
-const SERVER_DEADLINE: Duration = Duration::from_secs(10);
+/// How long a server may take to start serving, and to exit after SIGTERM: a hang detector, not a
+/// speed check (both take milliseconds). It stays under the server's 30 s handshake timeout, so a
+/// server that waited for a silent client before exiting would be caught.
+const SERVER_DEADLINE: Duration = Duration::from_secs(20);
 
 /// How long any one client command may take.
 const TOOL_DEADLINE: Duration = Duration::from_secs(60);
@@ -1138,9 +1140,10 @@ fn readonly_export_refuses_writes_and_leaves_the_image_intact() {
     );
 }
 
-/// 8c. SIGTERM with clients still connected (one mid-handshake, one idle after it): exit 0 in
-///     time, the socket file is gone, and the data written before is there when served again
-///     (and SIGINT stops that second server the same way).
+/// 8c. SIGTERM with clients still connected (one mid-handshake, one idle after it): exit 0
+///     without waiting for them (within [`SERVER_DEADLINE`], shorter than the handshake timeout
+///     a silent client would otherwise run into), the socket file is gone, and the data written
+///     before is there when served again (and SIGINT stops that second server the same way).
 #[test]
 fn sigterm_exits_zero_removes_the_socket_and_keeps_the_data() {
     let dir = Scratch::new("sigterm");
@@ -1153,13 +1156,7 @@ fn sigterm_exits_zero_removes_the_socket_and_keeps_the_data() {
     tool("nbdcopy", &[p(&src), &server.uri]);
     let _mid_handshake = RawNbd::greeted(server.socket());
     let idle = RawNbd::connect(server.socket());
-    let started = Instant::now();
     server.stop();
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "stopping took {:?}",
-        started.elapsed()
-    );
     drop(idle);
 
     let again = Served::unix(&dir, "s.sock", &img, &key, &["--readonly"]);
