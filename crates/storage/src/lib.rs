@@ -3,7 +3,8 @@
 //! device), an explicit `sync` (the ordering point for crash safety), and the length.
 //!
 //! Implementations: [`FileStorage`] (a regular file or a block device), [`MemStorage`] (tests) and
-//! [`CrashingStorage`] (tests: a device that loses power after the n-th write or sync).
+//! [`CrashingStorage`] (tests: a device that loses power after the n-th write or sync, keeping only
+//! what its last sync made durable plus any part of the writes since; see [`crash`]).
 //! Keeping every byte of I/O behind this trait is what lets tests substitute a device that fails
 //! or "loses power" at a chosen write.
 
@@ -13,8 +14,10 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
+
+pub mod crash;
+pub use crash::{CrashingStorage, Outcome, Power};
 
 /// A device of fixed length addressed by byte offset.
 pub trait Storage: Send + Sync {
@@ -207,72 +210,6 @@ impl Storage for MemStorage {
     }
 }
 
-/// A memory device that "loses power" after a chosen number of writes and syncs: that many are
-/// carried out, every later one fails and changes nothing. Sweeping the cut point over every
-/// operation of an update, then reading what is left, proves the update crash safe (the model is
-/// a device that completes each write whole, in order: what the LUKS formats assume of sectors).
-#[derive(Debug)]
-pub struct CrashingStorage {
-    inner: MemStorage,
-    cut_after: Option<u64>,
-    operations: AtomicU64,
-}
-
-impl CrashingStorage {
-    /// A device holding `data` that fails every write and sync after the first `cut_after`
-    /// (never, with `None`: then it only counts).
-    pub fn new(data: Vec<u8>, cut_after: Option<u64>) -> Self {
-        CrashingStorage {
-            inner: MemStorage::new(data),
-            cut_after,
-            operations: AtomicU64::new(0),
-        }
-    }
-
-    /// Writes and syncs attempted so far (including refused ones).
-    pub fn operations(&self) -> u64 {
-        self.operations.load(Ordering::Relaxed)
-    }
-
-    /// What the device holds (after the power cut: what survived).
-    pub fn contents(&self) -> Vec<u8> {
-        self.inner.contents()
-    }
-
-    fn allow(&self) -> io::Result<()> {
-        let n = self.operations.fetch_add(1, Ordering::Relaxed);
-        match self.cut_after {
-            Some(cut) if n >= cut => Err(io::Error::other(format!(
-                "simulated power cut after {cut} operations"
-            ))),
-            _ => Ok(()),
-        }
-    }
-}
-
-impl Storage for CrashingStorage {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-
-    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.allow()?;
-        self.inner.write_at(buf, offset)
-    }
-
-    fn sync(&self) -> io::Result<()> {
-        self.allow()
-    }
-
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-
-    fn name(&self) -> String {
-        "crashing memory device".to_string()
-    }
-}
-
 /// A window of another device: `len` bytes from `offset`. Used to read a header stored inside a
 /// device's data (a prepared copy during a data shift), and by tests to put a header and its
 /// data on one device so that one simulated power cut stops both.
@@ -319,26 +256,6 @@ impl<S: std::ops::Deref<Target = D> + Send + Sync, D: Storage + ?Sized> Storage 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn crashing_storage_stops_at_the_cut() {
-        let d = CrashingStorage::new(vec![0; 16], Some(2));
-        d.write_at(&[1], 0).unwrap();
-        d.sync().unwrap();
-        assert!(d.write_at(&[2], 1).is_err());
-        assert!(d.sync().is_err());
-        assert_eq!(
-            &d.contents()[..2],
-            &[1, 0],
-            "the refused write changed nothing"
-        );
-        assert_eq!(d.operations(), 4);
-        let counting = CrashingStorage::new(vec![0; 4], None);
-        for _ in 0..10 {
-            counting.write_at(&[9], 3).unwrap();
-        }
-        assert_eq!(counting.operations(), 10);
-    }
 
     #[test]
     fn memory_bounds_are_checked() {

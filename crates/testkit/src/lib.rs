@@ -10,8 +10,11 @@
 //! - [`fault`]: a real process stopped at an exact point of its I/O (before its n-th write), by
 //!   strace's fault injection, so that "killed at a random moment" is a seeded random write and
 //!   never a race against the clock.
+//! - [`sweep`]: power cut after every write and sync of an operation, every surviving image the
+//!   crash model allows checked (`sectorcrypt_storage::crash`).
 
 pub mod fault;
+pub mod sweep;
 pub mod tools;
 
 use std::ffi::{OsStr, OsString};

@@ -3,12 +3,11 @@
 //! decryption (from the exported header on), and interop with cryptsetup's `--reduce-device-size`
 //! encryption and header-exporting decryption in both directions.
 
-use std::sync::Arc;
-
 use sectorcrypt_luks::luks2::reencrypt::{self, State};
 use sectorcrypt_luks::luks2::Header as Luks2Header;
 use sectorcrypt_luks::{FormatOptions, Header};
-use sectorcrypt_storage::{CrashingStorage, FileStorage, MemStorage, Storage, Window};
+use sectorcrypt_storage::{crash, CrashingStorage, FileStorage, MemStorage, Storage, Window};
+use sectorcrypt_testkit::sweep::sweep;
 use sectorcrypt_volume::datashift;
 use sectorcrypt_volume::reencrypt::{run, Options, Outcome};
 use sectorcrypt_volume::Error;
@@ -104,45 +103,41 @@ fn crash_sweep_of_a_shifted_encryption_loses_nothing() {
     let plain = pattern(device_len as usize, 11);
     let (image, key) = encrypt_image(device_len, 4096);
     let want = expected_ciphertext(&key, 4096, &plain[..data_len as usize]);
-    let check = |dev: &MemStorage, what: &str| {
+    let check = |dev: &MemStorage| -> Result<(), String> {
         let out = dev.contents();
-        assert!(
-            out[SHIFT as usize..(SHIFT + data_len) as usize] == want[..],
-            "{what}: the payload is not exactly the encrypted plaintext"
-        );
-        let h = Luks2Header::read(dev).unwrap();
-        assert_eq!(reencrypt::state(h.metadata()), State::None, "{what}");
-        assert_eq!(h.data_segment().unwrap().offset, SHIFT, "{what}");
-        // The plaintext copy at the end is overwritten.
-        let copy = &out[(device_len - SHIFT) as usize..];
-        assert!(
-            copy != &plain[..SHIFT as usize],
-            "{what}: the plaintext copy is left"
-        );
-    };
-    let full = CrashingStorage::new(plain.clone(), None);
-    assert_eq!(
-        encrypt_shifted(&full, &image, &opts()).unwrap(),
-        Outcome::Finished
-    );
-    check(&MemStorage::new(full.contents()), "uninterrupted");
-    let total_ops = full.operations();
-    let mut tried = 0;
-    for cut in 0..=total_ops {
-        let dev = CrashingStorage::new(plain.clone(), Some(cut));
-        let first = encrypt_shifted(&dev, &image, &opts());
-        assert!(first.is_err() || cut >= total_ops, "cut {cut}: not noticed");
-        let after = MemStorage::new(dev.contents());
-        match encrypt_shifted(&after, &image, &opts()) {
-            Ok(Outcome::Finished) => {}
-            Err(Error::Unsupported(ref why)) if why.contains("no reencryption") => {}
-            other => panic!("cut {cut}: resuming gave {other:?}"),
+        if out[SHIFT as usize..(SHIFT + data_len) as usize] != want[..] {
+            return Err("the payload is not exactly the encrypted plaintext".into());
         }
-        check(&after, &format!("cut {cut}"));
-        tried += 1;
-    }
-    assert!(tried > 40, "{tried} cut points");
-    eprintln!("crash sweep (shifted encryption): {tried} cut points, 0 losses");
+        let h = Luks2Header::read(dev).map_err(|e| e.to_string())?;
+        if reencrypt::state(h.metadata()) != State::None {
+            return Err("not finished".into());
+        }
+        if h.data_segment().map(|s| s.offset).ok() != Some(SHIFT) {
+            return Err("the data segment is not at the shift".into());
+        }
+        // The plaintext copy at the end is overwritten.
+        if out[(device_len - SHIFT) as usize..] == plain[..SHIFT as usize] {
+            return Err("the plaintext copy is left".into());
+        }
+        Ok(())
+    };
+    let report = sweep(
+        std::slice::from_ref(&plain),
+        |devs| encrypt_shifted(&devs[0], &image, &opts()),
+        |s| {
+            let after = &*s.devices[0];
+            if !s.complete {
+                match encrypt_shifted(after, &image, &opts()) {
+                    Ok(Outcome::Finished) => {}
+                    Err(Error::Unsupported(ref why)) if why.contains("no reencryption") => {}
+                    other => return Err(format!("resuming gave {other:?}")),
+                }
+            }
+            check(after)
+        },
+    );
+    assert!(report.operations > 40, "{} operations", report.operations);
+    report.assert_no_loss("crash sweep (shifted encryption)");
 }
 
 /// A start cut short, then run again with another `--reduce-device-size`: refused without a
@@ -160,10 +155,14 @@ fn a_start_cut_short_and_rerun_with_another_shift_loses_nothing() {
     datashift::start_encrypt(&full, &image).unwrap();
     let start_ops = full.operations();
     let (mut refused, mut restarted) = (0, 0);
-    for cut in 0..start_ops {
+    for (cut, after) in (0..start_ops).flat_map(|cut| {
         let dev = CrashingStorage::new(plain.clone(), Some(cut));
         assert!(datashift::start_encrypt(&dev, &image).is_err(), "cut {cut}");
-        let after = MemStorage::new(dev.contents());
+        crash::outcomes(&[&dev], cut)
+            .into_iter()
+            .map(|o| (cut, MemStorage::new(dev.image(&o))))
+            .collect::<Vec<_>>()
+    }) {
         let before = after.contents();
         match encrypt_shifted(&after, &image2, &opts()) {
             // Either a fresh start with the other shift (the device's start was untouched), or
@@ -221,7 +220,7 @@ fn a_stale_prepared_header_never_sets_progress_back() {
     // The last write and sync of the start invalidate the prepared copy: cut before them.
     let dev = CrashingStorage::new(plain.clone(), Some(full.operations() - 2));
     assert!(datashift::start_encrypt(&dev, &image).is_err());
-    let dev = MemStorage::new(dev.contents());
+    let dev = MemStorage::new(dev.image(&crash::Outcome::EverythingSurvives));
     let out = run(&dev, &dev, PASS, &opts(), &mut |_| false).unwrap();
     assert!(matches!(out, Outcome::Paused(_)));
     let before = dev.contents();
@@ -250,66 +249,48 @@ fn crash_sweep_of_a_shifted_decryption_loses_nothing() {
     let data_len = device_len - SHIFT;
     let plain = pattern(data_len as usize, 12);
     let (volume, _) = attached_volume(device_len, &plain, 4096);
-    // One machine: the exported header file (a copy of the device's header area), then the
-    // device.
-    let mut image = volume[..SHIFT as usize].to_vec();
-    image.extend_from_slice(&volume);
-    let machine = |dev: Arc<dyn Storage>| {
-        (
-            Window::new(dev.clone(), 0, SHIFT),
-            Window::new(dev, SHIFT, device_len),
-        )
-    };
-    let check = |dev: Arc<MemStorage>, what: &str| {
-        let out = dev.contents();
-        let data = &out[SHIFT as usize..];
-        assert!(
-            data[..data_len as usize] == plain[..],
-            "{what}: the data is not exactly the plaintext at offset 0"
-        );
-        assert!(
-            data[data_len as usize..] != volume[data_len as usize..],
-            "{what}: the stale tail is left"
-        );
-        let (h, _) = machine(dev);
-        let h = Luks2Header::read(&h).unwrap();
-        assert_eq!(reencrypt::state(h.metadata()), State::None, "{what}");
-        assert_eq!(
-            h.metadata().keyslots.iter().count(),
-            0,
-            "{what}: keyslots left"
-        );
-    };
-    let full = Arc::new(CrashingStorage::new(image.clone(), None));
-    let (h, d) = machine(full.clone());
-    assert_eq!(decrypt_shifted(&h, &d, &opts()).unwrap(), Outcome::Finished);
-    check(Arc::new(MemStorage::new(full.contents())), "uninterrupted");
-    let total_ops = full.operations();
-    let mut tried = 0;
-    for cut in 0..=total_ops {
-        let dev = Arc::new(CrashingStorage::new(image.clone(), Some(cut)));
-        let (h, d) = machine(dev.clone());
-        let first = decrypt_shifted(&h, &d, &opts());
-        assert!(first.is_err() || cut >= total_ops, "cut {cut}: not noticed");
-        let after = Arc::new(MemStorage::new(dev.contents()));
-        let (h, d) = machine(after.clone());
-        let md = Luks2Header::read(&h).unwrap().metadata().clone();
-        // Past the final header write, nothing is left to do.
-        let finished = reencrypt::state(&md) == State::None
-            && md.segments.get(0).is_some_and(|s| s.kind() == "linear");
-
-        if !finished {
-            assert_eq!(
-                decrypt_shifted(&h, &d, &opts()).unwrap(),
-                Outcome::Finished,
-                "cut {cut}"
-            );
+    // Two devices on one power supply: the exported header file (a copy of the device's header
+    // area), and the device.
+    let check = |h: &MemStorage, d: &MemStorage| -> Result<(), String> {
+        let data = d.contents();
+        if data[..data_len as usize] != plain[..] {
+            return Err("the data is not exactly the plaintext at offset 0".into());
         }
-        check(after, &format!("cut {cut}"));
-        tried += 1;
-    }
-    assert!(tried > 40, "{tried} cut points");
-    eprintln!("crash sweep (shifted decryption): {tried} cut points, 0 losses");
+        if data[data_len as usize..] == volume[data_len as usize..] {
+            return Err("the stale tail is left".into());
+        }
+        let h = Luks2Header::read(h).map_err(|e| e.to_string())?;
+        if reencrypt::state(h.metadata()) != State::None {
+            return Err("not finished".into());
+        }
+        if h.metadata().keyslots.iter().count() != 0 {
+            return Err("keyslots left".into());
+        }
+        Ok(())
+    };
+    let report = sweep(
+        &[volume[..SHIFT as usize].to_vec(), volume.clone()],
+        |devs| decrypt_shifted(&devs[0], &devs[1], &opts()),
+        |s| {
+            let (h, d) = (&*s.devices[0], &*s.devices[1]);
+            let md = Luks2Header::read(h)
+                .map_err(|e| format!("the exported header does not read: {e}"))?
+                .metadata()
+                .clone();
+            // Past the final header write, nothing is left to do.
+            let finished = reencrypt::state(&md) == State::None
+                && md.segments.get(0).is_some_and(|s| s.kind() == "linear");
+            if !finished {
+                match decrypt_shifted(h, d, &opts()) {
+                    Ok(Outcome::Finished) => {}
+                    other => return Err(format!("resuming gave {other:?}")),
+                }
+            }
+            check(h, d)
+        },
+    );
+    assert!(report.operations > 40, "{} operations", report.operations);
+    report.assert_no_loss("crash sweep (shifted decryption)");
 }
 
 #[test]

@@ -324,12 +324,14 @@ pub fn format(
     header.validate(len)?;
 
     // LUKS_wipe_header_areas: zeroes over everything before the payload (old signatures go), then
-    // random data in every keyslot area (an unused slot looks like a used one).
+    // random data in every keyslot area (an unused slot looks like a used one). The old headers
+    // go first, alone and synced (see `erase_old_headers`).
     let zero_len = if payload_offset == 0 {
         KEYSLOT_ALIGN
     } else {
         header.payload_offset_bytes()
     };
+    crate::luks2::write::erase_old_headers(dev, zero_len)?;
     wipe_zero(dev, zero_len)?;
     for k in &header.keyslots {
         wipe_random(

@@ -20,7 +20,7 @@ pub mod metadata;
 pub mod reencrypt;
 mod unlock;
 pub mod validate;
-mod write;
+pub(crate) mod write;
 
 pub use backup::RestorePlan;
 pub use write::{

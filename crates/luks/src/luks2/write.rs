@@ -21,7 +21,10 @@ use sectorcrypt_storage::Storage;
 use serde_json::{Map, Value};
 use zeroize::Zeroizing;
 
-use super::binary::{BinaryHeader, HeaderCopy, BIN_LEN, HDR_SIZES, LABEL_LEN, SALT_LEN};
+use super::binary::{
+    BinaryHeader, HeaderCopy, BIN_LEN, HDR_SIZES, LABEL_LEN, MAGIC_PRIMARY, MAGIC_SECONDARY,
+    SALT_LEN,
+};
 use super::metadata::{
     Af, Area, Config, CryptSegment, Digest, Keyslot, KeyslotKdf, Luks2Keyslot, Metadata, Numbered,
     Pbkdf2Digest, SegmentEntry,
@@ -550,6 +553,30 @@ fn check_cipher(cipher: &str, key: &[u8]) -> Result<(), Error> {
 }
 
 /// Format `dev` as LUKS2 with one keyslot for `passphrase`, as `cryptsetup luksFormat --type
+/// Zero, alone and synced, the magic sector of every LUKS header copy on `dev` below `limit`
+/// (LUKS1 or LUKS2, at offset 0 and cryptsetup's secondary offsets), before a format overwrites
+/// anything else: writes since a sync can be lost or torn, and a surviving old header must never
+/// name keyslot areas already overwritten (some old passphrases opening, others not). Only
+/// sectors that hold a magic now are zeroed: the other candidate offsets may lie in an old
+/// keyslot area.
+pub(crate) fn erase_old_headers(dev: &dyn Storage, limit: u64) -> Result<(), Error> {
+    let mut erased = false;
+    for at in std::iter::once(0).chain(HDR_SIZES) {
+        let mut sector = [0u8; 512];
+        if at + sector.len() as u64 > limit || dev.read_at(&mut sector, at).is_err() {
+            continue;
+        }
+        if sector[..6] == MAGIC_PRIMARY || sector[..6] == MAGIC_SECONDARY {
+            wipe(dev, at, sector.len() as u64, false)?;
+            erased = true;
+        }
+    }
+    if erased {
+        dev.sync().map_err(|e| io(dev, e))?;
+    }
+    Ok(())
+}
+
 /// luks2` does: wipe the header area with zeros and the keyslots area with random bytes, write
 /// the keyslot, then both header copies. `dev` is the header device (the data device too unless
 /// `params.detached_header`). Returns the header as read back and the opened keyslot.
@@ -753,13 +780,13 @@ pub fn format(
 
     // `LUKS2_wipe_header_areas`: zeros up to the data (on a detached header, over both copies:
     // an old secondary copy left there would still be found and opened), then random bytes over
-    // the keyslots area. The zeros start at offset 0, so the first write already destroys any
-    // old header's primary and secondary copy.
+    // the keyslots area; the old headers go first (see `erase_old_headers`).
     let zero_len = if params.detached_header {
         min_offset
     } else {
         data_offset
     };
+    erase_old_headers(dev, zero_len)?;
     wipe(dev, 0, zero_len, false)?;
     wipe(dev, min_offset, keyslots_size, true)?;
     dev.write_at(&ks.material, min_offset)

@@ -1,0 +1,393 @@
+//! A power-cut model for crash tests: devices with a durable image and a volatile cache.
+//!
+//! A real disk acknowledges a write once it is in its cache; only a completed flush (`sync`)
+//! guarantees that what was written before it is on the media. When power fails, any of the
+//! writes since the last flush may be lost, each may be torn (some of its sectors written, others
+//! not), and they may reach the media in any order. So each [`CrashingStorage`] keeps
+//!
+//! - a *durable* image: what its last completed `sync` guarantees, and
+//! - the *volatile* writes made since then, in order (reads see them, as they would see a cache).
+//!
+//! After a cut, a surviving image is the durable one plus any subset of the volatile writes, each
+//! whole or torn at 512-byte granularity (a sector is written whole or not at all, the atomicity
+//! the LUKS formats and dm-crypt assume of sectors), or at a larger atomic unit for a device
+//! modelled as writing, say, 4 KiB blocks atomically ([`Power::device_with_atom`]). [`outcomes`] gives a deterministic, seeded
+//! family of such survivals for a sweep to try at every cut point: nothing survives, everything
+//! survives, every prefix of the writes in issue order (at most [`MAX_PREFIXES`] of them), and
+//! random subsets and tearings. A writer that forgets a `sync` it needs is then caught, which a
+//! model that only stops writing (and keeps every write made before the cut) cannot do.
+//!
+//! Several devices can share one [`Power`] supply, as a detached header file and its data file
+//! share a machine: one cut stops all of them, and a `sync` of one device makes only that device's
+//! writes durable (`fdatasync` of one file says nothing about another).
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::{past_end, Storage};
+
+/// The unit a write can be torn into by default: a 512-byte sector, whole or not at all.
+pub const SECTOR: u64 = 512;
+
+/// At most this many prefixes of the volatile writes are tried per cut (spread evenly).
+pub const MAX_PREFIXES: usize = 8;
+
+/// How many random subsets and how many random tearings are tried per cut.
+pub const RANDOM_OUTCOMES: u64 = 3;
+
+/// The power supply of one or more devices: it counts their writes and syncs together and cuts
+/// all of them after the chosen number.
+#[derive(Clone, Debug)]
+pub struct Power {
+    inner: Arc<PowerState>,
+}
+
+#[derive(Debug)]
+struct PowerState {
+    cut_after: Option<u64>,
+    operations: AtomicU64,
+}
+
+impl Power {
+    /// A supply that fails every write and sync after the first `cut_after` (never, with
+    /// `None`: then it only counts).
+    pub fn new(cut_after: Option<u64>) -> Self {
+        Power {
+            inner: Arc::new(PowerState {
+                cut_after,
+                operations: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// A device on this supply holding `data`, all of it durable, that tears writes into
+    /// [`SECTOR`]s.
+    pub fn device(&self, data: Vec<u8>) -> CrashingStorage {
+        self.device_with_atom(data, SECTOR)
+    }
+
+    /// A device whose writes tear into `atom`-byte units (a multiple of [`SECTOR`]; 4096 for a
+    /// drive with 4 KiB atomic writes, which is what a format's checksums may assume).
+    pub fn device_with_atom(&self, data: Vec<u8>, atom: u64) -> CrashingStorage {
+        assert!(
+            atom >= SECTOR && atom.is_multiple_of(SECTOR),
+            "an atomic write unit of {atom} bytes"
+        );
+        CrashingStorage {
+            power: self.clone(),
+            atom,
+            state: Mutex::new(DeviceState {
+                durable: data.clone(),
+                current: data,
+                volatile: Vec::new(),
+            }),
+        }
+    }
+
+    /// Writes and syncs attempted so far on every device of this supply (refused ones too).
+    pub fn operations(&self) -> u64 {
+        self.inner.operations.load(Ordering::Relaxed)
+    }
+
+    /// Whether the cut has happened.
+    pub fn is_cut(&self) -> bool {
+        self.inner
+            .cut_after
+            .is_some_and(|cut| self.operations() > cut)
+    }
+
+    /// The number of this operation, or the power-cut error.
+    fn allow(&self) -> io::Result<u64> {
+        let n = self.inner.operations.fetch_add(1, Ordering::Relaxed);
+        match self.inner.cut_after {
+            Some(cut) if n >= cut => Err(io::Error::other(format!(
+                "simulated power cut after {cut} operations"
+            ))),
+            _ => Ok(n),
+        }
+    }
+}
+
+/// A memory device with a durable image and volatile writes (see the module docs).
+#[derive(Debug)]
+pub struct CrashingStorage {
+    power: Power,
+    /// The unit a write tears into.
+    atom: u64,
+    state: Mutex<DeviceState>,
+}
+
+#[derive(Debug)]
+struct DeviceState {
+    /// What the last completed sync guarantees.
+    durable: Vec<u8>,
+    /// What reads see: `durable` with every volatile write applied.
+    current: Vec<u8>,
+    /// Writes since the last completed sync, in issue order.
+    volatile: Vec<Pending>,
+}
+
+/// A write that has not been made durable: its operation number on the power supply (the issue
+/// order across devices), where, and what.
+#[derive(Debug)]
+struct Pending {
+    op: u64,
+    offset: u64,
+    data: Vec<u8>,
+}
+
+/// What survives a power cut (see [`outcomes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every write since the last sync is lost.
+    NothingSurvives,
+    /// Every write reached the media, as if the cut came just after the last one.
+    EverythingSurvives,
+    /// The writes issued before operation `n` reached the media, the later ones did not (a cache
+    /// that drains in order).
+    IssuedBefore(u64),
+    /// Each write is kept or lost, drawn from this seed.
+    Subset(u64),
+    /// Each write is kept, lost or torn (a random part of its sectors kept), drawn from this seed.
+    Torn(u64),
+}
+
+impl Outcome {
+    /// Whether the part of write `op` in atomic unit `unit` survives.
+    fn keeps(&self, op: u64, unit: u64) -> bool {
+        match *self {
+            Outcome::NothingSurvives => false,
+            Outcome::EverythingSurvives => true,
+            Outcome::IssuedBefore(n) => op < n,
+            Outcome::Subset(seed) => mix(seed, op) & 1 == 1,
+            Outcome::Torn(seed) => match mix(seed, op) % 3 {
+                0 => false,
+                1 => true,
+                _ => mix(mix(seed, op), unit) & 1 == 1,
+            },
+        }
+    }
+}
+
+/// The survivals to try after a cut on `devices` (those of one power supply): nothing, everything,
+/// every prefix of their volatile writes in issue order (at most [`MAX_PREFIXES`], spread
+/// evenly), and [`RANDOM_OUTCOMES`] subsets and tearings drawn from `seed`. With no volatile write
+/// left there is only one surviving image, and one outcome.
+pub fn outcomes(devices: &[&CrashingStorage], seed: u64) -> Vec<Outcome> {
+    let mut ops: Vec<u64> = devices
+        .iter()
+        .flat_map(|d| d.lock().volatile.iter().map(|p| p.op).collect::<Vec<_>>())
+        .collect();
+    ops.sort_unstable();
+    if ops.is_empty() {
+        return vec![Outcome::EverythingSurvives];
+    }
+    let mut out = vec![Outcome::NothingSurvives, Outcome::EverythingSurvives];
+    // Prefixes keep 1..len writes (0 and len are the two above).
+    let inner = ops.len() - 1;
+    let step = inner.div_ceil(MAX_PREFIXES).max(1);
+    out.extend(
+        (1..=inner)
+            .step_by(step)
+            .map(|k| Outcome::IssuedBefore(ops[k])),
+    );
+    for i in 0..RANDOM_OUTCOMES {
+        out.push(Outcome::Subset(mix(seed, 2 * i)));
+        out.push(Outcome::Torn(mix(seed, 2 * i + 1)));
+    }
+    out
+}
+
+impl CrashingStorage {
+    /// A device with its own power supply (see [`Power::new`]) holding `data`.
+    pub fn new(data: Vec<u8>, cut_after: Option<u64>) -> Self {
+        Power::new(cut_after).device(data)
+    }
+
+    /// The power supply.
+    pub fn power(&self) -> &Power {
+        &self.power
+    }
+
+    /// Writes and syncs attempted so far on this device's power supply.
+    pub fn operations(&self) -> u64 {
+        self.power.operations()
+    }
+
+    /// Writes made since the last completed sync.
+    pub fn volatile_writes(&self) -> usize {
+        self.lock().volatile.len()
+    }
+
+    /// What is on the media after a power cut with `outcome`: the durable image and the volatile
+    /// writes (or parts of them, in whole atomic units) that `outcome` keeps, applied in issue
+    /// order.
+    pub fn image(&self, outcome: &Outcome) -> Vec<u8> {
+        let state = self.lock();
+        let mut image = state.durable.clone();
+        let atom = self.atom;
+        for p in &state.volatile {
+            let end = p.offset + p.data.len() as u64;
+            let mut at = p.offset;
+            while at < end {
+                let piece_end = ((at / atom + 1) * atom).min(end);
+                if outcome.keeps(p.op, at / atom) {
+                    let (a, b) = ((at - p.offset) as usize, (piece_end - p.offset) as usize);
+                    image[at as usize..piece_end as usize].copy_from_slice(&p.data[a..b]);
+                }
+                at = piece_end;
+            }
+        }
+        image
+    }
+
+    fn lock(&self) -> MutexGuard<'_, DeviceState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Storage for CrashingStorage {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let state = self.lock();
+        let start = checked_range(offset, buf.len(), state.current.len())
+            .ok_or_else(|| past_end("a read", offset, buf.len(), state.current.len() as u64))?;
+        buf.copy_from_slice(&state.current[start..start + buf.len()]);
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let mut state = self.lock();
+        let start = checked_range(offset, buf.len(), state.current.len())
+            .ok_or_else(|| past_end("a write", offset, buf.len(), state.current.len() as u64))?;
+        let op = self.power.allow()?;
+        state.current[start..start + buf.len()].copy_from_slice(buf);
+        state.volatile.push(Pending {
+            op,
+            offset,
+            data: buf.to_vec(),
+        });
+        Ok(())
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        let mut state = self.lock();
+        self.power.allow()?;
+        let DeviceState {
+            durable, volatile, ..
+        } = &mut *state;
+        for p in volatile.drain(..) {
+            let at = p.offset as usize;
+            durable[at..at + p.data.len()].copy_from_slice(&p.data);
+        }
+        Ok(())
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.lock().current.len() as u64)
+    }
+
+    fn name(&self) -> String {
+        "crashing memory device".to_string()
+    }
+}
+
+/// `offset` as an index when `len` bytes from it fit in `size`.
+fn checked_range(offset: u64, len: usize, size: usize) -> Option<usize> {
+    usize::try_from(offset)
+        .ok()
+        .filter(|s| s.checked_add(len).is_some_and(|e| e <= size))
+}
+
+/// A well-mixed 64-bit value from two (SplitMix64's finaliser): deterministic choices without a
+/// random-number crate.
+fn mix(a: u64, b: u64) -> u64 {
+    let mut z = a ^ b
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(0x632b_e59b_d9b4_e019);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cut_stops_writes_and_syncs() {
+        let d = CrashingStorage::new(vec![0; 16], Some(2));
+        d.write_at(&[1], 0).unwrap();
+        d.sync().unwrap();
+        assert!(d.write_at(&[2], 1).is_err());
+        assert!(d.sync().is_err());
+        assert_eq!(&d.image(&Outcome::EverythingSurvives)[..2], &[1, 0]);
+        assert_eq!(d.operations(), 4);
+        let counting = CrashingStorage::new(vec![0; 4], None);
+        for _ in 0..10 {
+            counting.write_at(&[9], 3).unwrap();
+        }
+        assert_eq!(counting.operations(), 10);
+        assert!(!counting.power().is_cut());
+    }
+
+    #[test]
+    fn only_synced_writes_are_sure_to_survive() {
+        let d = CrashingStorage::new(vec![0; 2048], None);
+        d.write_at(&[1; 512], 0).unwrap();
+        d.sync().unwrap();
+        d.write_at(&[2; 512], 512).unwrap();
+        d.write_at(&[3; 512], 1024).unwrap();
+        let mut b = [0u8; 1];
+        d.read_at(&mut b, 1024).unwrap();
+        assert_eq!(b, [3], "reads see the cache");
+        assert_eq!(d.volatile_writes(), 2);
+        let none = d.image(&Outcome::NothingSurvives);
+        assert_eq!((none[0], none[512], none[1024]), (1, 0, 0));
+        let all = d.image(&Outcome::EverythingSurvives);
+        assert_eq!((all[0], all[512], all[1024]), (1, 2, 3));
+        // The writes were operations 2 and 3: a prefix keeps the first only.
+        let first = d.image(&Outcome::IssuedBefore(3));
+        assert_eq!((first[512], first[1024]), (2, 0));
+        let family = outcomes(&[&d], 7);
+        assert!(family.contains(&Outcome::IssuedBefore(3)));
+        assert_eq!(family.len(), 3 + 2 * RANDOM_OUTCOMES as usize);
+        d.sync().unwrap();
+        assert_eq!(outcomes(&[&d], 7), vec![Outcome::EverythingSurvives]);
+    }
+
+    #[test]
+    fn tears_fall_on_sector_boundaries() {
+        let d = CrashingStorage::new(vec![0; 8 * 512], None);
+        d.write_at(&[5; 6 * 512 - 100], 100).unwrap();
+        let mut torn_seen = false;
+        for seed in 0..64 {
+            let image = d.image(&Outcome::Torn(seed));
+            // Within each sector the bytes written are all kept or all lost.
+            for s in 0..6 {
+                let piece = &image[(s * 512).max(100)..((s + 1) * 512).min(6 * 512)];
+                assert!(
+                    piece.iter().all(|&b| b == piece[0]),
+                    "seed {seed} sector {s}"
+                );
+            }
+            let kept = (0..6).filter(|s| image[s * 512 + 200] == 5).count();
+            torn_seen |= kept > 0 && kept < 6;
+        }
+        assert!(torn_seen, "no outcome tore the write");
+    }
+
+    #[test]
+    fn a_sync_makes_durable_only_its_own_device() {
+        let power = Power::new(None);
+        let header = power.device(vec![0; 512]);
+        let data = power.device(vec![0; 512]);
+        header.write_at(&[1; 512], 0).unwrap();
+        data.write_at(&[2; 512], 0).unwrap();
+        data.sync().unwrap();
+        assert_eq!(power.operations(), 3);
+        assert_eq!(header.image(&Outcome::NothingSurvives)[0], 0);
+        assert_eq!(data.image(&Outcome::NothingSurvives)[0], 2);
+        assert_eq!(outcomes(&[&header, &data], 1).len(), 2 + 2 * 3);
+    }
+}
