@@ -2,8 +2,9 @@
 //! `nbd` engine, the kernel's `nbd-client`) reads and writes the decrypted volume.
 //!
 //! Modules: [`proto`] (wire constants and encodings), `handshake` (fixed newstyle option
-//! haggling), `transmission` (one connection's requests: a reader thread feeding a few workers
-//! that reply out of order), `server` (listeners, connections, stopping).
+//! haggling), `transmission` (one connection's requests: a few workers take turns reading the
+//! socket, leader/follower as in nbdkit, and each runs the request it read and replies, out of
+//! order), `server` (listeners, connections, stopping).
 //!
 //! Design choices:
 //! - The volume does the work: each NBD request becomes one volume call, and so one extended

@@ -68,11 +68,14 @@ enum Command {
     /// Restore the header and keyslots from a backup file (cryptsetup luksHeaderRestore).
     #[command(name = "header-restore", alias = "luksHeaderRestore")]
     HeaderRestore(keyslots::BackupArgs),
-    /// Encrypt a plaintext device in place, resumably, with a detached header.
+    /// Encrypt a plaintext device in place, resumably: header to a file (--header) or onto the
+    /// device, the data shifted (--reduce-device-size).
     Encrypt(Box<convert::EncryptArgs>),
-    /// Decrypt a device with a detached header in place, resumably.
+    /// Decrypt a device in place, resumably: with its detached header (--header), or exporting a
+    /// header on the device to a new file (--header NEWFILE) and moving the data to offset 0.
     Decrypt(Box<convert::DecryptArgs>),
-    /// Replace the volume key of a LUKS2 device in place (key rotation), resumably.
+    /// Re-encrypt a LUKS2 device in place with a new volume key (key rotation), optionally a new
+    /// cipher, key size or sector size, resumably; header on the device or detached.
     Reencrypt(Box<convert::ReencryptArgs>),
     /// Unlock DEVICE and export the decrypted volume over NBD until SIGINT/SIGTERM.
     Serve(Box<serve::ServeArgs>),
