@@ -40,7 +40,15 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source),
+            Error::Cipher(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 impl From<sectorcrypt_cipher::Error> for Error {
     fn from(e: sectorcrypt_cipher::Error) -> Self {

@@ -99,8 +99,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
     let backend = backend_choice(args.backend.as_deref())?;
     let mut out = std::io::stdout().lock();
     let mut emit = |line: String| -> Result<(), CliError> {
-        writeln!(out, "{line}")
-            .map_err(|e| CliError::usage(format!("cannot write the results: {e}")))
+        writeln!(out, "{line}").map_err(|e| CliError::io("cannot write the results", e))
     };
     if args.breakdown {
         return run_breakdown(&args, backend, &mut emit);

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sectorcrypt_cipher::CipherSpec;
 use sectorcrypt_luks::luks2::metadata::Metadata;
 use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, Mode, State};
@@ -25,11 +26,9 @@ use sectorcrypt_luks::{FormatOptions, Header};
 use sectorcrypt_storage::{FileStorage, MemStorage, Storage};
 use sectorcrypt_volume::datashift;
 use sectorcrypt_volume::reencrypt::{run, Options, Outcome, Progress, DEFAULT_HOTZONE};
-use sectorcrypt_volume::Error as VolumeError;
 use signal_hook::consts::{SIGINT, SIGTERM};
 
 use crate::exit::{CliError, Code};
-use crate::header::luks_error;
 use crate::keyfile::KeyArgs;
 use crate::keyslots::{confirm, new_passphrase, open_rw, pbkdf_options};
 use crate::pbkdf_args::PbkdfArgs;
@@ -132,7 +131,7 @@ fn stop_on_signals() -> Result<Arc<AtomicBool>, CliError> {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [SIGINT, SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&stop))
-            .map_err(|e| CliError::usage(format!("cannot install signal handlers: {e}")))?;
+            .map_err(|e| CliError::io("cannot install signal handlers", e))?;
     }
     Ok(stop)
 }
@@ -191,8 +190,7 @@ fn run_reporting(
     let outcome = run(header, data, pass, options, &mut |p| {
         report.step(p);
         !stop.load(Ordering::Relaxed)
-    })
-    .map_err(volume_error)?;
+    })?;
     report.done();
     match outcome {
         Outcome::Finished => Ok(()),
@@ -223,7 +221,7 @@ fn check_size(device: &Path, len: u64) -> Result<(), CliError> {
 /// The header at `path` must record a conversion in progress of `mode`.
 fn check_in_progress(path: &Path, mode: Mode) -> Result<(), CliError> {
     let h = read_luks2(&open_rw(path)?)?;
-    let r = reencrypt::parse(h.metadata()).map_err(luks_error)?;
+    let r = reencrypt::parse(h.metadata())?;
     match r {
         Some(r) if r.keyslot.mode == mode => Ok(()),
         Some(r) => Err(CliError::usage(format!(
@@ -266,7 +264,7 @@ pub fn resume_hint(verb: &str, device: &Path, header: Option<&Path>) -> String {
 
 fn device_len(dev: &FileStorage) -> Result<u64, CliError> {
     dev.len()
-        .map_err(|e| CliError::usage(format!("cannot read the size of {}: {e}", dev.name())))
+        .map_err(|e| CliError::io(format!("cannot read the size of {}", dev.name()), e))
 }
 
 /// The largest data shift (half of `--reduce-device-size`), as cryptsetup's 1 GiB limit.
@@ -334,11 +332,11 @@ fn encrypt_shifted(args: &EncryptArgs, reduce: Option<u64>) -> Result<(), CliErr
     let stop = stop_on_signals()?;
     // A start cut short is finished first (no secret needed: the prepared header is complete).
     let in_place = match reduce {
-        Some(r) => datashift::header_in_place(&dev, r / 2).map_err(volume_error)?,
+        Some(r) => datashift::header_in_place(&dev, r / 2)?,
         None => true,
     };
     let pass = if in_place {
-        let h = match Header::read(&dev).map_err(luks_error)? {
+        let h = match Header::read(&dev)? {
             Header::Luks2(h) => *h,
             Header::Luks1(_) => return Err(already_luks(&args.device)),
         };
@@ -386,7 +384,7 @@ fn format_options(args: &EncryptArgs, data_offset: Option<u64>) -> Result<Format
         data_offset,
         ..Default::default()
     };
-    options.check().map_err(luks_error)?;
+    options.check()?;
     Ok(options)
 }
 
@@ -421,7 +419,7 @@ fn start_shifted(
     let (image, pass) = new_header(args, &options, shift, len, &warning, |h, vk| {
         reencrypt::init_encrypt_datashift(h, vk, len, &init_options(&args.pbkdf))
     })?;
-    datashift::start_encrypt(dev, &image).map_err(volume_error)?;
+    datashift::start_encrypt(dev, &image)?;
     Ok(pass)
 }
 
@@ -444,13 +442,12 @@ fn new_header(
         &format!("Enter passphrase for {}: ", args.device.display()),
     )?;
     let image = MemStorage::new(vec![0; size as usize]);
-    let (formatted, unlocked) =
-        sectorcrypt_luks::format(&image, data_len, options, &pass).map_err(luks_error)?;
+    let (formatted, unlocked) = sectorcrypt_luks::format(&image, data_len, options, &pass)?;
     let Header::Luks2(h) = formatted else {
         return Err(CliError::usage("the new header is not LUKS2"));
     };
-    let md = init(&h, &unlocked.volume_key).map_err(luks_error)?;
-    reencrypt::write_metadata(&image, &h, &md).map_err(luks_error)?;
+    let md = init(&h, &unlocked.volume_key)?;
+    reencrypt::write_metadata(&image, &h, &md)?;
     Ok((image.contents(), pass))
 }
 
@@ -495,13 +492,13 @@ pub fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
         .key
         .read(&format!("Enter passphrase for {}: ", args.device.display()))?;
     if !in_progress {
-        let seg = h.data_segment().map_err(luks_error)?;
-        let data_len = data.len().map_err(|e| {
-            CliError::usage(format!("cannot read the size of {}: {e}", data.name()))
-        })?;
+        let seg = h.data_segment()?;
+        let data_len = data
+            .len()
+            .map_err(|e| CliError::io(format!("cannot read the size of {}", data.name()), e))?;
         check_size(&args.device, data_len.saturating_sub(seg.offset))?;
-        let old = h.unlock(&header, &pass, None).map_err(luks_error)?;
-        let pbkdf = pbkdf_options(&args.pbkdf)?.luks2().map_err(luks_error)?;
+        let old = h.unlock(&header, &pass, None)?;
+        let pbkdf = pbkdf_options(&args.pbkdf)?.luks2()?;
         let target = reencrypt::Target {
             cipher: args.cipher.clone().unwrap_or_else(|| seg.cipher.clone()),
             sector_size: args.sector_size.unwrap_or(seg.sector_size),
@@ -522,18 +519,16 @@ pub fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
         // the reencryption started.
         let new_vk = sectorcrypt_luks::luks2::random_bytes(key_len);
         let keyslot_cipher = (target.cipher != seg.cipher).then_some(target.cipher.as_str());
-        let staged = h
-            .stage_keyslot_for_new_key(&header, &new_vk, &pass, None, &pbkdf, keyslot_cipher)
-            .map_err(luks_error)?;
+        let staged =
+            h.stage_keyslot_for_new_key(&header, &new_vk, &pass, None, &pbkdf, keyslot_cipher)?;
         let md = reencrypt::init_reencrypt(
             &staged,
             &old.volume_key,
             &new_vk,
             &target,
             &init_options(&args.pbkdf),
-        )
-        .map_err(luks_error)?;
-        reencrypt::write_metadata(&header, &h, &md).map_err(luks_error)?;
+        )?;
+        reencrypt::write_metadata(&header, &h, &md)?;
     }
     let resume = resume_hint("reencrypt", &args.device, args.header.as_deref());
     convert(&resume, &header_path, &data, &pass, &args.run, &stop)
@@ -598,7 +593,7 @@ pub fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
         .read(&format!("Enter passphrase for {}: ", args.device.display()))?;
     if !in_progress {
         check_encrypted(&h, &args.device)?;
-        let seg = h.data_segment().map_err(luks_error)?;
+        let seg = h.data_segment()?;
         if seg.offset != 0 {
             return Err(CliError::usage(format!(
                 "the data of {} starts at byte {} of {}: not a detached-header volume",
@@ -607,7 +602,7 @@ pub fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
                 args.device.display()
             )));
         }
-        let unlocked = h.unlock(&header, &pass, None).map_err(luks_error)?;
+        let unlocked = h.unlock(&header, &pass, None)?;
         confirm(
             args.run.batch,
             &format!(
@@ -617,9 +612,8 @@ pub fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
             ),
         )?;
         // One header write records the decryption's start: before it the volume is as it was.
-        let md = reencrypt::init_decrypt(&h, &unlocked.volume_key, &InitOptions::default())
-            .map_err(luks_error)?;
-        reencrypt::write_metadata(&header, &h, &md).map_err(luks_error)?;
+        let md = reencrypt::init_decrypt(&h, &unlocked.volume_key, &InitOptions::default())?;
+        reencrypt::write_metadata(&header, &h, &md)?;
     }
     let resume = resume_hint("decrypt", &args.device, Some(&header_path));
     convert(&resume, &header_path, &data, &pass, &args.run, &stop)
@@ -660,7 +654,7 @@ fn decrypt_attached(
     };
     let pass = match Header::read(dev) {
         Ok(Header::Luks2(h)) => {
-            if let Some(r) = reencrypt::parse(h.metadata()).map_err(luks_error)? {
+            if let Some(r) = reencrypt::parse(h.metadata())? {
                 return Err(CliError::usage(format!(
                     "{} records {} in progress; finish it first ({})",
                     args.device.display(),
@@ -677,7 +671,7 @@ fn decrypt_attached(
             check_encrypted(&h, &args.device)?;
             let pass = ask()?;
             // A wrong passphrase is refused before anything is written.
-            h.unlock(dev, &pass, None).map_err(luks_error)?;
+            h.unlock(dev, &pass, None)?;
             confirm(
                 args.run.batch,
                 &format!(
@@ -691,7 +685,7 @@ fn decrypt_attached(
             let area = 2 * h.binary().hdr_size + h.metadata().config.keyslots_size;
             let mut bytes = vec![0u8; area as usize];
             dev.read_at(&mut bytes, 0).map_err(|e| {
-                CliError::usage(format!("cannot read the header of {}: {e}", dev.name()))
+                CliError::io(format!("cannot read the header of {}", dev.name()), e)
             })?;
             install_file(&partial, &bytes)?;
             pass
@@ -700,16 +694,15 @@ fn decrypt_attached(
             return Err(CliError::usage("LUKS1 has no in-place decryption metadata"))
         }
         Err(_) if partial.exists() => ask()?,
-        Err(e) => return Err(luks_error(e)),
+        Err(e) => return Err(e.into()),
     };
     let exported = open_rw(&partial)?;
     let h = read_luks2(&exported)?;
     if reencrypt::state(h.metadata()) == State::None {
         let moved = args.run.hotzone_size.unwrap_or(DEFAULT_HOTZONE);
-        datashift::start_decrypt(&exported, dev, &pass, moved, &InitOptions::default())
-            .map_err(volume_error)?;
+        datashift::start_decrypt(&exported, dev, &pass, moved, &InitOptions::default())?;
     } else {
-        h.unlock(&exported, &pass, None).map_err(luks_error)?;
+        h.unlock(&exported, &pass, None)?;
     }
     rename_synced(&partial, header_path)?;
     let resume = resume_hint("decrypt", &args.device, Some(header_path));
@@ -759,7 +752,7 @@ fn start(
 /// synced, renamed over `path`, and the directory synced.
 fn install_file(path: &Path, bytes: &[u8]) -> Result<(), CliError> {
     let fail = |what: &str, e: std::io::Error| {
-        CliError::usage(format!("cannot {what} header file {}: {e}", path.display()))
+        CliError::io(format!("cannot {what} header file {}", path.display()), e)
     };
     let mut tmp_name = path.as_os_str().to_owned();
     tmp_name.push(".new");
@@ -780,11 +773,10 @@ fn install_file(path: &Path, bytes: &[u8]) -> Result<(), CliError> {
 /// Rename `from` to `to` and make the rename durable.
 fn rename_synced(from: &Path, to: &Path) -> Result<(), CliError> {
     std::fs::rename(from, to).map_err(|e| {
-        CliError::usage(format!(
-            "cannot rename {} to {}: {e}",
-            from.display(),
-            to.display()
-        ))
+        CliError::io(
+            format!("cannot rename {} to {}", from.display(), to.display()),
+            e,
+        )
     })?;
     sync_dir(to)
 }
@@ -795,54 +787,64 @@ fn sync_dir(path: &Path) -> Result<(), CliError> {
         _ => Path::new("."),
     };
     File::open(dir).and_then(|d| d.sync_all()).map_err(|e| {
-        CliError::usage(format!(
-            "cannot sync the directory of {}: {e}",
-            path.display()
-        ))
+        CliError::io(
+            format!("cannot sync the directory of {}", path.display()),
+            e,
+        )
     })
 }
 
 fn read_luks2(dev: &FileStorage) -> Result<Luks2Header, CliError> {
-    match Header::read(dev).map_err(luks_error)? {
+    match Header::read(dev)? {
         Header::Luks2(h) => Ok(*h),
         Header::Luks1(_) => Err(CliError::usage("LUKS1 has no in-place encryption metadata")),
     }
 }
 
-fn volume_error(e: VolumeError) -> CliError {
-    match e {
-        VolumeError::Luks(l) => luks_error(l),
-        other => CliError::usage(other),
-    }
-}
-
-/// Progress: a bar on a terminal, JSON lines with `--json`, nothing otherwise.
+/// Progress: a bar on a terminal (indicatif), JSON lines with `--json`, nothing otherwise.
 struct Reporter {
     json: bool,
-    bar: bool,
+    bar: Option<ProgressBar>,
     /// The first step seen in this run: rates count from there (a resumed run starts part way).
     first: Option<(Instant, u64)>,
 }
 
 impl Reporter {
     fn new(json: bool) -> Self {
+        let bar = (!json && std::io::stderr().is_terminal()).then(|| {
+            let style = ProgressStyle::with_template(
+                "[{bar:30}] {percent:>3}%  {bytes} / {total_bytes}  {bytes_per_sec}  ETA {eta}",
+            )
+            .map(|s| s.progress_chars("#."))
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+            ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()).with_style(style)
+        });
         Reporter {
             json,
-            bar: !json && std::io::stderr().is_terminal(),
+            bar,
             first: None,
         }
     }
 
     fn step(&mut self, p: Progress) {
+        let resumed_here = self.first.is_none();
         let (t0, d0) = *self.first.get_or_insert((Instant::now(), p.done));
-        let secs = t0.elapsed().as_secs_f64();
-        let rate = if secs > 0.0 {
-            (p.done - d0) as f64 / secs
-        } else {
-            0.0
-        };
-        let eta = (rate > 0.0).then(|| (p.total - p.done) as f64 / rate);
+        if let Some(bar) = &self.bar {
+            bar.set_length(p.total);
+            bar.set_position(p.done);
+            if resumed_here {
+                // What earlier runs converted is no part of this run's rate.
+                bar.reset_eta();
+            }
+        }
         if self.json {
+            let secs = t0.elapsed().as_secs_f64();
+            let rate = if secs > 0.0 {
+                (p.done - d0) as f64 / secs
+            } else {
+                0.0
+            };
+            let eta = (rate > 0.0).then(|| (p.total - p.done) as f64 / rate);
             let line = serde_json::json!({
                 "done": p.done,
                 "total": p.total,
@@ -850,41 +852,14 @@ impl Reporter {
                 "eta_sec": eta.map(f64::round),
             });
             let _ = writeln!(std::io::stdout(), "{line}");
-        } else if self.bar {
-            let frac = p.done as f64 / p.total.max(1) as f64;
-            let filled = ((frac * 30.0) as usize).min(30);
-            eprint!(
-                "\r[{}{}] {:5.1}%  {} / {}  {}/s  ETA {}   ",
-                "#".repeat(filled),
-                ".".repeat(30 - filled),
-                frac * 100.0,
-                bytes(p.done),
-                bytes(p.total),
-                bytes(rate as u64),
-                eta.map_or_else(
-                    || "?".to_string(),
-                    |e| format!("{}:{:02}", e as u64 / 60, e as u64 % 60)
-                )
-            );
         }
     }
 
     fn done(&self) {
-        if self.bar {
-            eprintln!();
+        if let Some(bar) = &self.bar {
+            bar.finish();
         }
     }
-}
-
-fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    format!("{v:.1} {}", UNITS[u])
 }
 
 #[cfg(test)]

@@ -3,6 +3,9 @@
 use std::fmt;
 use std::process::ExitCode;
 
+use sectorcrypt_luks::Error as LuksError;
+use sectorcrypt_volume::Error as VolumeError;
+
 /// cryptsetup's exit codes (CLI.md): 1 usage or other error, 2 no key slot opens, 3 out of
 /// memory, 4 wrong device, 5 busy. No command so far can report 3.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,6 +34,15 @@ impl CliError {
         CliError {
             code: Code::Usage,
             message: message.to_string(),
+        }
+    }
+
+    /// A failure of the system rather than of the arguments (exit 1, cryptsetup's "any other
+    /// error"): `what` failed with `e`.
+    pub fn io(what: impl fmt::Display, e: std::io::Error) -> Self {
+        CliError {
+            code: Code::Usage,
+            message: format!("{what}: {e}"),
         }
     }
 
@@ -68,4 +80,47 @@ pub fn usage(e: clap::Error) -> ExitCode {
             CliError::usage(format!("{first} (see 'sectorcrypt --help')")).report()
         }
     }
+}
+
+/// A LUKS error as cryptsetup reports it: its messages for the cases a script matches on, the
+/// exit code for a wrong device (4) or passphrase (2), and the whole `source()` chain otherwise.
+impl From<LuksError> for CliError {
+    fn from(e: LuksError) -> Self {
+        let code = match &e {
+            LuksError::NotLuks { .. } => Code::Device,
+            LuksError::WrongPassphrase => Code::Permission,
+            _ => Code::Usage,
+        };
+        let message = match e {
+            LuksError::NotLuks { device } => format!("Device {device} is not a valid LUKS device."),
+            LuksError::WrongPassphrase => "No key available with this passphrase.".to_string(),
+            LuksError::NoUsableKeyslot(why) => format!("No usable keyslot is available ({why})."),
+            other => chain(&other),
+        };
+        CliError { code, message }
+    }
+}
+
+/// A volume-layer error: the LUKS errors inside it as above, the rest with their causes.
+impl From<VolumeError> for CliError {
+    fn from(e: VolumeError) -> Self {
+        match e {
+            VolumeError::Luks(l) => l.into(),
+            other => CliError::usage(chain(&other)),
+        }
+    }
+}
+
+/// `e` and each of its sources that adds something, joined by ": ".
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let part = cause.to_string();
+        if !text.contains(&part) {
+            text = format!("{text}: {part}");
+        }
+        next = cause.source();
+    }
+    text
 }

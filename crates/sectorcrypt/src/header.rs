@@ -4,7 +4,7 @@
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
-use sectorcrypt_luks::{Error as LuksError, Header};
+use sectorcrypt_luks::Header;
 use sectorcrypt_storage::FileStorage;
 
 use crate::exit::{CliError, Code};
@@ -30,7 +30,7 @@ impl DeviceArgs {
     fn read(&self) -> Result<(FileStorage, Header), CliError> {
         let path = self.header_path();
         let dev = open_device(path)?;
-        let header = Header::read(&dev).map_err(luks_error)?;
+        let header = Header::read(&dev)?;
         Ok((dev, header))
     }
 }
@@ -41,22 +41,6 @@ fn open_device(path: &Path) -> Result<FileStorage, CliError> {
         code: Code::Device,
         message: format!("Device {} does not exist or access denied.", path.display()),
     })
-}
-
-/// The LUKS layer's errors with CLI.md's exit codes.
-pub fn luks_error(e: LuksError) -> CliError {
-    let code = match &e {
-        LuksError::NotLuks { .. } => Code::Device,
-        LuksError::WrongPassphrase => Code::Permission,
-        _ => Code::Usage,
-    };
-    let message = match e {
-        LuksError::NotLuks { device } => format!("Device {device} is not a valid LUKS device."),
-        LuksError::WrongPassphrase => "No key available with this passphrase.".to_string(),
-        LuksError::NoUsableKeyslot(why) => format!("No usable keyslot is available ({why})."),
-        other => other.to_string(),
-    };
-    CliError { code, message }
 }
 
 #[derive(clap::Args, Debug)]
@@ -90,9 +74,7 @@ pub fn dump(args: DumpArgs) -> Result<(), CliError> {
             "Enter passphrase for {}: ",
             args.target.device.display()
         ))?;
-        let unlocked = header
-            .unlock(&dev, &pass, args.key_slot)
-            .map_err(luks_error)?;
+        let unlocked = header.unlock(&dev, &pass, args.key_slot)?;
         let key_hex = hex::encode(&unlocked.volume_key[..]);
         if args.json {
             let v = serde_json::json!({
@@ -131,7 +113,7 @@ pub fn dump(args: DumpArgs) -> Result<(), CliError> {
         header.dump_text(&args.target.device.display().to_string())
     };
     out.write_all(text.as_bytes())
-        .map_err(|e| CliError::usage(format!("cannot write the output: {e}")))
+        .map_err(|e| CliError::io("cannot write the output", e))
 }
 
 /// cryptsetup asks before printing a volume key on a terminal; so do we.
@@ -140,7 +122,7 @@ fn confirm_volume_key_dump() -> Result<(), CliError> {
     let mut answer = String::new();
     std::io::stdin()
         .read_line(&mut answer)
-        .map_err(|e| CliError::usage(format!("cannot read the answer: {e}")))?;
+        .map_err(|e| CliError::io("cannot read the answer", e))?;
     if answer.trim_end() != "YES" {
         return Err(CliError::usage("Operation aborted."));
     }
@@ -155,7 +137,7 @@ pub fn is_luks(args: DeviceArgs, verbose: bool) -> Result<(), CliError> {
         Ok(_) => Ok(()),
         Err(e) => {
             let message = if verbose {
-                luks_error(e).message
+                CliError::from(e).message
             } else {
                 String::new()
             };
@@ -191,9 +173,7 @@ pub fn test_passphrase(args: TestArgs) -> Result<(), CliError> {
         "Enter passphrase for {}: ",
         args.target.device.display()
     ))?;
-    let unlocked = header
-        .unlock(&dev, &pass, args.key_slot)
-        .map_err(luks_error)?;
+    let unlocked = header.unlock(&dev, &pass, args.key_slot)?;
     eprintln!("Key slot {} unlocked.", unlocked.slot);
     Ok(())
 }

@@ -47,8 +47,7 @@ impl KeyArgs {
         };
         let mut out = Zeroizing::new(Vec::new());
         let name = path.display().to_string();
-        let read_err =
-            |e: std::io::Error| CliError::usage(format!("cannot read key file {name}: {e}"));
+        let read_err = |e: std::io::Error| CliError::io(format!("cannot read key file {name}"), e);
         // The offset is skipped by reading, not seeking, so pipes and FIFOs work as files do.
         let mut source: Box<dyn Read> = if name == "-" {
             Box::new(std::io::stdin().lock())
@@ -85,7 +84,7 @@ fn prompt_terminal(prompt: &str) -> Result<Zeroizing<Vec<u8>>, CliError> {
     }
     let pass = Zeroizing::new(
         rpassword::prompt_password(prompt)
-            .map_err(|e| CliError::usage(format!("cannot read the passphrase: {e}")))?,
+            .map_err(|e| CliError::io("cannot read the passphrase", e))?,
     );
     if pass.is_empty() {
         return Err(CliError::usage("the passphrase is empty"));

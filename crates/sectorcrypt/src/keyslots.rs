@@ -17,7 +17,6 @@ use sectorcrypt_storage::{FileStorage, Storage};
 use zeroize::Zeroizing;
 
 use crate::exit::{CliError, Code};
-use crate::header::luks_error;
 use crate::keyfile::KeyArgs;
 use crate::pbkdf_args::{NewKeyArgs, PbkdfArgs};
 
@@ -42,7 +41,7 @@ pub(crate) fn confirm(batch: bool, warning: &str) -> Result<(), CliError> {
     let mut answer = String::new();
     std::io::stdin()
         .read_line(&mut answer)
-        .map_err(|e| CliError::usage(format!("cannot read the answer: {e}")))?;
+        .map_err(|e| CliError::io("cannot read the answer", e))?;
     if answer.trim_end() != "YES" {
         return Err(CliError::usage("Operation aborted."));
     }
@@ -73,12 +72,7 @@ pub(crate) fn new_passphrase(
 }
 
 pub(crate) fn pbkdf_options(args: &PbkdfArgs) -> Result<PbkdfOptions, CliError> {
-    let hash = args
-        .hash
-        .as_deref()
-        .map(Hash::parse)
-        .transpose()
-        .map_err(luks_error)?;
+    let hash = args.hash.as_deref().map(Hash::parse).transpose()?;
     if let Some(name) = &args.pbkdf {
         if !matches!(name.as_str(), "pbkdf2" | "argon2i" | "argon2id") {
             return Err(CliError::usage(format!(
@@ -171,10 +165,7 @@ pub fn format(args: FormatArgs) -> Result<(), CliError> {
     let pbkdf = pbkdf_options(&args.pbkdf)?;
     let volume_key = match &args.volume_key_file {
         Some(path) => Some(Zeroizing::new(std::fs::read(path).map_err(|e| {
-            CliError::usage(format!(
-                "cannot read volume key file {}: {e}",
-                path.display()
-            ))
+            CliError::io(format!("cannot read volume key file {}", path.display()), e)
         })?)),
         None => None,
     };
@@ -195,7 +186,7 @@ pub fn format(args: FormatArgs) -> Result<(), CliError> {
         data_offset: None,
     };
     // Everything that can be refused is refused before the device is touched.
-    options.check().map_err(luks_error)?;
+    options.check()?;
     let header_dev = match &args.header {
         Some(path) => Some(open_or_create_header_file(
             path,
@@ -221,8 +212,7 @@ pub fn format(args: FormatArgs) -> Result<(), CliError> {
         data.len().map_err(|e| CliError::usage(e.to_string()))?,
         &options,
         &pass,
-    )
-    .map_err(luks_error)?;
+    )?;
     Ok(())
 }
 
@@ -245,9 +235,8 @@ fn open_or_create_header_file(path: &Path, size: u64) -> Result<FileStorage, Cli
         .map_err(|e| CliError::usage(e.to_string()))?
         .len();
     if len < size && file.metadata().map(|m| m.is_file()).unwrap_or(false) {
-        file.set_len(size).map_err(|e| {
-            CliError::usage(format!("cannot size header file {}: {e}", path.display()))
-        })?;
+        file.set_len(size)
+            .map_err(|e| CliError::io(format!("cannot size header file {}", path.display()), e))?;
     }
     drop(file);
     open_rw(path)
@@ -277,7 +266,7 @@ pub struct SlotArgs {
 impl SlotArgs {
     fn open(&self) -> Result<(FileStorage, Header), CliError> {
         let dev = open_rw(self.header.as_deref().unwrap_or(&self.device))?;
-        let header = Header::read(&dev).map_err(luks_error)?;
+        let header = Header::read(&dev)?;
         Ok((dev, header))
     }
 }
@@ -295,30 +284,24 @@ pub fn add_key(args: AddKeyArgs) -> Result<(), CliError> {
     let (dev, mut header) = s.open()?;
     let pbkdf = pbkdf_options(&s.pbkdf)?;
     let existing = s.key.read("Enter any existing passphrase: ")?;
-    let unlocked = header.unlock(&dev, &existing, None).map_err(luks_error)?;
+    let unlocked = header.unlock(&dev, &existing, None)?;
     let new = new_passphrase(
         args.new.new_key_file.as_ref(),
         &KeyArgs::default(),
         "Enter new passphrase for key slot: ",
     )?;
-    header
-        .add_keyslot(&dev, &unlocked.volume_key, &new, s.key_slot, &pbkdf)
-        .map_err(luks_error)?;
+    header.add_keyslot(&dev, &unlocked.volume_key, &new, s.key_slot, &pbkdf)?;
     Ok(())
 }
 
 pub fn remove_key(args: SlotArgs) -> Result<(), CliError> {
     let (dev, mut header) = args.open()?;
     let pass = args.key.read("Enter passphrase to be deleted: ")?;
-    let unlocked = header
-        .unlock(&dev, &pass, args.key_slot)
-        .map_err(luks_error)?;
+    let unlocked = header.unlock(&dev, &pass, args.key_slot)?;
     if header.active_keyslots().len() == 1 {
         confirm(args.batch, "WARNING!\n========\nThis is the last keyslot. The device will become unusable after purging this key.")?;
     }
-    header
-        .kill_keyslot(&dev, unlocked.slot)
-        .map_err(luks_error)?;
+    header.kill_keyslot(&dev, unlocked.slot)?;
     Ok(())
 }
 
@@ -335,15 +318,13 @@ pub fn change_key(args: ChangeKeyArgs) -> Result<(), CliError> {
     let (dev, mut header) = s.open()?;
     let pbkdf = pbkdf_options(&s.pbkdf)?;
     let old = s.key.read("Enter passphrase to be changed: ")?;
-    let unlocked = header.unlock(&dev, &old, s.key_slot).map_err(luks_error)?;
+    let unlocked = header.unlock(&dev, &old, s.key_slot)?;
     let new = new_passphrase(
         args.new.new_key_file.as_ref(),
         &KeyArgs::default(),
         "Enter new passphrase: ",
     )?;
-    header
-        .change_keyslot(&dev, unlocked.slot, &unlocked.volume_key, &new, &pbkdf)
-        .map_err(luks_error)?;
+    header.change_keyslot(&dev, unlocked.slot, &unlocked.volume_key, &new, &pbkdf)?;
     Ok(())
 }
 
@@ -367,7 +348,7 @@ pub struct KillSlotArgs {
 
 pub fn kill_slot(args: KillSlotArgs) -> Result<(), CliError> {
     let dev = open_rw(args.header.as_deref().unwrap_or(&args.device))?;
-    let mut header = Header::read(&dev).map_err(luks_error)?;
+    let mut header = Header::read(&dev)?;
     let active = header.active_keyslots();
     if !active.contains(&args.slot) {
         return Err(CliError::usage(format!(
@@ -378,12 +359,12 @@ pub fn kill_slot(args: KillSlotArgs) -> Result<(), CliError> {
     // As cryptsetup: prove knowledge of a passphrase unless in batch mode without a key file.
     if !args.batch || args.key.key_file.is_some() {
         let pass = args.key.read("Enter any remaining passphrase: ")?;
-        header.unlock(&dev, &pass, None).map_err(luks_error)?;
+        header.unlock(&dev, &pass, None)?;
     }
     if active.len() == 1 {
         confirm(args.batch, "WARNING!\n========\nThis is the last keyslot. The device will become unusable after purging this key.")?;
     }
-    header.kill_keyslot(&dev, args.slot).map_err(luks_error)?;
+    header.kill_keyslot(&dev, args.slot)?;
     Ok(())
 }
 
@@ -413,7 +394,7 @@ pub fn header_backup(args: BackupArgs) -> Result<(), CliError> {
             ),
         },
     )?;
-    let bytes = Header::backup(&dev).map_err(luks_error)?;
+    let bytes = Header::backup(&dev)?;
     // Never overwrite: a backup file is the last copy of a header someone may need.
     let mut f = OpenOptions::new()
         .write(true)
@@ -427,16 +408,16 @@ pub fn header_backup(args: BackupArgs) -> Result<(), CliError> {
                     args.file.display()
                 ))
             } else {
-                CliError::usage(format!("cannot create {}: {e}", args.file.display()))
+                CliError::io(format!("cannot create {}", args.file.display()), e)
             }
         })?;
     let written = f.write_all(&bytes).and_then(|_| f.sync_all());
     if let Err(e) = written {
         let _ = std::fs::remove_file(&args.file);
-        return Err(CliError::usage(format!(
-            "cannot write {}: {e}",
-            args.file.display()
-        )));
+        return Err(CliError::io(
+            format!("cannot write {}", args.file.display()),
+            e,
+        ));
     }
     Ok(())
 }
@@ -453,7 +434,7 @@ pub fn header_restore(args: BackupArgs) -> Result<(), CliError> {
             "{} is not a LUKS header backup.",
             args.file.display()
         )),
-        other => luks_error(other),
+        other => other.into(),
     })?;
     confirm(
         args.batch,
@@ -463,6 +444,6 @@ pub fn header_restore(args: BackupArgs) -> Result<(), CliError> {
             args.file.display()
         ),
     )?;
-    Header::restore(&dev, &backup).map_err(luks_error)?;
+    Header::restore(&dev, &backup)?;
     Ok(())
 }

@@ -11,7 +11,6 @@ use sectorcrypt_volume::{Volume, VolumeOptions};
 
 use crate::convert::{finish_conversion, resume_hint};
 use crate::exit::{CliError, Code};
-use crate::header::luks_error;
 use crate::keyfile::KeyArgs;
 
 /// The volume to open and how.
@@ -74,7 +73,7 @@ impl VolumeArgs {
             Some(h) => Arc::new(open(h, false)?),
             None => Arc::clone(&data),
         };
-        let mut header = Header::read(&*header_dev).map_err(luks_error)?;
+        let mut header = Header::read(&*header_dev)?;
         let pass = self
             .key
             .read(&format!("Enter passphrase for {}: ", self.device.display()))?;
@@ -102,12 +101,10 @@ impl VolumeArgs {
                     None => Arc::clone(&data),
                 };
                 finish_conversion(&*header_rw, &*data, &pass, self.threads(), &hint)?;
-                header = Header::read(&*header_dev).map_err(luks_error)?;
+                header = Header::read(&*header_dev)?;
             }
         }
-        let unlocked = header
-            .unlock(&*header_dev, &pass, self.key_slot)
-            .map_err(luks_error)?;
+        let unlocked = header.unlock(&*header_dev, &pass, self.key_slot)?;
         let volume = Volume::open(
             &header,
             data,
@@ -120,10 +117,15 @@ impl VolumeArgs {
             },
         )
         .map_err(|e| {
-            CliError::usage(format!(
-                "cannot open the volume on {}: {e}",
-                self.device.display()
-            ))
+            let inner = CliError::from(e);
+            CliError {
+                message: format!(
+                    "cannot open the volume on {}: {}",
+                    self.device.display(),
+                    inner.message
+                ),
+                ..inner
+            }
         })?;
         Ok(Arc::new(volume))
     }

@@ -29,15 +29,12 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
     // Signals are caught before the volume is opened, so a signal at any point ends in an
     // orderly exit rather than the default termination.
     let mut signals = Signals::new([SIGINT, SIGTERM])
-        .map_err(|e| CliError::usage(format!("cannot install signal handlers: {e}")))?;
+        .map_err(|e| CliError::io("cannot install signal handlers", e))?;
     let volume = args.volume.open()?;
     let listen = match (&args.socket, &args.listen) {
         // Absolute, so that the URI printed below works from any directory.
         (Some(path), _) => Listen::Unix(std::path::absolute(path).map_err(|e| {
-            CliError::usage(format!(
-                "cannot use the socket path {}: {e}",
-                path.display()
-            ))
+            CliError::io(format!("cannot use the socket path {}", path.display()), e)
         })?),
         (None, Some(addr)) => Listen::Tcp(addr.clone()),
         (None, None) => unreachable!("clap requires --socket or --listen"),
@@ -71,7 +68,7 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
     })?;
     let stop = server
         .stop_handle()
-        .map_err(|e| CliError::usage(format!("cannot set up the server: {e}")))?;
+        .map_err(|e| CliError::io("cannot set up the server", e))?;
     std::thread::spawn(move || {
         for _ in signals.forever() {
             stop.stop();
