@@ -31,7 +31,7 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 use crate::exit::{CliError, Code};
 use crate::keyfile::KeyArgs;
 use crate::keyslots::{confirm, new_passphrase, open_rw, pbkdf_options};
-use crate::pbkdf_args::PbkdfArgs;
+use crate::pbkdf_args::{CipherArgs, PbkdfArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct EncryptArgs {
@@ -45,15 +45,8 @@ pub struct EncryptArgs {
     /// last BYTES of DEVICE must be unused (shrink the file system first). Units: K, M, G (KiB...).
     #[arg(long = "reduce-device-size", value_name = "BYTES", value_parser = parse_size)]
     reduce_device_size: Option<u64>,
-    /// Cipher specification (default aes-xts-plain64).
-    #[arg(short = 'c', long, value_name = "SPEC")]
-    cipher: Option<String>,
-    /// Whole key size in bits (default 512 for XTS).
-    #[arg(short = 's', long = "key-size", value_name = "BITS")]
-    key_size: Option<usize>,
-    /// Encryption sector size (default 4096 when the device size allows, else 512).
-    #[arg(long = "sector-size", value_name = "BYTES")]
-    sector_size: Option<usize>,
+    #[command(flatten)]
+    segment: CipherArgs,
     #[command(flatten)]
     pbkdf: PbkdfArgs,
     #[command(flatten)]
@@ -376,9 +369,9 @@ fn already_luks(device: &Path) -> CliError {
 fn format_options(args: &EncryptArgs, data_offset: Option<u64>) -> Result<FormatOptions, CliError> {
     let options = FormatOptions {
         version: 2,
-        cipher: args.cipher.clone(),
-        key_bits: args.key_size,
-        sector_size: args.sector_size,
+        cipher: args.segment.cipher.clone(),
+        key_bits: args.segment.key_size,
+        sector_size: args.segment.sector_size,
         pbkdf: pbkdf_options(&args.pbkdf)?,
         detached_header: data_offset.is_none(),
         data_offset,

@@ -1,7 +1,7 @@
 //! Commands that read a LUKS header: `dump` (luksDump), `is-luks` (isLuks), `uuid` (luksUUID)
 //! and `test-passphrase`.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use sectorcrypt_luks::Header;
@@ -9,6 +9,7 @@ use sectorcrypt_storage::FileStorage;
 
 use crate::exit::{CliError, Code};
 use crate::keyfile::KeyArgs;
+use crate::keyslots::confirm;
 
 /// A device, or a detached header beside it.
 #[derive(clap::Args, Debug)]
@@ -67,9 +68,12 @@ pub fn dump(args: DumpArgs) -> Result<(), CliError> {
     let (dev, header) = args.target.read()?;
     let mut out = std::io::stdout().lock();
     let text = if args.dump_volume_key {
-        if !args.batch && std::io::stdin().is_terminal() {
-            confirm_volume_key_dump()?;
-        }
+        // cryptsetup asks before printing a volume key on a terminal; so do we.
+        confirm(
+            args.batch,
+            "The header dump with the volume key is sensitive information that allows access \
+             to the encrypted partition without a passphrase.",
+        )?;
         let pass = args.key.read(&format!(
             "Enter passphrase for {}: ",
             args.target.device.display()
@@ -114,19 +118,6 @@ pub fn dump(args: DumpArgs) -> Result<(), CliError> {
     };
     out.write_all(text.as_bytes())
         .map_err(|e| CliError::io("cannot write the output", e))
-}
-
-/// cryptsetup asks before printing a volume key on a terminal; so do we.
-fn confirm_volume_key_dump() -> Result<(), CliError> {
-    eprint!("The header dump with the volume key is sensitive information that allows access to the encrypted partition without a passphrase.\nAre you sure? (Type 'yes' in capital letters): ");
-    let mut answer = String::new();
-    std::io::stdin()
-        .read_line(&mut answer)
-        .map_err(|e| CliError::io("cannot read the answer", e))?;
-    if answer.trim_end() != "YES" {
-        return Err(CliError::usage("Operation aborted."));
-    }
-    Ok(())
 }
 
 /// `is-luks`: exit 0 for a LUKS header, 1 for anything else, 4 for a missing device (as

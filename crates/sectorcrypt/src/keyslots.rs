@@ -18,7 +18,7 @@ use zeroize::Zeroizing;
 
 use crate::exit::{CliError, Code};
 use crate::keyfile::KeyArgs;
-use crate::pbkdf_args::{NewKeyArgs, PbkdfArgs};
+use crate::pbkdf_args::{CipherArgs, NewKeyArgs, PbkdfArgs};
 
 /// Open `path` for writing: exit 4 if it is missing or not writable.
 pub(crate) fn open_rw(path: &Path) -> Result<FileStorage, CliError> {
@@ -100,15 +100,8 @@ pub struct FormatArgs {
     /// luks2 (default) or luks1.
     #[arg(long = "type", value_name = "TYPE", default_value = "luks2")]
     luks_type: String,
-    /// Cipher specification (default aes-xts-plain64).
-    #[arg(short = 'c', long, value_name = "SPEC")]
-    cipher: Option<String>,
-    /// Whole key size in bits (default 512 for XTS, 256 otherwise).
-    #[arg(short = 's', long = "key-size", value_name = "BITS")]
-    key_size: Option<usize>,
-    /// Encryption sector size (LUKS2; default 4096 when the device allows, else 512).
-    #[arg(long = "sector-size", value_name = "BYTES")]
-    sector_size: Option<usize>,
+    #[command(flatten)]
+    segment: CipherArgs,
     #[command(flatten)]
     pbkdf: PbkdfArgs,
     #[command(flatten)]
@@ -171,9 +164,9 @@ pub fn format(args: FormatArgs) -> Result<(), CliError> {
     };
     let options = FormatOptions {
         version,
-        cipher: args.cipher.clone(),
-        key_bits: args.key_size,
-        sector_size: args.sector_size,
+        cipher: args.segment.cipher.clone(),
+        key_bits: args.segment.key_size,
+        sector_size: args.segment.sector_size,
         pbkdf,
         label: args.label.clone(),
         subsystem: args.subsystem.clone(),

@@ -1,8 +1,24 @@
-//! The PBKDF and format options shared by the commands that create keyslots (cryptsetup's names).
+//! The PBKDF and cipher options shared by the commands that create keyslots or volumes
+//! (cryptsetup's names).
 
 use std::path::PathBuf;
 
 use crate::exit::CliError;
+
+/// `--cipher`, `--key-size`, `--sector-size`: the data segment of a new volume (`format`,
+/// `encrypt`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct CipherArgs {
+    /// Cipher specification (default aes-xts-plain64).
+    #[arg(short = 'c', long, value_name = "SPEC")]
+    pub cipher: Option<String>,
+    /// Whole key size in bits (default 512 for XTS, 256 otherwise).
+    #[arg(short = 's', long = "key-size", value_name = "BITS")]
+    pub key_size: Option<usize>,
+    /// Encryption sector size (LUKS2; default 4096 when the device allows, else 512).
+    #[arg(long = "sector-size", value_name = "BYTES")]
+    pub sector_size: Option<usize>,
+}
 
 /// `--pbkdf`, `--iter-time`, `--pbkdf-memory`, `--pbkdf-parallel`, `--pbkdf-force-iterations`,
 /// `--hash`.
