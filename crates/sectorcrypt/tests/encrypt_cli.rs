@@ -16,7 +16,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{cs, ok, p, sc, scratch};
+use common::{cs, ok, p, sc, scratch, FAST_PBKDF};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 use sectorcrypt_testkit::fault;
@@ -27,10 +27,10 @@ const MIB: usize = 1 << 20;
 const WRITE: &str = "pwrite64";
 
 const FAST: [&str; 5] = [
-    "--pbkdf",
-    "pbkdf2",
-    "--pbkdf-force-iterations",
-    "1000",
+    FAST_PBKDF[0],
+    FAST_PBKDF[1],
+    FAST_PBKDF[2],
+    FAST_PBKDF[3],
     "-q",
 ];
 

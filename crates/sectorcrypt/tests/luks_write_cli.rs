@@ -6,7 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{cryptsetup_volume_key, cs, ok, p, sc, scratch};
+use common::{cryptsetup_volume_key, cs, cs_fast, ok, p, sc, sc_fast, scratch, FAST_PBKDF};
 
 fn key(dir: &Path, name: &str) -> PathBuf {
     let k = dir.join(format!("{name}.key"));
@@ -51,8 +51,6 @@ fn volume_key_here(img: &Path, key: &Path) -> String {
     v["volume_key"].as_str().unwrap().to_string()
 }
 
-const FAST_LUKS2: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
-
 #[test]
 fn formats_cryptsetup_accepts_with_the_given_volume_key() {
     let dir = scratch("luks_write-format");
@@ -63,7 +61,7 @@ fn formats_cryptsetup_accepts_with_the_given_volume_key() {
     let cases: [(&str, Vec<&str>); 5] = [
         (
             "l2-pbkdf2",
-            [&["--type", "luks2"][..], &FAST_LUKS2[..]].concat(),
+            [&["--type", "luks2"][..], &FAST_PBKDF[..]].concat(),
         ),
         (
             "l2-argon2id",
@@ -82,7 +80,7 @@ fn formats_cryptsetup_accepts_with_the_given_volume_key() {
                 "512",
             ],
         ),
-        ("l2-default-type", FAST_LUKS2.to_vec()),
+        ("l2-default-type", FAST_PBKDF.to_vec()),
         (
             "l1",
             vec!["--type", "luks1", "--pbkdf-force-iterations", "1000"],
@@ -144,15 +142,11 @@ fn keyslots_added_and_removed_here_are_seen_by_cryptsetup_and_back() {
         );
         let img = image(&dir, version, 32);
         ok(
-            sc(&[
+            sc_fast(&[
                 "format",
                 "-q",
                 "--type",
                 version,
-                "--pbkdf",
-                "pbkdf2",
-                "--pbkdf-force-iterations",
-                "1000",
                 "--key-file",
                 p(&a),
                 p(&img),
@@ -162,52 +156,19 @@ fn keyslots_added_and_removed_here_are_seen_by_cryptsetup_and_back() {
         let vk = volume_key_here(&img, &a);
         // Added here, opens in cryptsetup.
         ok(
-            sc(&[
-                "add-key",
-                "--key-file",
-                p(&a),
-                "--pbkdf",
-                "pbkdf2",
-                "--pbkdf-force-iterations",
-                "1000",
-                "-S",
-                "3",
-                p(&img),
-                p(&b),
-            ]),
+            sc_fast(&["add-key", "--key-file", p(&a), "-S", "3", p(&img), p(&b)]),
             "add-key",
         );
         assert!(opens_in_cryptsetup(&img, &b), "{version}");
         // Added by cryptsetup, opens here.
         ok(
-            cs(&[
-                "luksAddKey",
-                "-q",
-                "--key-file",
-                p(&a),
-                "--pbkdf",
-                "pbkdf2",
-                "--pbkdf-force-iterations",
-                "1000",
-                p(&img),
-                p(&c),
-            ]),
+            cs_fast(&["luksAddKey", "-q", "--key-file", p(&a), p(&img), p(&c)]),
             "luksAddKey",
         );
         assert!(opens_here(&img, &c), "{version}");
         // Changed here.
         ok(
-            sc(&[
-                "change-key",
-                "--key-file",
-                p(&c),
-                "--pbkdf",
-                "pbkdf2",
-                "--pbkdf-force-iterations",
-                "1000",
-                p(&img),
-                p(&d),
-            ]),
+            sc_fast(&["change-key", "--key-file", p(&c), p(&img), p(&d)]),
             "change-key",
         );
         assert!(
@@ -244,15 +205,11 @@ fn header_backups_restore_across_tools() {
     for version in ["luks2", "luks1"] {
         let img = image(&dir, version, 32);
         ok(
-            sc(&[
+            sc_fast(&[
                 "format",
                 "-q",
                 "--type",
                 version,
-                "--pbkdf",
-                "pbkdf2",
-                "--pbkdf-force-iterations",
-                "1000",
                 "--key-file",
                 p(&a),
                 p(&img),
@@ -269,17 +226,7 @@ fn header_backups_restore_across_tools() {
         assert_eq!(again.status.code(), Some(1));
         // Change the passphrase, restore our backup with cryptsetup: the old passphrase is back.
         ok(
-            sc(&[
-                "change-key",
-                "--key-file",
-                p(&a),
-                "--pbkdf",
-                "pbkdf2",
-                "--pbkdf-force-iterations",
-                "1000",
-                p(&img),
-                p(&b),
-            ]),
+            sc_fast(&["change-key", "--key-file", p(&a), p(&img), p(&b)]),
             "change-key",
         );
         assert!(!opens_here(&img, &a));
@@ -306,17 +253,7 @@ fn header_backups_restore_across_tools() {
             "cryptsetup backup",
         );
         ok(
-            sc(&[
-                "change-key",
-                "--key-file",
-                p(&a),
-                "--pbkdf",
-                "pbkdf2",
-                "--pbkdf-force-iterations",
-                "1000",
-                p(&img),
-                p(&b),
-            ]),
+            sc_fast(&["change-key", "--key-file", p(&a), p(&img), p(&b)]),
             "change-key",
         );
         ok(
@@ -342,17 +279,7 @@ fn refused_commands_change_nothing() {
     let (a, wrong, new) = (key(&dir, "a"), key(&dir, "wrong"), key(&dir, "new"));
     let img = image(&dir, "v", 32);
     ok(
-        sc(&[
-            "format",
-            "-q",
-            "--key-file",
-            p(&a),
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            p(&img),
-        ]),
+        sc_fast(&["format", "-q", "--key-file", p(&a), p(&img)]),
         "format",
     );
     let before = std::fs::read(&img).unwrap();
@@ -473,15 +400,11 @@ fn requirements_and_damage_are_refused_without_writing() {
     let (a, new) = (key(&dir, "a"), key(&dir, "new"));
     let img = image(&dir, "reenc", 32);
     ok(
-        cs(&[
+        cs_fast(&[
             "luksFormat",
             "-q",
             "--type",
             "luks2",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
             "--key-file",
             p(&a),
             p(&img),
@@ -489,14 +412,10 @@ fn requirements_and_damage_are_refused_without_writing() {
         "format",
     );
     ok(
-        cs(&[
+        cs_fast(&[
             "reencrypt",
             "--init-only",
             "-q",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
             "--key-file",
             p(&a),
             p(&img),
@@ -543,17 +462,7 @@ fn requirements_and_damage_are_refused_without_writing() {
     // Both checksums broken: no copy is usable.
     let img = image(&dir, "damaged", 32);
     ok(
-        sc(&[
-            "format",
-            "-q",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--key-file",
-            p(&a),
-            p(&img),
-        ]),
+        sc_fast(&["format", "-q", "--key-file", p(&a), p(&img)]),
         "format",
     );
     let mut bytes = std::fs::read(&img).unwrap();

@@ -12,14 +12,97 @@
 //!   never a race against the clock.
 //! - [`sweep`]: power cut after every write and sync of an operation, every surviving image the
 //!   crash model allows checked (`sectorcrypt_storage::crash`).
+//!
+//! And what every test file needs: a scratch folder, running a tool and checking it succeeded,
+//! cryptsetup with fast key derivation, data patterns.
 
 pub mod fault;
 pub mod sweep;
 pub mod tools;
 
 use std::ffi::{OsStr, OsString};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+
+/// PBKDF2 at cryptsetup's minimum of 1000 iterations: keyslots that take a millisecond to open,
+/// for tests (as `sectorcrypt` or `cryptsetup` arguments).
+pub const FAST_PBKDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+
+/// An empty folder for one test (`name` unique per test), under the system's temporary folder.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sectorcrypt-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `path` as UTF-8, for argument lists (test paths always are).
+pub fn p(path: &Path) -> &str {
+    path.to_str().expect("a UTF-8 path")
+}
+
+/// `len` bytes of a seeded pseudo-random pattern (SplitMix64: no random-number crate needed).
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        out.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// `out`, after asserting it succeeded (else its status and both outputs are the message).
+pub fn ok(out: Output, what: &str) -> Output {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `cryptsetup ARGS` (the real one, installed by the test set-up).
+pub fn cryptsetup(args: &[&str]) -> Output {
+    output(Command::new("cryptsetup").args(args))
+}
+
+/// The volume key `cryptsetup luksDump --dump-volume-key` reports for `img` (`extra`: e.g.
+/// `--header FILE`) with the passphrase in the file `key`.
+pub fn cryptsetup_volume_key(img: &Path, key: &Path, extra: &[&str]) -> Vec<u8> {
+    let mut args = vec!["luksDump", "--dump-volume-key", "-q", "--key-file", p(key)];
+    args.extend_from_slice(extra);
+    args.push(p(img));
+    let out = ok(cryptsetup(&args), "cryptsetup luksDump --dump-volume-key");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut lines = text.lines().skip_while(|l| !l.starts_with("MK dump:"));
+    let first = lines
+        .next()
+        .unwrap_or_else(|| panic!("no 'MK dump:' in cryptsetup output:\n{text}"));
+    let mut hex = first["MK dump:".len()..].to_string();
+    for l in lines.take_while(|l| l.starts_with(char::is_whitespace)) {
+        hex += l;
+    }
+    let digits: String = hex.split_whitespace().collect();
+    let key = (0..digits.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&digits[i..i + 2], 16).expect("hex"))
+        .collect::<Vec<u8>>();
+    assert!(!key.is_empty(), "empty volume key in:\n{text}");
+    key
+}
+
+/// The Python interpreter that has `cryptography` (scripts/install-test-deps.sh installs it):
+/// `$SECTORCRYPT_PYTHON`, or `python3` on PATH.
+pub fn python() -> String {
+    std::env::var("SECTORCRYPT_PYTHON").unwrap_or_else(|_| "python3".to_string())
+}
 
 /// Run `cmd` with no standard input (nothing may wait for a terminal) and collect its output; a
 /// program that cannot start is a test failure that names the set-up script.

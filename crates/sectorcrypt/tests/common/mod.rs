@@ -1,36 +1,15 @@
-//! What the LUKS command-line tests share: scratch folders, running sectorcrypt and cryptsetup
-//! (real tools, installed by scripts/install-test-deps.sh), and reading cryptsetup's answers.
-#![allow(dead_code)]
+//! What the command-line tests share: running sectorcrypt, and the helpers of the dev-only
+//! `sectorcrypt-testkit` crate (scratch folders, the real tools, fast key derivation).
+#![allow(dead_code, unused_imports)] // each test file uses its own part
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Output};
 
-/// An empty folder for one test, under the target's scratch space.
-pub fn scratch(name: &str) -> PathBuf {
-    let dir =
-        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+pub use sectorcrypt_testkit::{ok, p, python, scratch, FAST_PBKDF};
 
 /// Run with no standard input (so nothing can wait for a terminal).
 pub fn run(cmd: &mut Command) -> Output {
-    cmd.stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (run scripts/install-test-deps.sh)"))
-}
-
-/// `out`, after asserting it succeeded (else its status and both outputs are the message).
-pub fn ok(out: Output, what: &str) -> Output {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    sectorcrypt_testkit::output(cmd)
 }
 
 /// sectorcrypt with `args`.
@@ -40,36 +19,20 @@ pub fn sc(args: &[&str]) -> Output {
 
 /// cryptsetup with `args`.
 pub fn cs(args: &[&str]) -> Output {
-    run(Command::new("cryptsetup").args(args))
-}
-
-pub fn p(path: &Path) -> &str {
-    path.to_str().unwrap()
+    sectorcrypt_testkit::cryptsetup(args)
 }
 
 /// The volume key as `cryptsetup luksDump --dump-volume-key` prints it, as hex.
 pub fn cryptsetup_volume_key(img: &Path, key: &Path) -> String {
-    let out = ok(
-        cs(&[
-            "luksDump",
-            "--dump-volume-key",
-            "-q",
-            "--key-file",
-            p(key),
-            p(img),
-        ]),
-        "cryptsetup luksDump --dump-volume-key",
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    let start = text.find("MK dump:").expect("MK dump line") + "MK dump:".len();
-    text[start..]
-        .split_whitespace()
-        .take_while(|w| w.len() == 2 && w.chars().all(|c| c.is_ascii_hexdigit()))
-        .collect()
+    hex::encode(sectorcrypt_testkit::cryptsetup_volume_key(img, key, &[]))
 }
 
-/// The Python interpreter that has `cryptography` (scripts/install-test-deps.sh installs it):
-/// `$SECTORCRYPT_PYTHON`, or `python3` on PATH.
-pub fn python() -> String {
-    std::env::var("SECTORCRYPT_PYTHON").unwrap_or_else(|_| "python3".to_string())
+/// sectorcrypt with `args` and fast key derivation ([`FAST_PBKDF`]).
+pub fn sc_fast(args: &[&str]) -> Output {
+    sc(&[args, &FAST_PBKDF[..]].concat())
+}
+
+/// cryptsetup with `args` and fast key derivation ([`FAST_PBKDF`]).
+pub fn cs_fast(args: &[&str]) -> Output {
+    cs(&[args, &FAST_PBKDF[..]].concat())
 }
