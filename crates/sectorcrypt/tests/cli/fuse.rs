@@ -4,8 +4,6 @@
 //! the tools of scripts/install-test-deps.sh; every mount is taken down again by a guard, also
 //! when a test fails.
 
-mod common;
-
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, PermissionsExt};
@@ -14,7 +12,7 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::{ok, p, run, sc, scratch};
+use crate::common::{ok, p, run, sc, scratch};
 
 /// How long a mount may take to appear, or a process to exit, before the test fails.
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -383,7 +381,7 @@ with open(out, "wb") as f:
 "#;
     let numbers = [data_offset, sector_size as u64, first, count].map(|n| n.to_string());
     ok(
-        run(Command::new(common::python())
+        run(Command::new(crate::common::python())
             .args(["-c", SCRIPT, p(img), key_hex])
             .args(&numbers)
             .arg(out)),

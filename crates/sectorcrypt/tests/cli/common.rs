@@ -1,6 +1,5 @@
 //! What the command-line tests share: running sectorcrypt, and the helpers of the dev-only
 //! `sectorcrypt-testkit` crate (scratch folders, the real tools, fast key derivation).
-#![allow(dead_code, unused_imports)] // each test file uses its own part
 
 use std::path::Path;
 use std::process::{Command, Output};

@@ -1,6 +1,5 @@
 //! What the in-place conversion tests share: patterns, fast KDF settings, a reference
 //! encryption, and cryptsetup invocations.
-#![allow(dead_code)] // each test file uses its own part
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -8,15 +8,13 @@
 //! `pwrite64` (see `sectorcrypt_testkit::fault`), so every kill lands, on any machine, and a
 //! failure replays exactly. Images are 32-64 MiB with small hotzones; the `#[ignore]`d
 //! `*_full_size` tests run the same bodies on the earlier 128-512 MiB images
-//! (`cargo test -p sectorcrypt --test encrypt_cli -- --ignored`).
-
-mod common;
+//! (`cargo test -p sectorcrypt --test cli -- --ignored convert::`).
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{cs, ok, p, sc, scratch, FAST_PBKDF};
+use crate::common::{cs, ok, p, sc, scratch, FAST_PBKDF};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 use sectorcrypt_testkit::fault;
@@ -219,7 +217,7 @@ fn sigkill_at_random_moments_then_resume_loses_nothing() {
 }
 
 #[test]
-#[ignore = "full size (512 MiB): cargo test -p sectorcrypt --test encrypt_cli -- --ignored"]
+#[ignore = "full size (512 MiB): cargo test -p sectorcrypt --test cli -- --ignored convert::"]
 fn sigkill_at_random_moments_then_resume_loses_nothing_full_size() {
     sigkill_then_resume(512 * MIB, "16777216");
 }
@@ -499,14 +497,14 @@ fn decryption_killed_at_random_moments_then_resumed_loses_nothing() {
 }
 
 #[test]
-#[ignore = "full size (256 MiB): cargo test -p sectorcrypt --test encrypt_cli -- --ignored"]
+#[ignore = "full size (256 MiB): cargo test -p sectorcrypt --test cli -- --ignored convert::"]
 fn decryption_killed_at_random_moments_then_resumed_loses_nothing_full_size() {
     decryption_killed_then_resumed(256 * MIB, "8388608");
 }
 
 /// The volume key cryptsetup reads from `img` (or its detached header).
 fn cryptsetup_key(img: &Path, key: &Path) -> Vec<u8> {
-    let hex = common::cryptsetup_volume_key(img, key);
+    let hex = crate::common::cryptsetup_volume_key(img, key);
     (0..hex.len() / 2)
         .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
         .collect()
@@ -613,7 +611,7 @@ fn reencrypt_rotates_the_key_of_an_attached_header_volume_even_when_killed() {
 }
 
 #[test]
-#[ignore = "full size (128 MiB): cargo test -p sectorcrypt --test encrypt_cli -- --ignored"]
+#[ignore = "full size (128 MiB): cargo test -p sectorcrypt --test cli -- --ignored convert::"]
 fn reencrypt_rotates_the_key_of_an_attached_header_volume_even_when_killed_full_size() {
     reencrypt_killed_then_resumed(128 * MIB, "8388608");
 }
@@ -823,7 +821,7 @@ fn shifted_encryption_and_decryption_killed_at_random_moments_lose_nothing() {
 }
 
 #[test]
-#[ignore = "full size (512 MiB): cargo test -p sectorcrypt --test encrypt_cli -- --ignored"]
+#[ignore = "full size (512 MiB): cargo test -p sectorcrypt --test cli -- --ignored convert::"]
 fn shifted_encryption_and_decryption_killed_at_random_moments_lose_nothing_full_size() {
     shifted_killed_then_resumed(512 * MIB, 8);
 }

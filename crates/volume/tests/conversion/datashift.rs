@@ -12,8 +12,7 @@ use sectorcrypt_volume::datashift;
 use sectorcrypt_volume::reencrypt::{run, Options, Outcome};
 use sectorcrypt_volume::Error;
 
-mod common;
-use common::*;
+use crate::common::*;
 
 /// The shift S (half of cryptsetup's `--reduce-device-size`): room for a header with one
 /// 512-bit keyslot.

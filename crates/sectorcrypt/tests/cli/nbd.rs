@@ -6,8 +6,6 @@
 //! (writes to a read-only export, writes smaller than the encryption sector); those use a minimal
 //! NBD client over the Unix socket.
 
-mod common;
-
 use std::fs::File;
 use std::io::{Read, Write};
 use std::ops::Deref;
@@ -20,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use common::{ok, p, python, sc};
+use crate::common::{ok, p, python, sc};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sectorcrypt");
 
@@ -43,7 +41,7 @@ struct Scratch(PathBuf);
 
 impl Scratch {
     fn new(name: &str) -> Scratch {
-        Scratch(common::scratch(&format!("nbd-{name}")))
+        Scratch(crate::common::scratch(&format!("nbd-{name}")))
     }
 }
 

@@ -2,11 +2,9 @@
 //! what sectorcrypt writes, cryptsetup reads (and `cryptsetup repair` leaves alone), what
 //! cryptsetup writes, sectorcrypt edits; refused commands leave the device byte for byte intact.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::{cryptsetup_volume_key, cs, cs_fast, ok, p, sc, sc_fast, scratch, FAST_PBKDF};
+use crate::common::{cryptsetup_volume_key, cs, cs_fast, ok, p, sc, sc_fast, scratch, FAST_PBKDF};
 
 fn key(dir: &Path, name: &str) -> PathBuf {
     let k = dir.join(format!("{name}.key"));

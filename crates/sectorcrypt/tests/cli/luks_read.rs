@@ -1,12 +1,10 @@
 //! The header commands against volumes made by the real cryptsetup: the volume key, UUID and
 //! keyslot checks must agree with cryptsetup's own answers, and bad input gets CLI.md's exit codes.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::{cryptsetup_volume_key, p, run, sc, scratch};
+use crate::common::{cryptsetup_volume_key, p, run, sc, scratch};
 
 /// A volume made by cryptsetup with a fast PBKDF, and its passphrase file.
 fn cryptsetup_volume(dir: &Path, name: &str, extra: &[&str]) -> (PathBuf, PathBuf) {

@@ -13,8 +13,7 @@ use sectorcrypt_testkit::sweep::{sweep_with_atoms, ForgetsSync, Report};
 use sectorcrypt_volume::reencrypt::{run, Options, Outcome, Progress};
 use sectorcrypt_volume::Error;
 
-mod common;
-use common::*;
+use crate::common::*;
 
 /// A fresh detached LUKS2 header for `data_len` bytes of data, and its volume key.
 fn format_detached(

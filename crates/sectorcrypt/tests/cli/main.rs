@@ -1,0 +1,11 @@
+//! The command-line tests, as one test binary (one link of the whole workspace instead of six):
+//! `sectorcrypt` run as a user and a script would, against the real tools. Each module is one
+//! family of commands.
+
+mod basics;
+mod common;
+mod convert;
+mod fuse;
+mod luks_read;
+mod luks_write;
+mod nbd;
