@@ -9,9 +9,7 @@
 //! before the header records it; each start is laid out so that a crash in the middle is
 //! finished (or safely redone) by running the same command again (`sectorcrypt_volume::datashift`).
 
-use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -23,7 +21,8 @@ use sectorcrypt_luks::luks2::metadata::Metadata;
 use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, Mode, State};
 use sectorcrypt_luks::luks2::Header as Luks2Header;
 use sectorcrypt_luks::{FormatOptions, Header};
-use sectorcrypt_storage::{FileStorage, MemStorage, Storage};
+use sectorcrypt_storage::{self as storage, FileStorage, MemStorage, Storage};
+use sectorcrypt_volume::convert::{self, NewKey};
 use sectorcrypt_volume::datashift;
 use sectorcrypt_volume::reencrypt::{run, Options, Outcome, Progress, DEFAULT_HOTZONE};
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -507,21 +506,18 @@ pub fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
                 args.device.display()
             ),
         )?;
-        // The new key's keyslot material first (in a free area), then one header write that
-        // adds its keyslot and starts the reencryption: a crash leaves the volume as it was or
-        // the reencryption started.
-        let new_vk = sectorcrypt_luks::luks2::random_bytes(key_len);
-        let keyslot_cipher = (target.cipher != seg.cipher).then_some(target.cipher.as_str());
-        let staged =
-            h.stage_keyslot_for_new_key(&header, &new_vk, &pass, None, &pbkdf, keyslot_cipher)?;
-        let md = reencrypt::init_reencrypt(
-            &staged,
+        convert::start_reencryption(
+            &header,
+            &h,
             &old.volume_key,
-            &new_vk,
-            &target,
+            &pass,
+            &NewKey {
+                len: key_len,
+                target,
+            },
+            &pbkdf,
             &init_options(&args.pbkdf),
         )?;
-        reencrypt::write_metadata(&header, &h, &md)?;
     }
     let resume = resume_hint("reencrypt", &args.device, args.header.as_deref());
     convert(&resume, &header_path, &data, &pass, &args.run, &stop)
@@ -604,9 +600,7 @@ pub fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
                 header_path.display()
             ),
         )?;
-        // One header write records the decryption's start: before it the volume is as it was.
-        let md = reencrypt::init_decrypt(&h, &unlocked.volume_key, &InitOptions::default())?;
-        reencrypt::write_metadata(&header, &h, &md)?;
+        convert::start_decryption(&header, &h, &unlocked.volume_key, &InitOptions::default())?;
     }
     let resume = resume_hint("decrypt", &args.device, Some(&header_path));
     convert(&resume, &header_path, &data, &pass, &args.run, &stop)
@@ -741,47 +735,17 @@ fn start(
     Ok(pass)
 }
 
-/// Write `bytes` as the new file `path` (mode 0600) atomically: a temporary file beside it,
-/// synced, renamed over `path`, and the directory synced.
+/// Install `bytes` as the header file `path` (atomic, durable: `storage::install_file`).
 fn install_file(path: &Path, bytes: &[u8]) -> Result<(), CliError> {
-    let fail = |what: &str, e: std::io::Error| {
-        CliError::io(format!("cannot {what} header file {}", path.display()), e)
-    };
-    let mut tmp_name = path.as_os_str().to_owned();
-    tmp_name.push(".new");
-    let tmp = PathBuf::from(tmp_name);
-    let _ = std::fs::remove_file(&tmp);
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(|e| fail("create", e))?;
-    file.write_all(bytes)
-        .and_then(|()| file.sync_all())
-        .map_err(|e| fail("write", e))?;
-    rename_synced(&tmp, path)
+    storage::install_file(path, bytes)
+        .map_err(|e| CliError::io(format!("cannot install header file {}", path.display()), e))
 }
 
-/// Rename `from` to `to` and make the rename durable.
+/// Rename `from` to `to` durably (`storage::rename_durably`).
 fn rename_synced(from: &Path, to: &Path) -> Result<(), CliError> {
-    std::fs::rename(from, to).map_err(|e| {
+    storage::rename_durably(from, to).map_err(|e| {
         CliError::io(
             format!("cannot rename {} to {}", from.display(), to.display()),
-            e,
-        )
-    })?;
-    sync_dir(to)
-}
-
-fn sync_dir(path: &Path) -> Result<(), CliError> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| {
-        CliError::io(
-            format!("cannot sync the directory of {}", path.display()),
             e,
         )
     })

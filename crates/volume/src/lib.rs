@@ -122,6 +122,12 @@ impl From<sectorcrypt_cipher::Error> for Error {
     }
 }
 
+impl From<sectorcrypt_luks::Error> for Error {
+    fn from(e: sectorcrypt_luks::Error) -> Self {
+        Error::Luks(e)
+    }
+}
+
 /// Where the encrypted data is and how it is encrypted: a LUKS data segment, resolved.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
@@ -537,6 +543,7 @@ impl Volume {
     }
 }
 
+pub mod convert;
 pub mod datashift;
 pub mod reencrypt;
 

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use sectorcrypt_luks::luks2::reencrypt::{self, State};
 use sectorcrypt_luks::luks2::Header as Luks2Header;
 use sectorcrypt_luks::{FormatOptions, Header};
-use sectorcrypt_storage::{FileStorage, MemStorage, Storage, Window};
-use sectorcrypt_testkit::sweep::{sweep_with_atoms, ForgetsSync, Report};
+use sectorcrypt_storage::{CrashingStorage, FileStorage, MemStorage, Storage, Window};
+use sectorcrypt_testkit::sweep::{sweep, sweep_with_atoms, ForgetsSync, Report};
+use sectorcrypt_volume::convert::{self, NewKey};
 use sectorcrypt_volume::reencrypt::{run, Options, Outcome, Progress};
 use sectorcrypt_volume::Error;
 
@@ -49,9 +50,20 @@ fn init_detached(header_dev: &dyn Storage, data_len: u64, sector_size: usize) ->
 /// --header H --init-only` writes).
 fn init_detached_decrypt(header_dev: &dyn Storage, data_len: u64, sector_size: usize) -> Vec<u8> {
     let (h, key) = format_detached(header_dev, data_len, sector_size);
-    let md = reencrypt::init_decrypt(&h, &key, &fast_init()).unwrap();
-    reencrypt::write_metadata(header_dev, &h, &md).unwrap();
+    convert::start_decryption(header_dev, &h, &key, &fast_init()).unwrap();
     key
+}
+
+/// What a reencryption here converts to: a new 512-bit key for aes-xts-plain64 with sectors of
+/// `sector_size`.
+fn new_key(sector_size: u32) -> NewKey {
+    NewKey {
+        len: 64,
+        target: reencrypt::Target {
+            cipher: "aes-xts-plain64".into(),
+            sector_size,
+        },
+    }
 }
 
 /// A detached LUKS2 header whose data (`data_len` bytes, which the caller encrypts with the first
@@ -64,24 +76,75 @@ fn init_detached_reencrypt(
     new_sector_size: u32,
 ) -> (Vec<u8>, Vec<u8>) {
     let (h, old_vk) = format_detached(header_dev, data_len, 512);
-    let new_vk = pattern(64, 77);
-    let staged = h
-        .stage_keyslot_for_new_key(
-            header_dev,
-            &new_vk,
-            PASS,
-            None,
-            &fast_pbkdf().luks2().unwrap(),
-            None,
-        )
+    let pbkdf = fast_pbkdf().luks2().unwrap();
+    let new = new_key(new_sector_size);
+    let h = convert::start_reencryption(header_dev, &h, &old_vk, PASS, &new, &pbkdf, &fast_init())
         .unwrap();
-    let target = reencrypt::Target {
-        cipher: "aes-xts-plain64".into(),
-        sector_size: new_sector_size,
+    let keys = reencrypt::unlock_volume_keys(&h, header_dev, PASS).unwrap();
+    (old_vk, keys.new.unwrap().volume_key.to_vec())
+}
+
+/// The starts of a reencryption and of a decryption (detached header), cut after every write and
+/// sync on the cache model: the volume is exactly as it was (one keyslot, the old key, nothing
+/// recorded), or the conversion is recorded and then runs to its end with the data right.
+#[test]
+fn conversion_starts_survive_every_power_cut() {
+    let data_len: u64 = 256 << 10;
+    let plain = pattern(data_len as usize, 5);
+    let opts = Options {
+        hotzone: 64 << 10,
+        threads: 1,
     };
-    let md = reencrypt::init_reencrypt(&staged, &old_vk, &new_vk, &target, &fast_init()).unwrap();
-    reencrypt::write_metadata(header_dev, &h, &md).unwrap();
-    (old_vk, new_vk)
+    for kind in ["reencryption", "decryption"] {
+        let hdr = MemStorage::new(vec![0; HEADER_LEN as usize]);
+        let (_, old_vk) = format_detached(&hdr, data_len, 512);
+        let data = expected_ciphertext(&old_vk, 512, &plain);
+        let pbkdf = fast_pbkdf().luks2().unwrap();
+        let start = |devs: &[CrashingStorage]| -> Result<Luks2Header, Error> {
+            let h = Luks2Header::read(&devs[0])?;
+            match kind {
+                "reencryption" => convert::start_reencryption(
+                    &devs[0],
+                    &h,
+                    &old_vk,
+                    PASS,
+                    &new_key(512),
+                    &pbkdf,
+                    &fast_init(),
+                ),
+                _ => convert::start_decryption(&devs[0], &h, &old_vk, &fast_init()),
+            }
+        };
+        let report = sweep(&[hdr.contents(), data.clone()], start, |s| {
+            let (hd, dd) = (&*s.devices[0], &*s.devices[1]);
+            let h = Luks2Header::read(hd).map_err(|e| format!("no header: {e}"))?;
+            if reencrypt::state(h.metadata()) == State::None {
+                if s.complete {
+                    return Err("the start recorded nothing".into());
+                }
+                let u = h.unlock(hd, PASS, None).map_err(|e| e.to_string())?;
+                if h.metadata().keyslots.len() != 1 || u.volume_key[..] != old_vk[..] {
+                    return Err("not the volume as it was".into());
+                }
+                return Ok(());
+            }
+            run(hd, dd, PASS, &opts, &mut |_| true)
+                .map_err(|e| format!("the recorded conversion does not run: {e}"))?;
+            let want = match kind {
+                "decryption" => plain.clone(),
+                _ => {
+                    let h = Luks2Header::read(hd).map_err(|e| e.to_string())?;
+                    let u = h.unlock(hd, PASS, None).map_err(|e| e.to_string())?;
+                    expected_ciphertext(&u.volume_key, 512, &plain)
+                }
+            };
+            match dd.contents() == want {
+                true => Ok(()),
+                false => Err("the data is not the converted data".into()),
+            }
+        });
+        report.assert_no_loss(&format!("start of a {kind}"));
+    }
 }
 
 #[test]

@@ -1,0 +1,76 @@
+//! Starting in-place conversions: the crash-ordered writes that record a conversion in a LUKS2
+//! header before the engine ([`crate::reencrypt::run`]) touches any data.
+//!
+//! A start is safe when a power cut at any point leaves the volume exactly as it was, or the
+//! conversion recorded and resumable, never a header naming material that never reached the
+//! media. So each start here is one metadata write (both header copies, in sequence), after
+//! whatever it names is synced:
+//!
+//! - [`start_reencryption`]: the new volume key's keyslot material goes to a free area and is
+//!   synced first; then one metadata write adds that keyslot and its digest and starts the
+//!   reencryption, so no crash leaves an unused keyslot behind.
+//! - [`start_decryption`]: a volume with a detached header; one metadata write.
+//!
+//! The callers (the command line) check their arguments, ask for passphrases and confirmation,
+//! and then call these; the conversion itself is [`crate::reencrypt::run`]. The starts that move
+//! data or make a new header file are [`crate::datashift`] and the header-file install in
+//! `sectorcrypt_storage`.
+
+use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, Target};
+use sectorcrypt_luks::luks2::{random_bytes, Header as Luks2Header, Pbkdf};
+use sectorcrypt_storage::Storage;
+
+use crate::Error;
+
+/// What a reencryption converts to.
+#[derive(Clone, Debug)]
+pub struct NewKey {
+    /// The new volume key's length in bytes (a random key is made).
+    pub len: usize,
+    /// The new cipher and sector size.
+    pub target: Target,
+}
+
+/// Start re-encrypting the data of the LUKS2 volume whose header `h` is on `header`, whose current
+/// volume key is `old_volume_key`, to `new` (a random key, cipher and sector size), opened by
+/// `passphrase` through a new keyslot made with `pbkdf`. Returns the header as written;
+/// [`crate::reencrypt::run`] then converts the data.
+///
+/// Errors: [`Error::Luks`] for a key that is not this volume's, no free keyslot or digest, or a
+/// target the cipher layer refuses (nothing is written then); [`Error::Luks`] with an I/O error
+/// if a write fails.
+pub fn start_reencryption(
+    header: &dyn Storage,
+    h: &Luks2Header,
+    old_volume_key: &[u8],
+    passphrase: &[u8],
+    new: &NewKey,
+    pbkdf: &Pbkdf,
+    init: &InitOptions,
+) -> Result<Luks2Header, Error> {
+    let segment = h.data_segment()?;
+    let (new_vk, target) = (random_bytes(new.len), &new.target);
+    // The keyslot area is encrypted like the data it will open: with the new cipher if it
+    // changes, else like the current segment.
+    let keyslot_cipher = (target.cipher != segment.cipher).then_some(target.cipher.as_str());
+    let staged =
+        h.stage_keyslot_for_new_key(header, &new_vk, passphrase, None, pbkdf, keyslot_cipher)?;
+    let md = reencrypt::init_reencrypt(&staged, old_volume_key, &new_vk, target, init)?;
+    Ok(reencrypt::write_metadata(header, h, &md)?)
+}
+
+/// Start decrypting the data of the LUKS2 volume whose (detached) header `h` is on `header`, with
+/// its volume key `volume_key`. Returns the header as written; [`crate::reencrypt::run`] then
+/// converts the data.
+///
+/// Errors: [`Error::Luks`] for a key that is not this volume's or a header that describes no
+/// encrypted data (nothing is written then), or for a failed write.
+pub fn start_decryption(
+    header: &dyn Storage,
+    h: &Luks2Header,
+    volume_key: &[u8],
+    init: &InitOptions,
+) -> Result<Luks2Header, Error> {
+    let md = reencrypt::init_decrypt(h, volume_key, init)?;
+    Ok(reencrypt::write_metadata(header, h, &md)?)
+}
