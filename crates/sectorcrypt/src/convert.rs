@@ -17,12 +17,11 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sectorcrypt_cipher::CipherSpec;
-use sectorcrypt_luks::luks2::metadata::Metadata;
 use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, Mode, State};
 use sectorcrypt_luks::luks2::Header as Luks2Header;
 use sectorcrypt_luks::{FormatOptions, Header};
-use sectorcrypt_storage::{self as storage, FileStorage, MemStorage, Storage};
-use sectorcrypt_volume::convert::{self, NewKey};
+use sectorcrypt_storage::{self as storage, FileStorage, Storage};
+use sectorcrypt_volume::convert::{self, NewKey, Placement};
 use sectorcrypt_volume::datashift;
 use sectorcrypt_volume::reencrypt::{run, Options, Outcome, Progress, DEFAULT_HOTZONE};
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -408,24 +407,21 @@ fn start_shifted(
         args.device.display(),
         2 * shift
     );
-    let (image, pass) = new_header(args, &options, shift, len, &warning, |h, vk| {
-        reencrypt::init_encrypt_datashift(h, vk, len, &init_options(&args.pbkdf))
-    })?;
-    datashift::start_encrypt(dev, &image)?;
+    let (image, pass) = new_header(args, &options, shift, len, &warning, Placement::DataShift)?;
+    convert::start_shifted_encryption(dev, &image)?;
     Ok(pass)
 }
 
-/// Confirm `warning`, ask for the new passphrase, and build the new header in memory (`size`
-/// bytes): formatted with `options` for a `data_len`-byte device, then the encryption's start
-/// recorded by `init` (given the header and the volume key). Returns its bytes and the
-/// passphrase.
+/// Confirm `warning`, ask for the new passphrase, and build the new encryption's header in
+/// memory (`size` bytes, for a `data_len`-byte device, placed as `placement` says). Returns its
+/// bytes and the passphrase.
 fn new_header(
     args: &EncryptArgs,
     options: &FormatOptions,
     size: u64,
     data_len: u64,
     warning: &str,
-    init: impl FnOnce(&Luks2Header, &[u8]) -> Result<Metadata, sectorcrypt_luks::Error>,
+    placement: Placement,
 ) -> Result<(Vec<u8>, zeroize::Zeroizing<Vec<u8>>), CliError> {
     confirm(args.run.batch, warning)?;
     let pass = new_passphrase(
@@ -433,14 +429,9 @@ fn new_header(
         &args.run.key,
         &format!("Enter passphrase for {}: ", args.device.display()),
     )?;
-    let image = MemStorage::new(vec![0; size as usize]);
-    let (formatted, unlocked) = sectorcrypt_luks::format(&image, data_len, options, &pass)?;
-    let Header::Luks2(h) = formatted else {
-        return Err(CliError::usage("the new header is not LUKS2"));
-    };
-    let md = init(&h, &unlocked.volume_key)?;
-    reencrypt::write_metadata(&image, &h, &md)?;
-    Ok((image.contents(), pass))
+    let init = init_options(&args.pbkdf);
+    let image = convert::encryption_header(options, size, data_len, &pass, placement, &init)?;
+    Ok((image, pass))
 }
 
 #[derive(clap::Args, Debug)]
@@ -728,10 +719,15 @@ fn start(
     // only then becomes the file, by rename: a crash leaves no header or a complete one, never a
     // header that names the plaintext as encrypted.
     let size = options.header_file_size();
-    let (image, pass) = new_header(args, &options, size, data_len, &warning, |h, vk| {
-        reencrypt::init_encrypt(h, vk, &init_options(&args.pbkdf))
-    })?;
-    install_file(header_path, &image)?;
+    let (image, pass) = new_header(
+        args,
+        &options,
+        size,
+        data_len,
+        &warning,
+        Placement::Detached,
+    )?;
+    convert::start_detached_encryption(header_path, &image)?;
     Ok(pass)
 }
 

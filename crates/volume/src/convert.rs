@@ -10,17 +10,83 @@
 //!   synced first; then one metadata write adds that keyslot and its digest and starts the
 //!   reencryption, so no crash leaves an unused keyslot behind.
 //! - [`start_decryption`]: a volume with a detached header; one metadata write.
+//! - [`start_detached_encryption`]: a header made whole in memory ([`encryption_header`]:
+//!   formatted, the encryption's start recorded) becomes the header file by an atomic, durable
+//!   install, so a crash leaves no header or a complete one, never a header that names the
+//!   plaintext as encrypted.
+//! - [`start_shifted_encryption`]: the same header goes to the start of the device once the
+//!   data there is copied away, by [`crate::datashift::start_encrypt`].
 //!
 //! The callers (the command line) check their arguments, ask for passphrases and confirmation,
-//! and then call these; the conversion itself is [`crate::reencrypt::run`]. The starts that move
-//! data or make a new header file are [`crate::datashift`] and the header-file install in
-//! `sectorcrypt_storage`.
+//! and then call these; the conversion itself is [`crate::reencrypt::run`].
+
+use std::path::Path;
 
 use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, Target};
 use sectorcrypt_luks::luks2::{random_bytes, Header as Luks2Header, Pbkdf};
-use sectorcrypt_storage::Storage;
+use sectorcrypt_luks::{FormatOptions, Header};
+use sectorcrypt_storage::{install_file, MemStorage, Storage};
 
-use crate::Error;
+use crate::{datashift, Error};
+
+/// Where a new encryption puts its header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// In a file of its own; the data stays where it is.
+    Detached,
+    /// At the start of the device; the data moves on by the header's size.
+    DataShift,
+}
+
+/// A new encryption's LUKS2 header, whole, in memory (`size` bytes): formatted with `options`
+/// for a `data_len`-byte device, opened by `passphrase`, with the encryption's start recorded as
+/// cryptsetup's `reencrypt --encrypt --init-only` records it for `placement`. Nothing is written
+/// to any device.
+///
+/// Errors: [`Error::Luks`] for options the format refuses.
+pub fn encryption_header(
+    options: &FormatOptions,
+    size: u64,
+    data_len: u64,
+    passphrase: &[u8],
+    placement: Placement,
+    init: &InitOptions,
+) -> Result<Vec<u8>, Error> {
+    let image = MemStorage::new(vec![0; size as usize]);
+    let (formatted, unlocked) = sectorcrypt_luks::format(&image, data_len, options, passphrase)?;
+    let Header::Luks2(h) = formatted else {
+        return Err(Error::Unsupported(
+            "in-place encryption needs a LUKS2 header".into(),
+        ));
+    };
+    let vk = &unlocked.volume_key;
+    let md = match placement {
+        Placement::Detached => reencrypt::init_encrypt(&h, vk, init)?,
+        Placement::DataShift => reencrypt::init_encrypt_datashift(&h, vk, data_len, init)?,
+    };
+    reencrypt::write_metadata(&image, &h, &md)?;
+    Ok(image.contents())
+}
+
+/// Start an encryption with a detached header: `image` (from [`encryption_header`]) becomes the
+/// file `header_path`, atomically and durably.
+///
+/// Errors: [`Error::Io`] if the file cannot be written, synced or renamed.
+pub fn start_detached_encryption(header_path: &Path, image: &[u8]) -> Result<(), Error> {
+    install_file(header_path, image).map_err(|e| {
+        Error::Io(std::io::Error::new(
+            e.kind(),
+            format!("installing header file {}: {e}", header_path.display()),
+        ))
+    })
+}
+
+/// Start an encryption with the header at the start of `dev`: `image` (from
+/// [`encryption_header`] with [`Placement::DataShift`]) is installed there once the data it
+/// covers is copied away ([`datashift::start_encrypt`], which a rerun finishes after a crash).
+pub fn start_shifted_encryption(dev: &dyn Storage, image: &[u8]) -> Result<(), Error> {
+    datashift::start_encrypt(dev, image)
+}
 
 /// What a reencryption converts to.
 #[derive(Clone, Debug)]

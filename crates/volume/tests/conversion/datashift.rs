@@ -5,9 +5,10 @@
 
 use sectorcrypt_luks::luks2::reencrypt::{self, State};
 use sectorcrypt_luks::luks2::Header as Luks2Header;
-use sectorcrypt_luks::{FormatOptions, Header};
+use sectorcrypt_luks::FormatOptions;
 use sectorcrypt_storage::{crash, CrashingStorage, FileStorage, MemStorage, Storage, Window};
 use sectorcrypt_testkit::sweep::sweep;
+use sectorcrypt_volume::convert::{self, Placement};
 use sectorcrypt_volume::datashift;
 use sectorcrypt_volume::reencrypt::{run, Options, Outcome};
 use sectorcrypt_volume::Error;
@@ -28,7 +29,6 @@ fn encrypt_image(device_len: u64, sector_size: usize) -> (Vec<u8>, Vec<u8>) {
 }
 
 fn encrypt_image_shifted(device_len: u64, sector_size: usize, shift: u64) -> (Vec<u8>, Vec<u8>) {
-    let mem = MemStorage::new(vec![0; shift as usize]);
     let opts = FormatOptions {
         version: 2,
         sector_size: Some(sector_size),
@@ -36,21 +36,28 @@ fn encrypt_image_shifted(device_len: u64, sector_size: usize, shift: u64) -> (Ve
         data_offset: Some(shift),
         ..Default::default()
     };
-    let (h, unlocked) = sectorcrypt_luks::format(&mem, device_len, &opts, PASS).unwrap();
-    let Header::Luks2(h) = h else {
-        panic!("not LUKS2")
-    };
-    let md = reencrypt::init_encrypt_datashift(&h, &unlocked.volume_key, device_len, &fast_init())
+    let image = convert::encryption_header(
+        &opts,
+        shift,
+        device_len,
+        PASS,
+        Placement::DataShift,
+        &fast_init(),
+    )
+    .unwrap();
+    let dev = MemStorage::new(image.clone());
+    let key = Luks2Header::read(&dev)
+        .unwrap()
+        .unlock(&dev, PASS, None)
         .unwrap();
-    reencrypt::write_metadata(&mem, &h, &md).unwrap();
-    (mem.contents(), unlocked.volume_key.to_vec())
+    (image, key.volume_key.to_vec())
 }
 
 /// What `sectorcrypt encrypt --reduce-device-size` does: resume what the device records, or
 /// start (again) when its start is still the plaintext.
 fn encrypt_shifted(dev: &dyn Storage, image: &[u8], opts: &Options) -> Result<Outcome, Error> {
     if !datashift::header_in_place(dev, image.len() as u64)? {
-        datashift::start_encrypt(dev, image)?;
+        convert::start_shifted_encryption(dev, image)?;
     }
     run(dev, dev, PASS, opts, &mut |_| true)
 }
