@@ -20,10 +20,11 @@ use sectorcrypt_cipher::CipherSpec;
 use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, Mode, State};
 use sectorcrypt_luks::luks2::Header as Luks2Header;
 use sectorcrypt_luks::{FormatOptions, Header};
-use sectorcrypt_storage::{self as storage, FileStorage, Storage};
-use sectorcrypt_volume::convert::{self, NewKey, Placement};
+use sectorcrypt_storage::{FileStorage, Storage};
+use sectorcrypt_volume::convert::{self, ExportPlan, NewKey, Placement};
 use sectorcrypt_volume::datashift;
 use sectorcrypt_volume::reencrypt::{run, Options, Outcome, Progress, DEFAULT_HOTZONE};
+use sectorcrypt_volume::Error as VolumeError;
 use signal_hook::consts::{SIGINT, SIGTERM};
 
 use crate::exit::{CliError, Code};
@@ -572,7 +573,7 @@ pub fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
         .key
         .read(&format!("Enter passphrase for {}: ", args.device.display()))?;
     if !in_progress {
-        check_encrypted(&h, &args.device)?;
+        convert::check_encrypted(&h, &args.device.display().to_string())?;
         let seg = h.data_segment()?;
         if seg.offset != 0 {
             return Err(CliError::usage(format!(
@@ -597,94 +598,57 @@ pub fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
     convert(&resume, &header_path, &data, &pass, &args.run, &stop)
 }
 
-fn check_encrypted(h: &Luks2Header, device: &Path) -> Result<(), CliError> {
-    if h.metadata()
-        .segments
-        .get(0)
-        .is_some_and(|s| s.kind() == "linear")
-    {
-        return Err(CliError::usage(format!(
-            "{} is not encrypted (its header describes plaintext): nothing to decrypt",
-            device.display()
-        )));
-    }
-    Ok(())
-}
-
-/// `decrypt --header NEWFILE` of a volume whose header is on the device: export the header to
-/// `NEWFILE.partial`, start the shifted decryption there (wipe the device's signatures, move the
-/// first chunk to 0, record it), and only then name it `NEWFILE`. A run cut short before that
-/// finds the `.partial` file and carries on from it; the device's own header, while it is still
-/// there, is always exported afresh.
+/// `decrypt --header NEWFILE` of a volume whose header is on the device: the header is exported
+/// to NEWFILE and the data moved to offset 0 (`convert::start_exported_decryption`); the
+/// passphrase is asked, checked and confirmed between planning and starting.
 fn decrypt_attached(
     args: &DecryptArgs,
     header_path: &Path,
     dev: &FileStorage,
     stop: &AtomicBool,
 ) -> Result<(), CliError> {
-    let mut partial = header_path.as_os_str().to_owned();
-    partial.push(".partial");
-    let partial = PathBuf::from(partial);
-    let ask = || {
-        args.run
-            .key
-            .read(&format!("Enter passphrase for {}: ", args.device.display()))
-    };
-    let pass = match Header::read(dev) {
-        Ok(Header::Luks2(h)) => {
-            if let Some(r) = reencrypt::parse(h.metadata())? {
-                return Err(CliError::usage(format!(
-                    "{} records {} in progress; finish it first ({})",
-                    args.device.display(),
-                    r.keyslot.mode.as_str(),
-                    resume_hint(r.keyslot.mode.as_str(), &args.device, None)
-                )));
-            }
-            if args.run.resume_only {
-                return Err(CliError::usage(format!(
-                    "{} has no decryption in progress to resume",
-                    header_path.display()
-                )));
-            }
-            check_encrypted(&h, &args.device)?;
-            let pass = ask()?;
-            // A wrong passphrase is refused before anything is written.
-            h.unlock(dev, &pass, None)?;
-            confirm(
-                args.run.batch,
-                &format!(
-                    "WARNING!\n========\nThis will decrypt {} in place, moving the data to its \
-                     start; its header is exported to {}, which holds the only copy of the keys \
-                     until the decryption ends.",
-                    args.device.display(),
-                    header_path.display()
-                ),
-            )?;
-            let area = 2 * h.binary().hdr_size + h.metadata().config.keyslots_size;
-            let mut bytes = vec![0u8; area as usize];
-            dev.read_at(&mut bytes, 0).map_err(|e| {
-                CliError::io(format!("cannot read the header of {}", dev.name()), e)
-            })?;
-            install_file(&partial, &bytes)?;
-            pass
-        }
-        Ok(Header::Luks1(_)) => {
-            return Err(CliError::usage("LUKS1 has no in-place decryption metadata"))
-        }
-        Err(_) if partial.exists() => ask()?,
-        Err(e) => return Err(e.into()),
-    };
-    let exported = open_rw(&partial)?;
-    let h = read_luks2(&exported)?;
-    if reencrypt::state(h.metadata()) == State::None {
-        let moved = args.run.hotzone_size.unwrap_or(DEFAULT_HOTZONE);
-        datashift::start_decrypt(&exported, dev, &pass, moved, &InitOptions::default())?;
-    } else {
-        h.unlock(&exported, &pass, None)?;
+    let plan = convert::plan_exported_decryption(dev, header_path, args.run.resume_only)
+        .map_err(|e| with_resume_hint(e, &args.device))?;
+    let pass = args
+        .run
+        .key
+        .read(&format!("Enter passphrase for {}: ", args.device.display()))?;
+    if let ExportPlan::Fresh(h) = &plan {
+        // A wrong passphrase is refused before anything is written.
+        h.unlock(dev, &pass, None)?;
+        confirm(
+            args.run.batch,
+            &format!(
+                "WARNING!\n========\nThis will decrypt {} in place, moving the data to its \
+                 start; its header is exported to {}, which holds the only copy of the keys \
+                 until the decryption ends.",
+                args.device.display(),
+                header_path.display()
+            ),
+        )?;
     }
-    rename_synced(&partial, header_path)?;
+    let moved = args.run.hotzone_size.unwrap_or(DEFAULT_HOTZONE);
+    convert::start_exported_decryption(
+        dev,
+        header_path,
+        &plan,
+        &pass,
+        moved,
+        &InitOptions::default(),
+    )?;
     let resume = resume_hint("decrypt", &args.device, Some(header_path));
     convert(&resume, header_path, dev, &pass, &args.run, stop)
+}
+
+/// A conversion in progress is reported with the command that finishes it.
+fn with_resume_hint(e: VolumeError, device: &Path) -> CliError {
+    match e {
+        VolumeError::InProgress { mode, .. } => {
+            let hint = resume_hint(mode.as_str(), device, None);
+            CliError::usage(format!("{e}; run: {hint}"))
+        }
+        other => other.into(),
+    }
 }
 
 /// A new encryption: check everything, format the detached header for the device's data, and
@@ -729,22 +693,6 @@ fn start(
     )?;
     convert::start_detached_encryption(header_path, &image)?;
     Ok(pass)
-}
-
-/// Install `bytes` as the header file `path` (atomic, durable: `storage::install_file`).
-fn install_file(path: &Path, bytes: &[u8]) -> Result<(), CliError> {
-    storage::install_file(path, bytes)
-        .map_err(|e| CliError::io(format!("cannot install header file {}", path.display()), e))
-}
-
-/// Rename `from` to `to` durably (`storage::rename_durably`).
-fn rename_synced(from: &Path, to: &Path) -> Result<(), CliError> {
-    storage::rename_durably(from, to).map_err(|e| {
-        CliError::io(
-            format!("cannot rename {} to {}", from.display(), to.display()),
-            e,
-        )
-    })
 }
 
 fn read_luks2(dev: &FileStorage) -> Result<Luks2Header, CliError> {

@@ -4,10 +4,10 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use sectorcrypt_luks::luks2::reencrypt;
 use sectorcrypt_luks::Header;
 use sectorcrypt_storage::{FileStorage, Storage};
-use sectorcrypt_volume::{Volume, VolumeOptions};
+use sectorcrypt_volume::convert::{self, AtOpen};
+use sectorcrypt_volume::{Error as VolumeError, Volume, VolumeOptions};
 
 use crate::convert::{finish_conversion, resume_hint};
 use crate::exit::{CliError, Code};
@@ -77,21 +77,11 @@ impl VolumeArgs {
         let pass = self
             .key
             .read(&format!("Enter passphrase for {}: ", self.device.display()))?;
-        // A volume half converted in place has two layouts. An interrupted encryption or
-        // reencryption is finished first (as the next run of its command would), then served;
-        // a decryption, or any conversion of a read-only volume, is refused with the command
-        // that finishes it.
-        if let Header::Luks2(h) = &header {
-            if let Ok(Some(r)) = reencrypt::parse(h.metadata()) {
-                let verb = r.keyslot.mode.as_str();
+        match convert::at_open(&header, &self.device.display().to_string(), self.readonly) {
+            Ok(AtOpen::Open) => {}
+            Ok(AtOpen::FinishFirst(mode)) => {
+                let verb = mode.as_str();
                 let hint = resume_hint(verb, &self.device, self.header.as_deref());
-                if self.readonly || r.keyslot.mode == reencrypt::Mode::Decrypt {
-                    return Err(CliError::usage(format!(
-                        "{} is being converted in place ({verb}, interrupted); finish it \
-                         first: {hint}",
-                        self.device.display()
-                    )));
-                }
                 eprintln!(
                     "{}: finishing the interrupted {verb} first (as {hint} would)",
                     self.device.display()
@@ -103,6 +93,16 @@ impl VolumeArgs {
                 finish_conversion(&*header_rw, &*data, &pass, self.threads(), &hint)?;
                 header = Header::read(&*header_dev)?;
             }
+            Err(VolumeError::InProgress { mode, .. }) => {
+                let verb = mode.as_str();
+                let hint = resume_hint(verb, &self.device, self.header.as_deref());
+                return Err(CliError::usage(format!(
+                    "{} is being converted in place ({verb}, interrupted); finish it first: \
+                     {hint}",
+                    self.device.display()
+                )));
+            }
+            Err(e) => return Err(e.into()),
         }
         let unlocked = header.unlock(&*header_dev, &pass, self.key_slot)?;
         let volume = Volume::open(

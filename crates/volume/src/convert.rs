@@ -16,16 +16,23 @@
 //!   plaintext as encrypted.
 //! - [`start_shifted_encryption`]: the same header goes to the start of the device once the
 //!   data there is copied away, by [`crate::datashift::start_encrypt`].
+//! - [`start_exported_decryption`] (after [`plan_exported_decryption`]): a volume whose header is
+//!   on the device is decrypted with the data moved back to offset 0, so the header must leave
+//!   first. It is exported to `FILE.partial` (atomic, durable), the decryption is started there
+//!   (the device's signatures wiped, the first chunk moved, all recorded in the exported header),
+//!   and only then is the file renamed to `FILE`. A run cut short before the rename finds
+//!   `FILE.partial` and carries on from it; while the device's own header is still there, it is
+//!   exported afresh.
 //!
 //! The callers (the command line) check their arguments, ask for passphrases and confirmation,
 //! and then call these; the conversion itself is [`crate::reencrypt::run`].
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, Target};
 use sectorcrypt_luks::luks2::{random_bytes, Header as Luks2Header, Pbkdf};
 use sectorcrypt_luks::{FormatOptions, Header};
-use sectorcrypt_storage::{install_file, MemStorage, Storage};
+use sectorcrypt_storage::{install_file, rename_durably, FileStorage, MemStorage, Storage};
 
 use crate::{datashift, Error};
 
@@ -139,4 +146,142 @@ pub fn start_decryption(
 ) -> Result<Luks2Header, Error> {
     let md = reencrypt::init_decrypt(h, volume_key, init)?;
     Ok(reencrypt::write_metadata(header, h, &md)?)
+}
+
+/// What [`start_exported_decryption`] will do, decided before any passphrase is asked.
+#[derive(Debug)]
+pub enum ExportPlan {
+    /// The device's header is there: export it, then start. The caller checks the passphrase
+    /// against it (and asks for confirmation) first.
+    Fresh(Box<Luks2Header>),
+    /// An earlier run exported the header to the `.partial` file and stopped before renaming it:
+    /// carry on from there.
+    Resume,
+}
+
+/// `FILE.partial`: where the exported header lives until the decryption has started.
+pub fn partial_path(header_path: &Path) -> PathBuf {
+    let mut partial = header_path.as_os_str().to_owned();
+    partial.push(".partial");
+    PathBuf::from(partial)
+}
+
+/// Decide how to decrypt `dev`, whose header is on it, exporting the header to `header_path` (a
+/// file that does not exist yet). `resume_only`: only carry on from an earlier run.
+///
+/// Errors: [`Error::InProgress`] when the device records a conversion in progress;
+/// [`Error::Refused`] when its header is LUKS1 or describes no encrypted data, or `resume_only`
+/// finds nothing to resume;
+/// [`Error::Luks`] when there is neither a header on the device nor an exported one.
+pub fn plan_exported_decryption(
+    dev: &dyn Storage,
+    header_path: &Path,
+    resume_only: bool,
+) -> Result<ExportPlan, Error> {
+    match Header::read(dev) {
+        Ok(Header::Luks2(h)) => {
+            if let Some(r) = reencrypt::parse(h.metadata())? {
+                return Err(Error::InProgress {
+                    device: dev.name(),
+                    mode: r.keyslot.mode,
+                });
+            }
+            if resume_only {
+                return Err(Error::Refused(format!(
+                    "{} has no decryption in progress to resume",
+                    header_path.display()
+                )));
+            }
+            check_encrypted(&h, &dev.name())?;
+            Ok(ExportPlan::Fresh(h))
+        }
+        Ok(Header::Luks1(_)) => Err(Error::Refused(
+            "LUKS1 has no in-place decryption metadata".into(),
+        )),
+        Err(_) if partial_path(header_path).exists() => Ok(ExportPlan::Resume),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Start the decryption `plan` describes (see the module docs), the first chunk moved being
+/// `moved` bytes; afterwards `header_path` records it and [`crate::reencrypt::run`] converts the
+/// data. `passphrase` must open the header ([`ExportPlan::Fresh`]: the caller has checked).
+///
+/// Errors: [`Error::Luks`] for a wrong passphrase on a resumed export; [`Error::Io`].
+pub fn start_exported_decryption(
+    dev: &dyn Storage,
+    header_path: &Path,
+    plan: &ExportPlan,
+    passphrase: &[u8],
+    moved: u64,
+    init: &InitOptions,
+) -> Result<(), Error> {
+    let partial = partial_path(header_path);
+    let io = |what: &str, path: &Path, e: std::io::Error| {
+        Error::Io(std::io::Error::new(
+            e.kind(),
+            format!("{what} {}: {e}", path.display()),
+        ))
+    };
+    if let ExportPlan::Fresh(h) = plan {
+        let area = 2 * h.binary().hdr_size + h.metadata().config.keyslots_size;
+        let mut bytes = vec![0u8; area as usize];
+        dev.read_at(&mut bytes, 0)?;
+        install_file(&partial, &bytes).map_err(|e| io("exporting the header to", &partial, e))?;
+    }
+    let exported = FileStorage::open(&partial).map_err(|e| io("opening", &partial, e))?;
+    let h = Luks2Header::read(&exported)?;
+    if reencrypt::state(h.metadata()) == reencrypt::State::None {
+        datashift::start_decrypt(&exported, dev, passphrase, moved, init)?;
+    } else {
+        h.unlock(&exported, passphrase, None)?;
+    }
+    rename_durably(&partial, header_path).map_err(|e| io("renaming", &partial, e))
+}
+
+/// A header whose data segment is plaintext (`linear`) has nothing to decrypt.
+pub fn check_encrypted(h: &Luks2Header, device: &str) -> Result<(), Error> {
+    if h.metadata()
+        .segments
+        .get(0)
+        .is_some_and(|s| s.kind() == "linear")
+    {
+        return Err(Error::Refused(format!(
+            "{device} is not encrypted (its header describes plaintext): nothing to decrypt"
+        )));
+    }
+    Ok(())
+}
+
+/// What opening a volume (to serve or mount it) does about a conversion its header records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtOpen {
+    /// Nothing is in progress: open it.
+    Open,
+    /// An encryption or reencryption was interrupted: finish it first (as the next run of its
+    /// command would), then open the volume it leaves.
+    FinishFirst(reencrypt::Mode),
+}
+
+/// The policy for a conversion found in progress when a volume is opened: a volume half
+/// converted has two layouts, which one volume cannot serve. An interrupted encryption or
+/// reencryption is finished first; a decryption (it ends with no keys to open), or any
+/// conversion of a volume opened read-only (finishing writes), is refused.
+///
+/// Errors: [`Error::InProgress`] for a conversion that must be finished by its own command;
+/// [`Error::Luks`] for reencryption metadata that does not parse.
+pub fn at_open(h: &Header, device: &str, read_only: bool) -> Result<AtOpen, Error> {
+    let Header::Luks2(h) = h else {
+        return Ok(AtOpen::Open);
+    };
+    match reencrypt::parse(h.metadata())? {
+        None => Ok(AtOpen::Open),
+        Some(r) if read_only || r.keyslot.mode == reencrypt::Mode::Decrypt => {
+            Err(Error::InProgress {
+                device: device.to_string(),
+                mode: r.keyslot.mode,
+            })
+        }
+        Some(r) => Ok(AtOpen::FinishFirst(r.keyslot.mode)),
+    }
 }

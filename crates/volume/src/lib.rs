@@ -73,6 +73,17 @@ pub enum Error {
     Unsupported(String),
     /// The header layer refused.
     Luks(sectorcrypt_luks::Error),
+    /// The device records a conversion in progress (`mode`: encrypt, decrypt, reencrypt) that
+    /// must be finished first.
+    InProgress {
+        /// The device.
+        device: String,
+        /// The conversion it records.
+        mode: sectorcrypt_luks::luks2::reencrypt::Mode,
+    },
+    /// The device's state does not allow what was asked (nothing to resume, nothing to
+    /// decrypt...); the text says what.
+    Refused(String),
     /// The cipher refused (bad key, spec or sector size).
     Cipher(sectorcrypt_cipher::Error),
 }
@@ -94,6 +105,12 @@ impl fmt::Display for Error {
             Error::Io(e) => write!(f, "storage error: {e}"),
             Error::Unsupported(what) => write!(f, "unsupported volume: {what}"),
             Error::Luks(e) => write!(f, "{e}"),
+            Error::InProgress { device, mode } => write!(
+                f,
+                "{device} records {} in progress; finish it first",
+                mode.as_str()
+            ),
+            Error::Refused(why) => f.write_str(why),
             Error::Cipher(e) => write!(f, "cipher error: {e}"),
         }
     }

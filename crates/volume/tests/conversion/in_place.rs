@@ -545,3 +545,39 @@ fn a_forgotten_data_sync_is_caught() {
         report.losses
     );
 }
+
+/// The policy at open: nothing in progress opens; an interrupted encryption or reencryption is
+/// finished first when opened read-write and refused read-only; a decryption is always refused.
+#[test]
+fn a_conversion_found_at_open_is_finished_or_refused() {
+    use sectorcrypt_luks::luks2::reencrypt::Mode;
+    use sectorcrypt_volume::convert::{at_open, AtOpen};
+    let data_len = 1 << 20;
+    let read = |dev: &MemStorage| Header::read(dev).unwrap();
+    let plain = MemStorage::new(vec![0; HEADER_LEN as usize]);
+    format_detached(&plain, data_len, 512);
+    assert_eq!(at_open(&read(&plain), "d", false).unwrap(), AtOpen::Open);
+    let enc = MemStorage::new(vec![0; HEADER_LEN as usize]);
+    init_detached(&enc, data_len, 512);
+    let re = MemStorage::new(vec![0; HEADER_LEN as usize]);
+    init_detached_reencrypt(&re, data_len, 512);
+    for (dev, mode) in [(&enc, Mode::Encrypt), (&re, Mode::Reencrypt)] {
+        assert_eq!(
+            at_open(&read(dev), "d", false).unwrap(),
+            AtOpen::FinishFirst(mode)
+        );
+        assert!(matches!(
+            at_open(&read(dev), "d", true),
+            Err(Error::InProgress { mode: m, .. }) if m == mode
+        ));
+    }
+    let dec = MemStorage::new(vec![0; HEADER_LEN as usize]);
+    init_detached_decrypt(&dec, data_len, 512);
+    assert!(matches!(
+        at_open(&read(&dec), "d", false),
+        Err(Error::InProgress {
+            mode: Mode::Decrypt,
+            ..
+        })
+    ));
+}
