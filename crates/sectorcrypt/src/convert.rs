@@ -9,23 +9,22 @@
 //! before the header records it; each start is laid out so that a crash in the middle is
 //! finished (or safely redone) by running the same command again (`sectorcrypt_volume::datashift`).
 
-use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use sectorcrypt_cipher::CipherSpec;
 use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, Mode, State};
 use sectorcrypt_luks::luks2::Header as Luks2Header;
 use sectorcrypt_luks::{FormatOptions, Header};
 use sectorcrypt_storage::{FileStorage, Storage};
 use sectorcrypt_volume::convert::{self, ExportPlan, NewKey, Placement};
 use sectorcrypt_volume::datashift;
-use sectorcrypt_volume::reencrypt::{run, Options, Outcome, Progress, DEFAULT_HOTZONE};
+use sectorcrypt_volume::reencrypt::{run, Options, Outcome, DEFAULT_HOTZONE};
 use sectorcrypt_volume::Error as VolumeError;
 use signal_hook::consts::{SIGINT, SIGTERM};
+
+use crate::progress::Reporter;
+use crate::units::parse_size;
 
 use crate::exit::{CliError, Code};
 use crate::keyfile::KeyArgs;
@@ -86,35 +85,6 @@ pub struct DecryptArgs {
     header: Option<PathBuf>,
     #[command(flatten)]
     run: RunArgs,
-}
-
-/// A size in bytes with an optional unit, as cryptsetup takes them: `S` (512-byte sectors),
-/// `K`/`KiB`, `M`/`MiB`, `G`/`GiB`, `T`/`TiB` (powers of 1024), `KB`, `MB`, `GB`, `TB` (of 1000).
-fn parse_size(text: &str) -> Result<u64, String> {
-    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-    let unit = &text[digits.len()..];
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("'{text}' is not a size (a number with an optional unit: 32M)"))?;
-    let scale: u64 = match unit {
-        "" => 1,
-        "S" | "s" => 512,
-        "K" | "k" | "KiB" => 1 << 10,
-        "M" | "m" | "MiB" => 1 << 20,
-        "G" | "g" | "GiB" => 1 << 30,
-        "T" | "t" | "TiB" => 1 << 40,
-        "KB" | "kB" => 1000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        "TB" => 1_000_000_000_000,
-        _ => {
-            return Err(format!(
-                "'{unit}' is not a size unit (S, K, M, G, T, KB, MB, ...)"
-            ))
-        }
-    };
-    n.checked_mul(scale)
-        .ok_or_else(|| format!("'{text}' is too large"))
 }
 
 /// SIGINT and SIGTERM set the returned flag; the conversion stops at its next safe point.
@@ -213,21 +183,11 @@ fn check_size(device: &Path, len: u64) -> Result<(), CliError> {
 /// The header at `path` must record a conversion in progress of `mode`.
 fn check_in_progress(path: &Path, mode: Mode) -> Result<(), CliError> {
     let h = read_luks2(&open_rw(path)?)?;
-    let r = reencrypt::parse(h.metadata())?;
-    match r {
-        Some(r) if r.keyslot.mode == mode => Ok(()),
-        Some(r) => Err(CliError::usage(format!(
-            "{} records {} in progress, not {}",
-            path.display(),
-            r.keyslot.mode.as_str(),
-            mode.as_str()
-        ))),
-        None => Err(CliError::usage(format!(
-            "{} has no {} in progress to resume",
-            path.display(),
-            mode.as_str()
-        ))),
-    }
+    Ok(convert::expect_in_progress(
+        &h,
+        &path.display().to_string(),
+        mode,
+    )?)
 }
 
 /// The reencryption's start options: cryptsetup's defaults, but with `--pbkdf-force-iterations`
@@ -487,7 +447,7 @@ pub fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
             cipher: args.cipher.clone().unwrap_or_else(|| seg.cipher.clone()),
             sector_size: args.sector_size.unwrap_or(seg.sector_size),
         };
-        let key_len = new_key_len(&target.cipher, args.key_size, old.volume_key.len())?;
+        let key_len = convert::new_key_len(&target.cipher, args.key_size, old.volume_key.len())?;
         let others = h.metadata().keyslots.iter().count().saturating_sub(1);
         confirm(
             args.run.batch,
@@ -513,32 +473,6 @@ pub fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
     }
     let resume = resume_hint("reencrypt", &args.device, args.header.as_deref());
     convert(&resume, &header_path, &data, &pass, &args.run, &stop)
-}
-
-/// The new volume key's length for `cipher`: `--key-size`, else the old length if the cipher
-/// takes it, else the cipher's default; refused before anything is written if the cipher does
-/// not run here or does not take that key.
-fn new_key_len(cipher: &str, key_bits: Option<usize>, old_len: usize) -> Result<usize, CliError> {
-    let spec =
-        CipherSpec::parse(cipher).map_err(|e| CliError::usage(format!("cipher {cipher}: {e}")))?;
-    if spec.to_string().starts_with("cipher_null") {
-        return Err(CliError::usage(
-            "reencrypting to cipher_null would store plaintext; use decrypt for that",
-        ));
-    }
-    let len = match key_bits {
-        Some(bits) if bits % 8 != 0 => {
-            return Err(CliError::usage(format!(
-                "a key of {bits} bits (not whole bytes)"
-            )))
-        }
-        Some(bits) => bits / 8,
-        None if spec.check_key_len(old_len).is_ok() => old_len,
-        None => spec.default_key_bits() / 8,
-    };
-    spec.check_key_len(len)
-        .map_err(|e| CliError::usage(format!("cipher {cipher} with a {}-bit key: {e}", len * 8)))?;
-    Ok(len)
 }
 
 pub fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
@@ -699,84 +633,5 @@ fn read_luks2(dev: &FileStorage) -> Result<Luks2Header, CliError> {
     match Header::read(dev)? {
         Header::Luks2(h) => Ok(*h),
         Header::Luks1(_) => Err(CliError::usage("LUKS1 has no in-place encryption metadata")),
-    }
-}
-
-/// Progress: a bar on a terminal (indicatif), JSON lines with `--json`, nothing otherwise.
-struct Reporter {
-    json: bool,
-    bar: Option<ProgressBar>,
-    /// The first step seen in this run: rates count from there (a resumed run starts part way).
-    first: Option<(Instant, u64)>,
-}
-
-impl Reporter {
-    fn new(json: bool) -> Self {
-        let bar = (!json && std::io::stderr().is_terminal()).then(|| {
-            let style = ProgressStyle::with_template(
-                "[{bar:30}] {percent:>3}%  {bytes} / {total_bytes}  {bytes_per_sec}  ETA {eta}",
-            )
-            .map(|s| s.progress_chars("#."))
-            .unwrap_or_else(|_| ProgressStyle::default_bar());
-            ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()).with_style(style)
-        });
-        Reporter {
-            json,
-            bar,
-            first: None,
-        }
-    }
-
-    fn step(&mut self, p: Progress) {
-        let resumed_here = self.first.is_none();
-        let (t0, d0) = *self.first.get_or_insert((Instant::now(), p.done));
-        if let Some(bar) = &self.bar {
-            bar.set_length(p.total);
-            bar.set_position(p.done);
-            if resumed_here {
-                // What earlier runs converted is no part of this run's rate.
-                bar.reset_eta();
-            }
-        }
-        if self.json {
-            let secs = t0.elapsed().as_secs_f64();
-            let rate = if secs > 0.0 {
-                (p.done - d0) as f64 / secs
-            } else {
-                0.0
-            };
-            let eta = (rate > 0.0).then(|| (p.total - p.done) as f64 / rate);
-            let line = serde_json::json!({
-                "done": p.done,
-                "total": p.total,
-                "bytes_per_sec": rate.round(),
-                "eta_sec": eta.map(f64::round),
-            });
-            let _ = writeln!(std::io::stdout(), "{line}");
-        }
-    }
-
-    fn done(&self) {
-        if let Some(bar) = &self.bar {
-            bar.finish();
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_size;
-
-    #[test]
-    fn sizes_take_cryptsetups_units() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("32M"), Ok(32 << 20));
-        assert_eq!(parse_size("32MiB"), Ok(32 << 20));
-        assert_eq!(parse_size("2048S"), Ok(1 << 20));
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        assert_eq!(parse_size("2KB"), Ok(2000));
-        for bad in ["", "M", "12X", "-1M", "1.5M", "99999999999T"] {
-            assert!(parse_size(bad).is_err(), "{bad}");
-        }
     }
 }

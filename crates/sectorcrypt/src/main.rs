@@ -12,7 +12,9 @@ mod keyslots;
 mod mount;
 mod open;
 mod pbkdf_args;
+mod progress;
 mod serve;
+mod units;
 
 use std::process::ExitCode;
 

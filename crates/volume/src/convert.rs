@@ -29,6 +29,7 @@
 
 use std::path::{Path, PathBuf};
 
+use sectorcrypt_cipher::CipherSpec;
 use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, Target};
 use sectorcrypt_luks::luks2::{random_bytes, Header as Luks2Header, Pbkdf};
 use sectorcrypt_luks::{FormatOptions, Header};
@@ -283,5 +284,52 @@ pub fn at_open(h: &Header, device: &str, read_only: bool) -> Result<AtOpen, Erro
             })
         }
         Some(r) => Ok(AtOpen::FinishFirst(r.keyslot.mode)),
+    }
+}
+
+/// The new volume key's length for a reencryption to `cipher`: `key_bits` if given, else the old
+/// length if the cipher takes it, else the cipher's default. Refused, before anything is written,
+/// when the cipher does not run here, does not take that key, or is `cipher_null` (that would
+/// store plaintext: decrypt instead).
+pub fn new_key_len(cipher: &str, key_bits: Option<usize>, old_len: usize) -> Result<usize, Error> {
+    let refuse = |why: String| Error::Refused(why);
+    let spec = CipherSpec::parse(cipher).map_err(|e| refuse(format!("cipher {cipher}: {e}")))?;
+    if spec.to_string().starts_with("cipher_null") {
+        return Err(refuse(
+            "reencrypting to cipher_null would store plaintext; use decrypt for that".into(),
+        ));
+    }
+    let len = match key_bits {
+        Some(bits) if bits % 8 != 0 => {
+            return Err(refuse(format!("a key of {bits} bits (not whole bytes)")))
+        }
+        Some(bits) => bits / 8,
+        None if spec.check_key_len(old_len).is_ok() => old_len,
+        None => spec.default_key_bits() / 8,
+    };
+    spec.check_key_len(len)
+        .map_err(|e| refuse(format!("cipher {cipher} with a {}-bit key: {e}", len * 8)))?;
+    Ok(len)
+}
+
+/// The header `h` of `device` must record a conversion of `mode` in progress (to resume it).
+///
+/// Errors: [`Error::Refused`] naming what it records instead, or that nothing is in progress.
+pub fn expect_in_progress(
+    h: &Luks2Header,
+    device: &str,
+    mode: reencrypt::Mode,
+) -> Result<(), Error> {
+    match reencrypt::parse(h.metadata())? {
+        Some(r) if r.keyslot.mode == mode => Ok(()),
+        Some(r) => Err(Error::Refused(format!(
+            "{device} records {} in progress, not {}",
+            r.keyslot.mode.as_str(),
+            mode.as_str()
+        ))),
+        None => Err(Error::Refused(format!(
+            "{device} has no {} in progress to resume",
+            mode.as_str()
+        ))),
     }
 }

@@ -1,0 +1,69 @@
+//! Progress of a long operation as people and scripts want it: a bar on a terminal (indicatif),
+//! one JSON line per step with `--json`, nothing otherwise.
+
+use std::io::{IsTerminal, Write};
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use sectorcrypt_volume::reencrypt::Progress;
+
+/// Progress: a bar on a terminal (indicatif), JSON lines with `--json`, nothing otherwise.
+pub struct Reporter {
+    json: bool,
+    bar: Option<ProgressBar>,
+    /// The first step seen in this run: rates count from there (a resumed run starts part way).
+    first: Option<(Instant, u64)>,
+}
+
+impl Reporter {
+    pub fn new(json: bool) -> Self {
+        let bar = (!json && std::io::stderr().is_terminal()).then(|| {
+            let style = ProgressStyle::with_template(
+                "[{bar:30}] {percent:>3}%  {bytes} / {total_bytes}  {bytes_per_sec}  ETA {eta}",
+            )
+            .map(|s| s.progress_chars("#."))
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+            ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()).with_style(style)
+        });
+        Reporter {
+            json,
+            bar,
+            first: None,
+        }
+    }
+
+    pub fn step(&mut self, p: Progress) {
+        let resumed_here = self.first.is_none();
+        let (t0, d0) = *self.first.get_or_insert((Instant::now(), p.done));
+        if let Some(bar) = &self.bar {
+            bar.set_length(p.total);
+            bar.set_position(p.done);
+            if resumed_here {
+                // What earlier runs converted is no part of this run's rate.
+                bar.reset_eta();
+            }
+        }
+        if self.json {
+            let secs = t0.elapsed().as_secs_f64();
+            let rate = if secs > 0.0 {
+                (p.done - d0) as f64 / secs
+            } else {
+                0.0
+            };
+            let eta = (rate > 0.0).then(|| (p.total - p.done) as f64 / rate);
+            let line = serde_json::json!({
+                "done": p.done,
+                "total": p.total,
+                "bytes_per_sec": rate.round(),
+                "eta_sec": eta.map(f64::round),
+            });
+            let _ = writeln!(std::io::stdout(), "{line}");
+        }
+    }
+
+    pub fn done(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish();
+        }
+    }
+}
