@@ -38,8 +38,6 @@
 //! disappears from the tree at once and is served until its last user closes it, so that no
 //! write in flight is lost.
 
-#![forbid(unsafe_code)]
-
 mod fs;
 mod mountpoint;
 

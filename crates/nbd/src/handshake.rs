@@ -37,7 +37,7 @@ pub struct ExportInfo {
 
 /// How the handshake ended.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The client chose the export: serve requests, with structured replies if negotiated.
     Transmission { structured: bool },
     /// The client left, or broke the protocol so that the connection had to be dropped.
@@ -60,7 +60,7 @@ fn option_error(s: &mut impl Write, option: u32, kind: u32, why: &str) -> io::Re
 }
 
 /// Run the handshake on `s`. I/O errors (the client vanished, a timeout) are returned as such.
-pub fn negotiate<S: Read + Write>(s: &mut S, export: &ExportInfo) -> io::Result<Outcome> {
+pub(crate) fn negotiate<S: Read + Write>(s: &mut S, export: &ExportInfo) -> io::Result<Outcome> {
     let mut greeting = Vec::with_capacity(18);
     greeting.extend_from_slice(&NBDMAGIC.to_be_bytes());
     greeting.extend_from_slice(&IHAVEOPT.to_be_bytes());

@@ -18,8 +18,6 @@
 //! - Only the fixed newstyle handshake, as every current client speaks it; no TLS (use the Unix
 //!   socket, mode 0600, or a tunnel), no block status (the volume has no holes to report).
 
-#![forbid(unsafe_code)]
-
 mod handshake;
 pub mod proto;
 mod server;
@@ -39,7 +37,12 @@ pub enum Error {
     /// The address or socket path is taken by a live server (or is not a socket).
     Busy(String),
     /// Binding failed for another reason.
-    Bind { address: String, source: io::Error },
+    Bind {
+        /// The address or socket path.
+        address: String,
+        /// Why binding failed.
+        source: io::Error,
+    },
     /// The final flush failed.
     Volume(sectorcrypt_volume::Error),
 }

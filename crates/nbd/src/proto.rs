@@ -1,6 +1,10 @@
 //! Wire constants and encodings of the NBD protocol (`doc/proto.md` of NetworkBlockDevice/nbd):
 //! the fixed-newstyle handshake, option replies, requests and both reply forms. Everything is
 //! big-endian.
+//!
+//! The constants carry the protocol's own names (without the `NBD_` prefix), and each is specified
+//! there; those whose meaning is not obvious from the name have a line here.
+#![allow(missing_docs)]
 
 /// `NBDMAGIC`, the first eight bytes the server sends.
 pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;

@@ -10,7 +10,7 @@ use sectorcrypt_cipher::{Algorithm, BackendChoice, Direction};
 use crate::exit::CliError;
 
 #[derive(clap::Args, Debug)]
-pub struct Args {
+pub(crate) struct Args {
     /// Cipher specification (repeatable), e.g. aes-xts-plain64, lea-xts-plain64, cipher_null-ecb.
     #[arg(short = 'c', long = "cipher", value_name = "SPEC")]
     ciphers: Vec<String>,
@@ -58,7 +58,7 @@ const DEFAULT_TABLE: [(&str, usize); 9] = [
 ];
 
 /// `--backend NAME`, else `$SECTORCRYPT_BACKEND`, else auto.
-pub fn backend_choice(arg: Option<&str>) -> Result<BackendChoice, CliError> {
+pub(crate) fn backend_choice(arg: Option<&str>) -> Result<BackendChoice, CliError> {
     let from_env = std::env::var("SECTORCRYPT_BACKEND").ok();
     match arg.or(from_env.as_deref()) {
         None => Ok(BackendChoice::Auto),
@@ -89,7 +89,7 @@ fn algorithms(ciphers: &[String]) -> Result<Vec<Algorithm>, CliError> {
     Ok(algs)
 }
 
-pub fn run(args: Args) -> Result<(), CliError> {
+pub(crate) fn run(args: Args) -> Result<(), CliError> {
     if !(args.seconds > 0.0 && args.seconds <= 3600.0) {
         return Err(CliError::usage("--seconds must be between 0 and 3600"));
     }

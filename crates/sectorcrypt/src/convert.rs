@@ -32,7 +32,7 @@ use crate::keyslots::{confirm, new_passphrase, open_rw, pbkdf_options};
 use crate::pbkdf_args::{CipherArgs, PbkdfArgs};
 
 #[derive(clap::Args, Debug)]
-pub struct EncryptArgs {
+pub(crate) struct EncryptArgs {
     /// The plaintext device or image file to encrypt in place.
     #[arg(value_name = "DEVICE")]
     device: PathBuf,
@@ -53,7 +53,7 @@ pub struct EncryptArgs {
 
 /// What `encrypt`, `decrypt` and `reencrypt` share: the passphrase and how the conversion runs.
 #[derive(clap::Args, Debug)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// Only continue a conversion already in progress (started here or by cryptsetup).
     #[arg(long = "resume-only")]
     resume_only: bool,
@@ -75,7 +75,7 @@ pub struct RunArgs {
 }
 
 #[derive(clap::Args, Debug)]
-pub struct DecryptArgs {
+pub(crate) struct DecryptArgs {
     /// The encrypted device or image file to decrypt in place.
     #[arg(value_name = "DEVICE")]
     device: PathBuf,
@@ -122,7 +122,7 @@ fn convert(
 /// Finish the conversion recorded in the header on `header` (for `serve` and `mount` of an
 /// interrupted one), with a progress bar on a terminal; a signal stops it at a safe point and
 /// says `resume`.
-pub fn finish_conversion(
+pub(crate) fn finish_conversion(
     header: &dyn Storage,
     data: &dyn Storage,
     pass: &[u8],
@@ -203,7 +203,7 @@ fn init_options(pbkdf: &PbkdfArgs) -> InitOptions {
 }
 
 /// How to resume a conversion that stopped.
-pub fn resume_hint(verb: &str, device: &Path, header: Option<&Path>) -> String {
+pub(crate) fn resume_hint(verb: &str, device: &Path, header: Option<&Path>) -> String {
     match header {
         Some(h) => format!(
             "sectorcrypt {verb} {} --header {} --resume-only",
@@ -222,7 +222,7 @@ fn device_len(dev: &FileStorage) -> Result<u64, CliError> {
 /// The largest data shift (half of `--reduce-device-size`), as cryptsetup's 1 GiB limit.
 const MAX_REDUCE: u64 = 1 << 30;
 
-pub fn encrypt(args: EncryptArgs) -> Result<(), CliError> {
+pub(crate) fn encrypt(args: EncryptArgs) -> Result<(), CliError> {
     match (&args.header, args.reduce_device_size) {
         (Some(_), Some(_)) => Err(CliError::usage(
             "--header and --reduce-device-size do not go together: with a detached header \
@@ -396,7 +396,7 @@ fn new_header(
 }
 
 #[derive(clap::Args, Debug)]
-pub struct ReencryptArgs {
+pub(crate) struct ReencryptArgs {
     /// The LUKS2 device or image file whose volume key to replace.
     #[arg(value_name = "DEVICE")]
     device: PathBuf,
@@ -421,7 +421,7 @@ pub struct ReencryptArgs {
 /// `reencrypt`: a new volume key for the data (key rotation), optionally a new cipher or sector
 /// size, in place, resumably. The data does not move, so a header on the device itself works
 /// too.
-pub fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
+pub(crate) fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
     let header_path = args.header.clone().unwrap_or_else(|| args.device.clone());
     let data = open_rw(&args.device)?;
     let header = open_rw(&header_path)?;
@@ -475,7 +475,7 @@ pub fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
     convert(&resume, &header_path, &data, &pass, &args.run, &stop)
 }
 
-pub fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
+pub(crate) fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
     let Some(header_path) = args.header.clone() else {
         let on_device =
             FileStorage::open_read_only(&args.device).is_ok_and(|dev| Header::read(&dev).is_ok());

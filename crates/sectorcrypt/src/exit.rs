@@ -10,7 +10,7 @@ use sectorcrypt_volume::Error as VolumeError;
 /// memory, 4 wrong device, 5 busy. No command so far can report 3.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
-pub enum Code {
+pub(crate) enum Code {
     /// Wrong parameters or any other error.
     Usage = 1,
     /// No keyslot opens with the given passphrase.
@@ -23,14 +23,14 @@ pub enum Code {
 
 /// A failed command.
 #[derive(Debug)]
-pub struct CliError {
+pub(crate) struct CliError {
     pub code: Code,
     pub message: String,
 }
 
 impl CliError {
     /// A usage or parameter error (exit 1).
-    pub fn usage(message: impl fmt::Display) -> Self {
+    pub(crate) fn usage(message: impl fmt::Display) -> Self {
         CliError {
             code: Code::Usage,
             message: message.to_string(),
@@ -39,7 +39,7 @@ impl CliError {
 
     /// A failure of the system rather than of the arguments (exit 1, cryptsetup's "any other
     /// error"): `what` failed with `e`.
-    pub fn io(what: impl fmt::Display, e: std::io::Error) -> Self {
+    pub(crate) fn io(what: impl fmt::Display, e: std::io::Error) -> Self {
         CliError {
             code: Code::Usage,
             message: format!("{what}: {e}"),
@@ -47,7 +47,7 @@ impl CliError {
     }
 
     /// Print the message (if any) and return the exit code.
-    pub fn report(self) -> ExitCode {
+    pub(crate) fn report(self) -> ExitCode {
         if !self.message.is_empty() {
             eprintln!("sectorcrypt: {}", self.message);
         }
@@ -57,7 +57,7 @@ impl CliError {
 
 /// A command-line parse failure: help and version go to stdout with exit 0; anything else is one
 /// line on stderr and exit 1 (clap's own default would be 2, which means "wrong passphrase" here).
-pub fn usage(e: clap::Error) -> ExitCode {
+pub(crate) fn usage(e: clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
     match e.kind() {
         ErrorKind::DisplayHelp

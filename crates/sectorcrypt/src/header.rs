@@ -13,7 +13,7 @@ use crate::keyslots::confirm;
 
 /// A device, or a detached header beside it.
 #[derive(clap::Args, Debug)]
-pub struct DeviceArgs {
+pub(crate) struct DeviceArgs {
     /// The LUKS device or image file.
     #[arg(value_name = "DEVICE")]
     device: PathBuf,
@@ -45,7 +45,7 @@ fn open_device(path: &Path) -> Result<FileStorage, CliError> {
 }
 
 #[derive(clap::Args, Debug)]
-pub struct DumpArgs {
+pub(crate) struct DumpArgs {
     #[command(flatten)]
     target: DeviceArgs,
     /// Machine-readable output.
@@ -64,7 +64,7 @@ pub struct DumpArgs {
     batch: bool,
 }
 
-pub fn dump(args: DumpArgs) -> Result<(), CliError> {
+pub(crate) fn dump(args: DumpArgs) -> Result<(), CliError> {
     let (dev, header) = args.target.read()?;
     let mut out = std::io::stdout().lock();
     let text = if args.dump_volume_key {
@@ -122,7 +122,7 @@ pub fn dump(args: DumpArgs) -> Result<(), CliError> {
 
 /// `is-luks`: exit 0 for a LUKS header, 1 for anything else, 4 for a missing device (as
 /// cryptsetup isLuks; a yes/no question, so "not LUKS" is the answer 1, not an error 4).
-pub fn is_luks(args: DeviceArgs, verbose: bool) -> Result<(), CliError> {
+pub(crate) fn is_luks(args: DeviceArgs, verbose: bool) -> Result<(), CliError> {
     let dev = open_device(args.header_path())?;
     match Header::read(&dev) {
         Ok(_) => Ok(()),
@@ -140,14 +140,14 @@ pub fn is_luks(args: DeviceArgs, verbose: bool) -> Result<(), CliError> {
     }
 }
 
-pub fn uuid(args: DeviceArgs) -> Result<(), CliError> {
+pub(crate) fn uuid(args: DeviceArgs) -> Result<(), CliError> {
     let (_, header) = args.read()?;
     println!("{}", header.uuid());
     Ok(())
 }
 
 #[derive(clap::Args, Debug)]
-pub struct TestArgs {
+pub(crate) struct TestArgs {
     #[command(flatten)]
     target: DeviceArgs,
     #[command(flatten)]
@@ -158,7 +158,7 @@ pub struct TestArgs {
 }
 
 /// `test-passphrase`: exit 0 if the passphrase opens a keyslot, 2 if not.
-pub fn test_passphrase(args: TestArgs) -> Result<(), CliError> {
+pub(crate) fn test_passphrase(args: TestArgs) -> Result<(), CliError> {
     let (dev, header) = args.target.read()?;
     let pass = args.key.read(&format!(
         "Enter passphrase for {}: ",

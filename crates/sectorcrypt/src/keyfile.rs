@@ -16,7 +16,7 @@ const MAX_KEYFILE: u64 = 8 << 20;
 
 /// Where the passphrase comes from.
 #[derive(clap::Args, Debug, Clone, Default)]
-pub struct KeyArgs {
+pub(crate) struct KeyArgs {
     /// Read the passphrase from FILE, all bytes as-is ('-' = standard input).
     #[arg(short = 'd', long = "key-file", value_name = "FILE")]
     pub key_file: Option<PathBuf>,
@@ -30,7 +30,7 @@ pub struct KeyArgs {
 
 impl KeyArgs {
     /// The passphrase, read once; `prompt` is shown when asking on the terminal.
-    pub fn read(&self, prompt: &str) -> Result<Zeroizing<Vec<u8>>, CliError> {
+    pub(crate) fn read(&self, prompt: &str) -> Result<Zeroizing<Vec<u8>>, CliError> {
         let limit = self.keyfile_size.unwrap_or(MAX_KEYFILE);
         if limit > MAX_KEYFILE {
             return Err(CliError::usage(format!(

@@ -91,7 +91,7 @@ pub(crate) fn pbkdf_options(args: &PbkdfArgs) -> Result<PbkdfOptions, CliError> 
 }
 
 #[derive(clap::Args, Debug)]
-pub struct FormatArgs {
+pub(crate) struct FormatArgs {
     /// The device or image file to format.
     #[arg(value_name = "DEVICE")]
     device: PathBuf,
@@ -139,7 +139,7 @@ pub struct FormatArgs {
     batch: bool,
 }
 
-pub fn format(args: FormatArgs) -> Result<(), CliError> {
+pub(crate) fn format(args: FormatArgs) -> Result<(), CliError> {
     let version = match args.luks_type.as_str() {
         "luks2" | "luks" => 2,
         "luks1" => 1,
@@ -237,7 +237,7 @@ fn open_or_create_header_file(path: &Path, size: u64) -> Result<FileStorage, Cli
 
 /// Device, detached header, existing passphrase, target slot, PBKDF: what the keyslot commands share.
 #[derive(clap::Args, Debug)]
-pub struct SlotArgs {
+pub(crate) struct SlotArgs {
     /// The LUKS device or image file.
     #[arg(value_name = "DEVICE")]
     device: PathBuf,
@@ -265,14 +265,14 @@ impl SlotArgs {
 }
 
 #[derive(clap::Args, Debug)]
-pub struct AddKeyArgs {
+pub(crate) struct AddKeyArgs {
     #[command(flatten)]
     slot: SlotArgs,
     #[command(flatten)]
     new: NewKeyArgs,
 }
 
-pub fn add_key(args: AddKeyArgs) -> Result<(), CliError> {
+pub(crate) fn add_key(args: AddKeyArgs) -> Result<(), CliError> {
     let s = &args.slot;
     let (dev, mut header) = s.open()?;
     let pbkdf = pbkdf_options(&s.pbkdf)?;
@@ -287,7 +287,7 @@ pub fn add_key(args: AddKeyArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-pub fn remove_key(args: SlotArgs) -> Result<(), CliError> {
+pub(crate) fn remove_key(args: SlotArgs) -> Result<(), CliError> {
     let (dev, mut header) = args.open()?;
     let pass = args.key.read("Enter passphrase to be deleted: ")?;
     let unlocked = header.unlock(&dev, &pass, args.key_slot)?;
@@ -299,14 +299,14 @@ pub fn remove_key(args: SlotArgs) -> Result<(), CliError> {
 }
 
 #[derive(clap::Args, Debug)]
-pub struct ChangeKeyArgs {
+pub(crate) struct ChangeKeyArgs {
     #[command(flatten)]
     slot: SlotArgs,
     #[command(flatten)]
     new: NewKeyArgs,
 }
 
-pub fn change_key(args: ChangeKeyArgs) -> Result<(), CliError> {
+pub(crate) fn change_key(args: ChangeKeyArgs) -> Result<(), CliError> {
     let s = &args.slot;
     let (dev, mut header) = s.open()?;
     let pbkdf = pbkdf_options(&s.pbkdf)?;
@@ -322,7 +322,7 @@ pub fn change_key(args: ChangeKeyArgs) -> Result<(), CliError> {
 }
 
 #[derive(clap::Args, Debug)]
-pub struct KillSlotArgs {
+pub(crate) struct KillSlotArgs {
     /// The LUKS device or image file.
     #[arg(value_name = "DEVICE")]
     device: PathBuf,
@@ -339,7 +339,7 @@ pub struct KillSlotArgs {
     batch: bool,
 }
 
-pub fn kill_slot(args: KillSlotArgs) -> Result<(), CliError> {
+pub(crate) fn kill_slot(args: KillSlotArgs) -> Result<(), CliError> {
     let dev = open_rw(args.header.as_deref().unwrap_or(&args.device))?;
     let mut header = Header::read(&dev)?;
     let active = header.active_keyslots();
@@ -362,7 +362,7 @@ pub fn kill_slot(args: KillSlotArgs) -> Result<(), CliError> {
 }
 
 #[derive(clap::Args, Debug)]
-pub struct BackupArgs {
+pub(crate) struct BackupArgs {
     /// The LUKS device or image file.
     #[arg(value_name = "DEVICE")]
     device: PathBuf,
@@ -377,7 +377,7 @@ pub struct BackupArgs {
     batch: bool,
 }
 
-pub fn header_backup(args: BackupArgs) -> Result<(), CliError> {
+pub(crate) fn header_backup(args: BackupArgs) -> Result<(), CliError> {
     let dev = FileStorage::open_read_only(args.header.as_deref().unwrap_or(&args.device)).map_err(
         |_| CliError {
             code: Code::Device,
@@ -415,7 +415,7 @@ pub fn header_backup(args: BackupArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-pub fn header_restore(args: BackupArgs) -> Result<(), CliError> {
+pub(crate) fn header_restore(args: BackupArgs) -> Result<(), CliError> {
     let backup = FileStorage::open_read_only(&args.file).map_err(|e| CliError {
         code: Code::Device,
         message: format!("cannot open backup file {}: {e}", args.file.display()),

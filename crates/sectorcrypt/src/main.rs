@@ -1,8 +1,6 @@
 //! `sectorcrypt`: the command line. It parses arguments, calls the library crates and maps their
 //! errors to cryptsetup's exit codes (`../shared/design/CLI.md`); nothing else lives here.
 
-#![forbid(unsafe_code)]
-
 mod benchmark;
 mod convert;
 mod exit;

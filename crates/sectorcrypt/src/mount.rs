@@ -9,7 +9,7 @@ use crate::exit::{CliError, Code};
 use crate::open::VolumeArgs;
 
 #[derive(clap::Args, Debug)]
-pub struct MountArgs {
+pub(crate) struct MountArgs {
     #[command(flatten)]
     pub volume: VolumeArgs,
     /// An empty directory; the decrypted volume appears in it as the file `volume`.
@@ -17,7 +17,7 @@ pub struct MountArgs {
     pub mountpoint: PathBuf,
 }
 
-pub fn run(args: MountArgs) -> Result<(), CliError> {
+pub(crate) fn run(args: MountArgs) -> Result<(), CliError> {
     if args.volume.allow_discards {
         return Err(CliError::usage(
             "mount cannot pass discards: a hole punched in MOUNTPOINT/volume must read back as \

@@ -15,7 +15,7 @@ use crate::keyfile::KeyArgs;
 
 /// The volume to open and how.
 #[derive(clap::Args, Debug)]
-pub struct VolumeArgs {
+pub(crate) struct VolumeArgs {
     /// The LUKS device or image file.
     #[arg(value_name = "DEVICE")]
     pub device: PathBuf,
@@ -44,7 +44,7 @@ pub struct VolumeArgs {
 
 impl VolumeArgs {
     /// Threads for the cipher and for serving requests.
-    pub fn threads(&self) -> usize {
+    pub(crate) fn threads(&self) -> usize {
         self.threads.map_or_else(
             || std::thread::available_parallelism().map_or(1, |n| n.get()),
             |n| n as usize,
@@ -52,7 +52,7 @@ impl VolumeArgs {
     }
 
     /// Read the header, unlock it with the passphrase, and open the data segment.
-    pub fn open(&self) -> Result<Arc<Volume>, CliError> {
+    pub(crate) fn open(&self) -> Result<Arc<Volume>, CliError> {
         let open = |path: &PathBuf, write: bool| {
             let opened = if write {
                 FileStorage::open(path)

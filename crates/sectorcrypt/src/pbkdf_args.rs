@@ -8,7 +8,7 @@ use crate::exit::CliError;
 /// `--cipher`, `--key-size`, `--sector-size`: the data segment of a new volume (`format`,
 /// `encrypt`).
 #[derive(clap::Args, Debug, Clone)]
-pub struct CipherArgs {
+pub(crate) struct CipherArgs {
     /// Cipher specification (default aes-xts-plain64).
     #[arg(short = 'c', long, value_name = "SPEC")]
     pub cipher: Option<String>,
@@ -23,7 +23,7 @@ pub struct CipherArgs {
 /// `--pbkdf`, `--iter-time`, `--pbkdf-memory`, `--pbkdf-parallel`, `--pbkdf-force-iterations`,
 /// `--hash`.
 #[derive(clap::Args, Debug, Clone)]
-pub struct PbkdfArgs {
+pub(crate) struct PbkdfArgs {
     /// PBKDF for new keyslots: argon2id (LUKS2 default), argon2i or pbkdf2 (LUKS1 always).
     #[arg(long, value_name = "NAME")]
     pub pbkdf: Option<String>,
@@ -47,7 +47,7 @@ pub struct PbkdfArgs {
 
 impl PbkdfArgs {
     /// The calibration time, checked.
-    pub fn iter_time_ms(&self) -> Result<u32, CliError> {
+    pub(crate) fn iter_time_ms(&self) -> Result<u32, CliError> {
         match self.iter_time {
             Some(0) => Err(CliError::usage("--iter-time must be at least 1 ms")),
             Some(t) => Ok(t),
@@ -59,7 +59,7 @@ impl PbkdfArgs {
 /// A passphrase for a new keyslot: the positional key file, else `--new-keyfile`-style prompt
 /// twice on a terminal.
 #[derive(clap::Args, Debug, Clone, Default)]
-pub struct NewKeyArgs {
+pub(crate) struct NewKeyArgs {
     /// Read the new passphrase from this file (all bytes as-is; '-' = standard input).
     #[arg(value_name = "NEW_KEY_FILE")]
     pub new_key_file: Option<PathBuf>,

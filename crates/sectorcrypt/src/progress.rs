@@ -8,7 +8,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sectorcrypt_volume::reencrypt::Progress;
 
 /// Progress: a bar on a terminal (indicatif), JSON lines with `--json`, nothing otherwise.
-pub struct Reporter {
+pub(crate) struct Reporter {
     json: bool,
     bar: Option<ProgressBar>,
     /// The first step seen in this run: rates count from there (a resumed run starts part way).
@@ -16,7 +16,7 @@ pub struct Reporter {
 }
 
 impl Reporter {
-    pub fn new(json: bool) -> Self {
+    pub(crate) fn new(json: bool) -> Self {
         let bar = (!json && std::io::stderr().is_terminal()).then(|| {
             let style = ProgressStyle::with_template(
                 "[{bar:30}] {percent:>3}%  {bytes} / {total_bytes}  {bytes_per_sec}  ETA {eta}",
@@ -32,7 +32,7 @@ impl Reporter {
         }
     }
 
-    pub fn step(&mut self, p: Progress) {
+    pub(crate) fn step(&mut self, p: Progress) {
         let resumed_here = self.first.is_none();
         let (t0, d0) = *self.first.get_or_insert((Instant::now(), p.done));
         if let Some(bar) = &self.bar {
@@ -61,7 +61,7 @@ impl Reporter {
         }
     }
 
-    pub fn done(&self) {
+    pub(crate) fn done(&self) {
         if let Some(bar) = &self.bar {
             bar.finish();
         }

@@ -11,7 +11,7 @@ use crate::open::VolumeArgs;
 
 #[derive(clap::Args, Debug)]
 #[command(group = clap::ArgGroup::new("address").required(true).args(["socket", "listen"]))]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     #[command(flatten)]
     volume: VolumeArgs,
     /// Listen on this Unix socket (created with mode 0600).
@@ -25,7 +25,7 @@ pub struct ServeArgs {
     export_name: String,
 }
 
-pub fn run(args: ServeArgs) -> Result<(), CliError> {
+pub(crate) fn run(args: ServeArgs) -> Result<(), CliError> {
     // Signals are caught before the volume is opened, so a signal at any point ends in an
     // orderly exit rather than the default termination.
     let mut signals = Signals::new([SIGINT, SIGTERM])

@@ -8,8 +8,6 @@
 //! Keeping every byte of I/O behind this trait is what lets tests substitute a device that fails
 //! or "loses power" at a chosen write.
 
-#![forbid(unsafe_code)]
-
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;

@@ -27,8 +27,6 @@
 //! requests are waiting or running, the cores have work already, and splitting would only add
 //! hand-offs (and the workers' spinning) to the CPU time of every request.
 
-#![forbid(unsafe_code)]
-
 use std::fmt;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};

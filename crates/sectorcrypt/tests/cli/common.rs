@@ -4,34 +4,34 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-pub use sectorcrypt_testkit::{ok, p, python, scratch, FAST_PBKDF};
+pub(crate) use sectorcrypt_testkit::{ok, p, python, scratch, FAST_PBKDF};
 
 /// Run with no standard input (so nothing can wait for a terminal).
-pub fn run(cmd: &mut Command) -> Output {
+pub(crate) fn run(cmd: &mut Command) -> Output {
     sectorcrypt_testkit::output(cmd)
 }
 
 /// sectorcrypt with `args`.
-pub fn sc(args: &[&str]) -> Output {
+pub(crate) fn sc(args: &[&str]) -> Output {
     run(Command::new(env!("CARGO_BIN_EXE_sectorcrypt")).args(args))
 }
 
 /// cryptsetup with `args`.
-pub fn cs(args: &[&str]) -> Output {
+pub(crate) fn cs(args: &[&str]) -> Output {
     sectorcrypt_testkit::cryptsetup(args)
 }
 
 /// The volume key as `cryptsetup luksDump --dump-volume-key` prints it, as hex.
-pub fn cryptsetup_volume_key(img: &Path, key: &Path) -> String {
+pub(crate) fn cryptsetup_volume_key(img: &Path, key: &Path) -> String {
     hex::encode(sectorcrypt_testkit::cryptsetup_volume_key(img, key, &[]))
 }
 
 /// sectorcrypt with `args` and fast key derivation ([`FAST_PBKDF`]).
-pub fn sc_fast(args: &[&str]) -> Output {
+pub(crate) fn sc_fast(args: &[&str]) -> Output {
     sc(&[args, &FAST_PBKDF[..]].concat())
 }
 
 /// cryptsetup with `args` and fast key derivation ([`FAST_PBKDF`]).
-pub fn cs_fast(args: &[&str]) -> Output {
+pub(crate) fn cs_fast(args: &[&str]) -> Output {
     cs(&[args, &FAST_PBKDF[..]].concat())
 }

@@ -13,16 +13,16 @@ use sectorcrypt_luks::PbkdfOptions;
 use sectorcrypt_storage::{FileStorage, Storage};
 use sectorcrypt_volume::reencrypt::{run, Options, Outcome};
 
-pub const PASS: &[u8] = b"in place";
-pub const HEADER_LEN: u64 = 16 << 20;
+pub(crate) const PASS: &[u8] = b"in place";
+pub(crate) const HEADER_LEN: u64 = 16 << 20;
 
-pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+pub(crate) fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut v = vec![0u8; len];
     rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
     v
 }
 
-pub fn fast_init() -> InitOptions {
+pub(crate) fn fast_init() -> InitOptions {
     InitOptions {
         resilience: ResilienceKind::Checksum(Hash::Sha256),
         block_size: 4096,
@@ -31,7 +31,7 @@ pub fn fast_init() -> InitOptions {
     }
 }
 
-pub fn fast_pbkdf() -> PbkdfOptions {
+pub(crate) fn fast_pbkdf() -> PbkdfOptions {
     PbkdfOptions {
         kind: Some("pbkdf2".into()),
         force_iterations: Some(1000),
@@ -40,7 +40,7 @@ pub fn fast_pbkdf() -> PbkdfOptions {
 }
 
 /// `plain` encrypted sector by sector with `key` (aes-xts-plain64, IVs in 512-byte units).
-pub fn expected_ciphertext(key: &[u8], sector_size: usize, plain: &[u8]) -> Vec<u8> {
+pub(crate) fn expected_ciphertext(key: &[u8], sector_size: usize, plain: &[u8]) -> Vec<u8> {
     let c = SectorCipher::new(
         CipherSpec::parse("aes-xts-plain64").unwrap(),
         key,
@@ -55,11 +55,11 @@ pub fn expected_ciphertext(key: &[u8], sector_size: usize, plain: &[u8]) -> Vec<
     out
 }
 
-pub fn state_of(header_dev: &dyn Storage) -> State {
+pub(crate) fn state_of(header_dev: &dyn Storage) -> State {
     reencrypt::state(Luks2Header::read(header_dev).unwrap().metadata())
 }
 
-pub fn cryptsetup(args: &[&str]) {
+pub(crate) fn cryptsetup(args: &[&str]) {
     let out = Command::new("cryptsetup")
         .args(args)
         .output()
@@ -74,7 +74,7 @@ pub fn cryptsetup(args: &[&str]) {
 
 /// `cryptsetup reencrypt EXTRA... --force-offline-reencrypt [--header HDR] --batch-mode
 /// --key-file KEY DATA`, which must succeed.
-pub fn cryptsetup_reencrypt(extra: &[&str], hdr: Option<&Path>, key: &Path, data: &Path) {
+pub(crate) fn cryptsetup_reencrypt(extra: &[&str], hdr: Option<&Path>, key: &Path, data: &Path) {
     let mut args = vec!["reencrypt"];
     args.extend_from_slice(extra);
     args.push("--force-offline-reencrypt");
@@ -85,21 +85,21 @@ pub fn cryptsetup_reencrypt(extra: &[&str], hdr: Option<&Path>, key: &Path, data
     cryptsetup(&args);
 }
 
-pub fn scratch(name: &str) -> PathBuf {
+pub(crate) fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("sectorcrypt-reenc-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
 
-pub fn p(path: &Path) -> &str {
+pub(crate) fn p(path: &Path) -> &str {
     path.to_str().unwrap()
 }
 
 /// Run the conversion recorded in the header file `hdr` over the data file `data` (the same
 /// file for a header on the device) for one step of `hotzone` bytes (or the shift), and stop:
 /// a clean state part way, for the other tool to resume.
-pub fn one_step(hdr: &Path, data: &Path, hotzone: u64) {
+pub(crate) fn one_step(hdr: &Path, data: &Path, hotzone: u64) {
     let opts = Options {
         hotzone,
         threads: 2,
@@ -113,7 +113,7 @@ pub fn one_step(hdr: &Path, data: &Path, hotzone: u64) {
 }
 
 /// Run the conversion recorded in the header file `hdr` over the data file `data` to its end.
-pub fn run_to_end(hdr: &Path, data: &Path) {
+pub(crate) fn run_to_end(hdr: &Path, data: &Path) {
     let (h, d) = (
         FileStorage::open(hdr).unwrap(),
         FileStorage::open(data).unwrap(),
