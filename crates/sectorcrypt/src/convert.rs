@@ -16,7 +16,7 @@ use std::sync::Arc;
 use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, Mode, State};
 use sectorcrypt_luks::luks2::Header as Luks2Header;
 use sectorcrypt_luks::{FormatOptions, Header};
-use sectorcrypt_storage::{FileStorage, Storage};
+use sectorcrypt_storage::{FileStorage, FsDirectory, Storage};
 use sectorcrypt_volume::convert::{self, ExportPlan, NewKey, Placement};
 use sectorcrypt_volume::datashift;
 use sectorcrypt_volume::reencrypt::{run, Options, Outcome, DEFAULT_HOTZONE};
@@ -541,7 +541,8 @@ fn decrypt_attached(
     dev: &FileStorage,
     stop: &AtomicBool,
 ) -> Result<(), CliError> {
-    let plan = convert::plan_exported_decryption(dev, header_path, args.run.resume_only)
+    let (dir, name) = directory_of(header_path)?;
+    let plan = convert::plan_exported_decryption(dev, &dir, &name, args.run.resume_only)
         .map_err(|e| with_resume_hint(e, &args.device))?;
     let pass = args
         .run
@@ -564,7 +565,8 @@ fn decrypt_attached(
     let moved = args.run.hotzone_size.unwrap_or(DEFAULT_HOTZONE);
     convert::start_exported_decryption(
         dev,
-        header_path,
+        &dir,
+        &name,
         &plan,
         &pass,
         moved,
@@ -572,6 +574,11 @@ fn decrypt_attached(
     )?;
     let resume = resume_hint("decrypt", &args.device, Some(header_path));
     convert(&resume, header_path, dev, &pass, &args.run, stop)
+}
+
+/// The directory of a header file, and its name there.
+fn directory_of(path: &Path) -> Result<(FsDirectory, String), CliError> {
+    FsDirectory::of(path).map_err(|e| CliError::io(format!("header file {}", path.display()), e))
 }
 
 /// A conversion in progress is reported with the command that finishes it.
@@ -625,7 +632,8 @@ fn start(
         &warning,
         Placement::Detached,
     )?;
-    convert::start_detached_encryption(header_path, &image)?;
+    let (dir, name) = directory_of(header_path)?;
+    convert::start_detached_encryption(&dir, &name, &image)?;
     Ok(pass)
 }
 

@@ -21,10 +21,12 @@
 //! share a machine: one cut stops all of them, and a `sync` of one device makes only that device's
 //! writes durable (`fdatasync` of one file says nothing about another).
 
+use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::dir::Directory;
 use crate::{past_end, Storage};
 
 /// The unit a write can be torn into by default: a 512-byte sector, whole or not at all.
@@ -175,11 +177,15 @@ impl Outcome {
 /// evenly), and [`RANDOM_OUTCOMES`] subsets and tearings drawn from `seed`. With no volatile write
 /// left there is only one surviving image, and one outcome.
 pub fn outcomes(devices: &[&CrashingStorage], seed: u64) -> Vec<Outcome> {
-    let mut ops: Vec<u64> = devices
-        .iter()
-        .flat_map(|d| d.lock().volatile.iter().map(|p| p.op).collect::<Vec<_>>())
-        .collect();
+    let ops: Vec<u64> = devices.iter().flat_map(|d| d.volatile_ops()).collect();
+    outcomes_of(ops, seed)
+}
+
+/// [`outcomes`] for the volatile operations `ops` (their numbers on the power supply), of
+/// devices and directories alike.
+pub fn outcomes_of(mut ops: Vec<u64>, seed: u64) -> Vec<Outcome> {
     ops.sort_unstable();
+    ops.dedup();
     if ops.is_empty() {
         return vec![Outcome::EverythingSurvives];
     }
@@ -218,6 +224,11 @@ impl CrashingStorage {
     /// Writes made since the last completed sync.
     pub fn volatile_writes(&self) -> usize {
         self.lock().volatile.len()
+    }
+
+    /// The operation numbers of the writes made since the last completed sync.
+    pub fn volatile_ops(&self) -> Vec<u64> {
+        self.lock().volatile.iter().map(|p| p.op).collect()
     }
 
     /// What is on the media after a power cut with `outcome`: the durable image and the volatile
@@ -289,6 +300,185 @@ impl Storage for CrashingStorage {
 
     fn name(&self) -> String {
         "crashing memory device".to_string()
+    }
+}
+
+/// A directory on a power supply, as a file system keeps one: its files are [`CrashingStorage`]
+/// devices on the same supply, and creating, removing and renaming names are operations that
+/// stay volatile until the directory is synced. After a cut, [`CrashingDirectory::image`] gives
+/// the names that survive an [`Outcome`] (the durable ones, with the volatile changes it keeps
+/// applied in order) and each file's surviving bytes.
+#[derive(Debug)]
+pub struct CrashingDirectory {
+    power: Power,
+    state: Mutex<DirState>,
+}
+
+#[derive(Debug, Default)]
+struct DirState {
+    /// The names the last completed directory sync guarantees.
+    durable: BTreeMap<String, Arc<CrashingStorage>>,
+    /// The names as lookups see them.
+    current: BTreeMap<String, Arc<CrashingStorage>>,
+    /// Name changes since the last directory sync, with their operation numbers.
+    volatile: Vec<(u64, NameChange)>,
+}
+
+#[derive(Debug, Clone)]
+enum NameChange {
+    Create(String, Arc<CrashingStorage>),
+    Remove(String),
+    Rename(String, String),
+}
+
+impl NameChange {
+    fn apply(&self, names: &mut BTreeMap<String, Arc<CrashingStorage>>) {
+        match self {
+            NameChange::Create(name, file) => {
+                names.insert(name.clone(), Arc::clone(file));
+            }
+            NameChange::Remove(name) => {
+                names.remove(name);
+            }
+            NameChange::Rename(from, to) => {
+                if let Some(file) = names.remove(from) {
+                    names.insert(to.clone(), file);
+                }
+            }
+        }
+    }
+}
+
+impl Power {
+    /// An empty directory on this supply (all of it durable).
+    pub fn directory(&self) -> CrashingDirectory {
+        CrashingDirectory {
+            power: self.clone(),
+            state: Mutex::new(DirState::default()),
+        }
+    }
+}
+
+impl CrashingDirectory {
+    fn lock(&self) -> MutexGuard<'_, DirState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn change(&self, change: NameChange) -> io::Result<()> {
+        let mut state = self.lock();
+        let op = self.power.allow()?;
+        change.apply(&mut state.current);
+        state.volatile.push((op, change));
+        Ok(())
+    }
+
+    /// The operation numbers of every volatile change: of names, and of the data of every file
+    /// the directory has held.
+    pub fn volatile_ops(&self) -> Vec<u64> {
+        let state = self.lock();
+        let mut ops: Vec<u64> = state.volatile.iter().map(|(op, _)| *op).collect();
+        let files = state.durable.values().chain(state.current.values());
+        ops.extend(files.flat_map(|f| f.volatile_ops()));
+        for (_, change) in &state.volatile {
+            if let NameChange::Create(_, f) = change {
+                ops.extend(f.volatile_ops());
+            }
+        }
+        ops
+    }
+
+    /// The files that survive a cut with `outcome`, by name, with their surviving bytes.
+    pub fn image(&self, outcome: &Outcome) -> BTreeMap<String, Vec<u8>> {
+        let state = self.lock();
+        let mut names = state.durable.clone();
+        for (op, change) in &state.volatile {
+            if outcome.keeps(*op, 0) {
+                change.apply(&mut names);
+            }
+        }
+        names
+            .into_iter()
+            .map(|(name, file)| (name, file.image(outcome)))
+            .collect()
+    }
+}
+
+/// A file of a [`CrashingDirectory`], shared between its names and its handles.
+struct SharedFile(Arc<CrashingStorage>);
+
+impl Storage for SharedFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.0.write_at(buf, offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.0.sync()
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.0.len()
+    }
+    fn name(&self) -> String {
+        self.0.name()
+    }
+}
+
+impl Directory for CrashingDirectory {
+    fn create(&self, name: &str, len: u64) -> io::Result<Box<dyn Storage>> {
+        if self.exists(name) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{name} exists"),
+            ));
+        }
+        let file = Arc::new(self.power.device(vec![0; len as usize]));
+        self.change(NameChange::Create(name.to_string(), Arc::clone(&file)))?;
+        Ok(Box::new(SharedFile(file)))
+    }
+
+    fn open(&self, name: &str) -> io::Result<Box<dyn Storage>> {
+        let file = self.lock().current.get(name).cloned().ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, format!("{name}: no such file"))
+        })?;
+        Ok(Box::new(SharedFile(file)))
+    }
+
+    fn exists(&self, name: &str) -> bool {
+        self.lock().current.contains_key(name)
+    }
+
+    fn remove(&self, name: &str) -> io::Result<()> {
+        if !self.exists(name) {
+            return Ok(());
+        }
+        self.change(NameChange::Remove(name.to_string()))
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        if !self.exists(from) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{from}: no such file"),
+            ));
+        }
+        self.change(NameChange::Rename(from.to_string(), to.to_string()))
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        let mut state = self.lock();
+        self.power.allow()?;
+        let DirState {
+            durable, volatile, ..
+        } = &mut *state;
+        for (_, change) in volatile.drain(..) {
+            change.apply(durable);
+        }
+        Ok(())
+    }
+
+    fn path_of(&self, name: &str) -> std::path::PathBuf {
+        std::path::PathBuf::from(format!("crashing-directory/{name}"))
     }
 }
 
@@ -375,6 +565,27 @@ mod tests {
             torn_seen |= kept > 0 && kept < 6;
         }
         assert!(torn_seen, "no outcome tore the write");
+    }
+
+    #[test]
+    fn a_rename_is_durable_only_once_the_directory_is_synced() {
+        let power = Power::new(None);
+        let dir = power.directory();
+        crate::dir::install_file(&dir, "h", b"header").unwrap();
+        assert!(
+            dir.volatile_ops().is_empty(),
+            "install leaves nothing volatile"
+        );
+        // The same steps without the directory sync: the rename may be lost.
+        let f = dir.create("t", 3).unwrap();
+        f.write_at(b"new", 0).unwrap();
+        f.sync().unwrap();
+        dir.rename("t", "h").unwrap();
+        let lost = dir.image(&Outcome::NothingSurvives);
+        assert_eq!(lost["h"], b"header", "the old file is still there");
+        assert!(!lost.contains_key("t"), "and the new one never got a name");
+        let kept = dir.image(&Outcome::EverythingSurvives);
+        assert_eq!((kept["h"].as_slice(), kept.len()), (&b"new"[..], 1));
     }
 
     #[test]

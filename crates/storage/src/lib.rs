@@ -15,7 +15,9 @@ use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 
 pub mod crash;
-pub use crash::{CrashingStorage, Outcome, Power};
+pub mod dir;
+pub use crash::{CrashingDirectory, CrashingStorage, Outcome, Power};
+pub use dir::{install_file, rename_durably, Directory, FsDirectory};
 
 /// A device of fixed length addressed by byte offset.
 pub trait Storage: Send + Sync {
@@ -208,37 +210,6 @@ impl Storage for MemStorage {
     }
 }
 
-/// Make `bytes` the new file `path` (mode 0600) atomically and durably: written to `path.new`
-/// beside it and synced, renamed over `path`, and the directory synced, so that after a crash
-/// `path` holds nothing new or all of `bytes`, never part of them (a rename is durable only once
-/// its directory is synced).
-pub fn install_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".new");
-    let tmp = PathBuf::from(tmp);
-    let _ = std::fs::remove_file(&tmp);
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    rename_durably(&tmp, path)
-}
-
-/// Rename `from` to `to` and sync the directory of `to`, which makes the rename durable.
-pub fn rename_durably(from: &Path, to: &Path) -> io::Result<()> {
-    std::fs::rename(from, to)?;
-    let dir = match to.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    File::open(dir)?.sync_all()
-}
-
 /// A window of another device: `len` bytes from `offset`. Used to read a header stored inside a
 /// device's data (a prepared copy during a data shift), and by tests to put a header and its
 /// data on one device so that one simulated power cut stops both.
@@ -288,17 +259,20 @@ mod tests {
 
     #[test]
     fn installed_files_replace_whole() {
-        let dir = std::env::temp_dir().join(format!("sectorcrypt-install-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("h.img");
-        install_file(&path, b"first").unwrap();
-        install_file(&path, b"second").unwrap();
-        assert_eq!(std::fs::read(&path).unwrap(), b"second");
+        let path = std::env::temp_dir().join(format!("sectorcrypt-install-{}", std::process::id()));
+        std::fs::create_dir_all(&path).unwrap();
+        let dir = FsDirectory::new(&path);
+        install_file(&dir, "h.img", b"first").unwrap();
+        install_file(&dir, "h.img", b"second").unwrap();
+        assert_eq!(std::fs::read(path.join("h.img")).unwrap(), b"second");
         use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        let mode = std::fs::metadata(path.join("h.img"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600, "headers are private");
-        assert!(!dir.join("h.img.new").exists(), "no temporary left");
-        std::fs::remove_dir_all(dir).unwrap();
+        assert!(!path.join("h.img.new").exists(), "no temporary left");
+        std::fs::remove_dir_all(path).unwrap();
     }
 
     #[test]

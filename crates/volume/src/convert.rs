@@ -27,13 +27,11 @@
 //! The callers (the command line) check their arguments, ask for passphrases and confirmation,
 //! and then call these; the conversion itself is [`crate::reencrypt::run`].
 
-use std::path::{Path, PathBuf};
-
 use sectorcrypt_cipher::CipherSpec;
 use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, Target};
 use sectorcrypt_luks::luks2::{random_bytes, Header as Luks2Header, Pbkdf};
 use sectorcrypt_luks::{FormatOptions, Header};
-use sectorcrypt_storage::{install_file, rename_durably, FileStorage, MemStorage, Storage};
+use sectorcrypt_storage::{install_file, rename_durably, Directory, MemStorage, Storage};
 
 use crate::{datashift, Error};
 
@@ -77,16 +75,23 @@ pub fn encryption_header(
 }
 
 /// Start an encryption with a detached header: `image` (from [`encryption_header`]) becomes the
-/// file `header_path`, atomically and durably.
+/// file `name` in `dir`, atomically and durably.
 ///
 /// Errors: [`Error::Io`] if the file cannot be written, synced or renamed.
-pub fn start_detached_encryption(header_path: &Path, image: &[u8]) -> Result<(), Error> {
-    install_file(header_path, image).map_err(|e| {
-        Error::Io(std::io::Error::new(
-            e.kind(),
-            format!("installing header file {}: {e}", header_path.display()),
-        ))
-    })
+pub fn start_detached_encryption(
+    dir: &dyn Directory,
+    name: &str,
+    image: &[u8],
+) -> Result<(), Error> {
+    install_file(dir, name, image).map_err(|e| io_on(dir, name, "installing header file", e))
+}
+
+/// `e`, saying what failed on which file.
+fn io_on(dir: &dyn Directory, name: &str, what: &str, e: std::io::Error) -> Error {
+    Error::Io(std::io::Error::new(
+        e.kind(),
+        format!("{what} {}: {e}", dir.path_of(name).display()),
+    ))
 }
 
 /// Start an encryption with the header at the start of `dev`: `image` (from
@@ -160,15 +165,13 @@ pub enum ExportPlan {
     Resume,
 }
 
-/// `FILE.partial`: where the exported header lives until the decryption has started.
-pub fn partial_path(header_path: &Path) -> PathBuf {
-    let mut partial = header_path.as_os_str().to_owned();
-    partial.push(".partial");
-    PathBuf::from(partial)
+/// `NAME.partial`: where the exported header lives until the decryption has started.
+pub fn partial_name(name: &str) -> String {
+    format!("{name}.partial")
 }
 
-/// Decide how to decrypt `dev`, whose header is on it, exporting the header to `header_path` (a
-/// file that does not exist yet). `resume_only`: only carry on from an earlier run.
+/// Decide how to decrypt `dev`, whose header is on it, exporting the header to the file `name` in
+/// `dir` (which does not exist yet). `resume_only`: only carry on from an earlier run.
 ///
 /// Errors: [`Error::InProgress`] when the device records a conversion in progress;
 /// [`Error::Refused`] when its header is LUKS1 or describes no encrypted data, or `resume_only`
@@ -176,7 +179,8 @@ pub fn partial_path(header_path: &Path) -> PathBuf {
 /// [`Error::Luks`] when there is neither a header on the device nor an exported one.
 pub fn plan_exported_decryption(
     dev: &dyn Storage,
-    header_path: &Path,
+    dir: &dyn Directory,
+    name: &str,
     resume_only: bool,
 ) -> Result<ExportPlan, Error> {
     match Header::read(dev) {
@@ -190,7 +194,7 @@ pub fn plan_exported_decryption(
             if resume_only {
                 return Err(Error::Refused(format!(
                     "{} has no decryption in progress to resume",
-                    header_path.display()
+                    dir.path_of(name).display()
                 )));
             }
             check_encrypted(&h, &dev.name())?;
@@ -199,45 +203,44 @@ pub fn plan_exported_decryption(
         Ok(Header::Luks1(_)) => Err(Error::Refused(
             "LUKS1 has no in-place decryption metadata".into(),
         )),
-        Err(_) if partial_path(header_path).exists() => Ok(ExportPlan::Resume),
+        Err(_) if dir.exists(&partial_name(name)) => Ok(ExportPlan::Resume),
         Err(e) => Err(e.into()),
     }
 }
 
 /// Start the decryption `plan` describes (see the module docs), the first chunk moved being
-/// `moved` bytes; afterwards `header_path` records it and [`crate::reencrypt::run`] converts the
-/// data. `passphrase` must open the header ([`ExportPlan::Fresh`]: the caller has checked).
+/// `moved` bytes; afterwards the file `name` in `dir` records it and [`crate::reencrypt::run`]
+/// converts the data. `passphrase` must open the header ([`ExportPlan::Fresh`]: the caller has
+/// checked).
 ///
 /// Errors: [`Error::Luks`] for a wrong passphrase on a resumed export; [`Error::Io`].
 pub fn start_exported_decryption(
     dev: &dyn Storage,
-    header_path: &Path,
+    dir: &dyn Directory,
+    name: &str,
     plan: &ExportPlan,
     passphrase: &[u8],
     moved: u64,
     init: &InitOptions,
 ) -> Result<(), Error> {
-    let partial = partial_path(header_path);
-    let io = |what: &str, path: &Path, e: std::io::Error| {
-        Error::Io(std::io::Error::new(
-            e.kind(),
-            format!("{what} {}: {e}", path.display()),
-        ))
-    };
+    let partial = partial_name(name);
     if let ExportPlan::Fresh(h) = plan {
         let area = 2 * h.binary().hdr_size + h.metadata().config.keyslots_size;
         let mut bytes = vec![0u8; area as usize];
         dev.read_at(&mut bytes, 0)?;
-        install_file(&partial, &bytes).map_err(|e| io("exporting the header to", &partial, e))?;
+        install_file(dir, &partial, &bytes)
+            .map_err(|e| io_on(dir, &partial, "exporting the header to", e))?;
     }
-    let exported = FileStorage::open(&partial).map_err(|e| io("opening", &partial, e))?;
-    let h = Luks2Header::read(&exported)?;
+    let exported = dir
+        .open(&partial)
+        .map_err(|e| io_on(dir, &partial, "opening", e))?;
+    let h = Luks2Header::read(&*exported)?;
     if reencrypt::state(h.metadata()) == reencrypt::State::None {
-        datashift::start_decrypt(&exported, dev, passphrase, moved, init)?;
+        datashift::start_decrypt(&*exported, dev, passphrase, moved, init)?;
     } else {
-        h.unlock(&exported, passphrase, None)?;
+        h.unlock(&*exported, passphrase, None)?;
     }
-    rename_durably(&partial, header_path).map_err(|e| io("renaming", &partial, e))
+    rename_durably(dir, &partial, name).map_err(|e| io_on(dir, &partial, "renaming", e))
 }
 
 /// A header whose data segment is plaintext (`linear`) has nothing to decrypt.
