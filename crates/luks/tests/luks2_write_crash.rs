@@ -254,3 +254,30 @@ fn a_forgotten_sync_is_caught() {
         "{losses:?}"
     );
 }
+
+/// A second crash: an earlier one left the secondary copy torn, so only the primary is valid.
+/// The next update, cut after every write and sync, must still leave a usable header that opens
+/// with the old or the new passphrases: it writes the copy not in use first (a primary-first
+/// order would leave no valid copy while the primary is rewritten).
+#[test]
+fn an_update_over_a_torn_secondary_survives_every_power_cut() {
+    let (mut start, vk) = formatted(b"A");
+    let secondary_json = 0x4000 + 4096;
+    start[secondary_json + 100] ^= 0xff;
+    let torn = MemStorage::new(start.clone());
+    let h = Header::read(&torn).unwrap();
+    assert_eq!(h.binary().hdr_size, 0x4000, "the default metadata size");
+    let cands: &[&[u8]] = &[b"A", b"B"];
+    sweep(
+        "add_keyslot over a torn secondary",
+        &start,
+        cands,
+        &[0],
+        &[0, 1],
+        &vk,
+        |dev| {
+            let mut h = Header::read(dev)?;
+            h.add_keyslot(dev, &vk, b"B", None, &pbkdf()).map(|_| ())
+        },
+    );
+}

@@ -238,7 +238,9 @@ pub fn start_exported_decryption(
     if reencrypt::state(h.metadata()) == reencrypt::State::None {
         datashift::start_decrypt(&*exported, dev, passphrase, moved, init)?;
     } else {
-        h.unlock(&*exported, passphrase, None)?;
+        // Recorded already: the keyslot now belongs to the reencryption (bound to the old
+        // segment's digest), so the passphrase is checked the way a resumed run opens it.
+        reencrypt::unlock_volume_keys(&h, &*exported, passphrase)?;
     }
     rename_durably(dir, &partial, name).map_err(|e| io_on(dir, &partial, "renaming", e))
 }

@@ -216,6 +216,20 @@ fn probe(dev: &dyn Storage, dev_len: u64, offset: u64, copy: HeaderCopy) -> Resu
     Ok(Probe::Checksummed(Box::new(Checksummed { bin, json_area })))
 }
 
+/// The sequence id of the copy at `offset` if the reader would accept it (magic, binary header,
+/// checksum and JSON all valid), else `None`.
+pub(crate) fn valid_seqid(
+    dev: &dyn Storage,
+    offset: u64,
+    copy: HeaderCopy,
+) -> Result<Option<u64>, Error> {
+    let dev_len = dev.len().map_err(|e| io_error(dev, e))?;
+    Ok(match probe(dev, dev_len, offset, copy)? {
+        Probe::Checksummed(c) => parse_metadata(&c).ok().map(|_| c.bin.seqid),
+        _ => None,
+    })
+}
+
 /// Parse, repair and validate a copy's JSON area into the metadata model.
 fn parse_metadata(c: &Checksummed) -> Result<Metadata, String> {
     let mut value = validate::parse_json_area(&c.json_area)?;

@@ -495,7 +495,11 @@ pub(super) struct BinaryFields {
     pub salts: [[u8; SALT_LEN]; 2],
 }
 
-/// Validate `metadata` as the reader will, then write both copies (primary first).
+/// Validate `metadata` as the reader will, then write both copies, each synced: first the copy
+/// the reader would not use now (damaged, missing or older), then the one it uses. So at every
+/// moment one copy holds the current or the new state, even when an earlier crash left a copy
+/// torn: writing the primary first over a torn secondary would leave no valid copy in between,
+/// and over an older secondary could set the header back a version.
 pub(super) fn write_metadata(
     dev: &dyn Storage,
     fields: &BinaryFields,
@@ -516,10 +520,19 @@ pub(super) fn write_metadata(
         .map_err(|why| Error::Corrupt(format!("the new JSON metadata is invalid: {why}")))?;
     let mut area = vec![0u8; json_len as usize];
     area[..text.len()].copy_from_slice(text.as_bytes());
-    for (i, copy) in [HeaderCopy::Primary, HeaderCopy::Secondary]
-        .into_iter()
-        .enumerate()
-    {
+    let primary = super::valid_seqid(dev, 0, HeaderCopy::Primary)?;
+    let secondary = super::valid_seqid(dev, fields.hdr_size, HeaderCopy::Secondary)?;
+    let in_use = match (primary, secondary) {
+        (Some(p), Some(s)) if s > p => HeaderCopy::Secondary,
+        (None, Some(_)) => HeaderCopy::Secondary,
+        _ => HeaderCopy::Primary,
+    };
+    let order = if in_use == HeaderCopy::Primary {
+        [(1, HeaderCopy::Secondary), (0, HeaderCopy::Primary)]
+    } else {
+        [(0, HeaderCopy::Primary), (1, HeaderCopy::Secondary)]
+    };
+    for (i, copy) in order {
         let bin = BinaryHeader {
             copy,
             version: super::binary::VERSION,

@@ -769,10 +769,22 @@ fn shifted_killed_then_resumed(len: usize, reduce_mib: usize) {
     );
     let encrypted = std::fs::read(&data).unwrap();
 
-    // Our decryption of it, killed twice among its first writes, then during the steps.
+    // Our decryption of it: first killed between recording the decryption in NAME.partial and
+    // renaming it to NAME (its second rename; the first installs NAME.partial), which a rerun
+    // must carry on from; then twice among its first writes, then during the steps.
     let hdr = dir.join("exported.hdr");
     let dec = decrypt_export_args(&data, &hdr, &key);
     let writes = writes_of(&dec, &[&data, &hdr]);
+    let out = fault::signal_at(&sc_cmd(&dec), "rename", 2, "KILL");
+    assert_eq!(
+        out.status.signal(),
+        Some(9),
+        "not killed at its second rename"
+    );
+    assert!(
+        !hdr.exists(),
+        "killed before the exported header got its name"
+    );
     for i in 0..2 {
         let n = rng.gen_range(1..=EARLY_WRITES);
         let out = signalled_at(&dec, n, "KILL");
