@@ -12,6 +12,7 @@
 //!   never a race against the clock.
 //! - [`sweep`]: power cut after every write and sync of an operation, every surviving image the
 //!   crash model allows checked (`sectorcrypt_storage::crash`).
+//! - [`vectors`]: the one parser of the standard test-vector files.
 //!
 //! And what every test file needs: a scratch folder, running a tool and checking it succeeded,
 //! cryptsetup with fast key derivation, data patterns.
@@ -19,6 +20,7 @@
 pub mod fault;
 pub mod sweep;
 pub mod tools;
+pub mod vectors;
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};

@@ -180,74 +180,14 @@ pub(crate) mod testing {
     /// One IEEE 1619 record: (key = K1||K2, 16-byte IV, plaintext, ciphertext).
     type XtsVector = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>);
 
-    /// Vectors 1-3 of IEEE P1619-2007 Appendix B, used when the shared vector file is absent.
-    const BUILTIN_XTS: [[&str; 4]; 3] = [
-        [
-            "0000000000000000000000000000000000000000000000000000000000000000",
-            "00000000000000000000000000000000",
-            "0000000000000000000000000000000000000000000000000000000000000000",
-            "917cf69ebd68b2ec9b9fe9a3eadda692cd43d2f59598ed858c02c2652fbf922e",
-        ],
-        [
-            "1111111111111111111111111111111122222222222222222222222222222222",
-            "33333333330000000000000000000000",
-            "4444444444444444444444444444444444444444444444444444444444444444",
-            "c454185e6a16936e39334038acef838bfb186fff7480adc4289382ecd6d394f0",
-        ],
-        [
-            "fffefdfcfbfaf9f8f7f6f5f4f3f2f1f022222222222222222222222222222222",
-            "33333333330000000000000000000000",
-            "4444444444444444444444444444444444444444444444444444444444444444",
-            "af85336b597afc1a900b2eb21ec949d292df4c047e0b21532186a5971a227a89",
-        ],
-    ];
-
-    /// The IEEE 1619 XTS-AES vectors from `/work/shared/vectors/xts-ieee1619.txt` (override
-    /// with `SECTORCRYPT_VECTORS`), falling back to the built-in vectors 1-3.
+    /// The IEEE 1619 XTS-AES vectors (`tests/vectors/xts-ieee1619.txt`; a missing file fails).
     fn xts_vectors() -> Vec<XtsVector> {
-        let dir = std::env::var("SECTORCRYPT_VECTORS").unwrap_or_else(|_| {
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/vectors").to_string()
-        });
-        let Ok(text) = std::fs::read_to_string(format!("{dir}/xts-ieee1619.txt")) else {
-            eprintln!("xts-ieee1619.txt not found under {dir}: using built-in vectors 1-3 only");
-            return BUILTIN_XTS
-                .iter()
-                .map(|v| {
-                    let d = |s: &str| hex::decode(s).unwrap();
-                    (d(v[0]), d(v[1]), d(v[2]), d(v[3]))
-                })
-                .collect();
-        };
-        let mut out = Vec::new();
-        let mut fields: [String; 4] = Default::default();
-        let mut current: Option<usize> = None;
-        for line in text.lines() {
-            let line = line.trim();
-            let (name, value) = match line.split_once(':') {
-                Some((n, v)) if !line.starts_with('#') => (n.trim(), v.trim()),
-                _ => {
-                    // Continuation of a value.
-                    if let (Some(i), false) = (current, line.starts_with('#') || line.is_empty()) {
-                        fields[i].push_str(line.trim_end_matches('\\'));
-                    }
-                    continue;
-                }
-            };
-            current = ["Key", "IV", "Plaintext", "Ciphertext"]
-                .iter()
-                .position(|f| *f == name);
-            if let Some(i) = current {
-                fields[i] = value.trim_end_matches('\\').trim().to_string();
-            }
-            if name == "Test" {
-                let f: Vec<Vec<u8>> = fields
-                    .iter()
-                    .map(|s| hex::decode(s.replace(' ', "")).unwrap())
-                    .collect();
-                out.push((f[0].clone(), f[1].clone(), f[2].clone(), f[3].clone()));
-                fields = Default::default();
-            }
-        }
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors/xts-ieee1619.txt");
+        let out: Vec<XtsVector> = sectorcrypt_testkit::vectors::load(&path)
+            .into_iter()
+            .map(|r| (r.key, r.iv, r.plaintext, r.ciphertext))
+            .collect();
         assert!(out.len() >= 14, "parsed only {} XTS vectors", out.len());
         out
     }
