@@ -116,8 +116,8 @@ impl Header {
 /// means cryptsetup's default for the header version.
 #[derive(Clone, Debug, Default)]
 pub struct PbkdfOptions {
-    /// `pbkdf2`, `argon2i` or `argon2id` (LUKS2 default argon2id; LUKS1 is always pbkdf2).
-    pub kind: Option<String>,
+    /// The PBKDF (LUKS2 default argon2id; LUKS1 is always pbkdf2).
+    pub kind: Option<PbkdfChoice>,
     /// PBKDF2, AF and digest hash (default sha256).
     pub hash: Option<hash::Hash>,
     /// Calibration target in milliseconds.
@@ -130,26 +130,57 @@ pub struct PbkdfOptions {
     pub force_iterations: Option<u32>,
 }
 
+/// A PBKDF by cryptsetup's name for it (`--pbkdf`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PbkdfChoice {
+    /// `pbkdf2` (the only one LUKS1 has).
+    Pbkdf2,
+    /// `argon2i`.
+    Argon2i,
+    /// `argon2id` (the LUKS2 default).
+    Argon2id,
+}
+
+impl PbkdfChoice {
+    /// cryptsetup's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            PbkdfChoice::Pbkdf2 => "pbkdf2",
+            PbkdfChoice::Argon2i => "argon2i",
+            PbkdfChoice::Argon2id => "argon2id",
+        }
+    }
+}
+
+impl std::str::FromStr for PbkdfChoice {
+    type Err = String;
+    fn from_str(name: &str) -> Result<Self, String> {
+        match name {
+            "pbkdf2" => Ok(PbkdfChoice::Pbkdf2),
+            "argon2i" => Ok(PbkdfChoice::Argon2i),
+            "argon2id" => Ok(PbkdfChoice::Argon2id),
+            _ => Err(format!(
+                "unknown PBKDF '{name}' (use argon2id, argon2i or pbkdf2)"
+            )),
+        }
+    }
+}
+
 impl PbkdfOptions {
     /// These options as LUKS2 keyslot parameters.
     pub fn luks2(&self) -> Result<luks2::Pbkdf, Error> {
         use kdf::Argon2Variant;
         use luks2::PbkdfKind;
-        let kind = match self.kind.as_deref() {
-            None | Some("argon2id") => PbkdfKind::Argon2 {
+        let kind = match self.kind.unwrap_or(PbkdfChoice::Argon2id) {
+            PbkdfChoice::Argon2id => PbkdfKind::Argon2 {
                 variant: Argon2Variant::Argon2id,
             },
-            Some("argon2i") => PbkdfKind::Argon2 {
+            PbkdfChoice::Argon2i => PbkdfKind::Argon2 {
                 variant: Argon2Variant::Argon2i,
             },
-            Some("pbkdf2") => PbkdfKind::Pbkdf2 {
+            PbkdfChoice::Pbkdf2 => PbkdfKind::Pbkdf2 {
                 hash: self.hash.unwrap_or(hash::Hash::Sha256),
             },
-            Some(other) => {
-                return Err(Error::Unsupported(format!(
-                    "the PBKDF '{other}' (use argon2id, argon2i or pbkdf2)"
-                )))
-            }
         };
         Ok(luks2::Pbkdf {
             kind,
@@ -163,11 +194,12 @@ impl PbkdfOptions {
     }
 
     fn check_luks1(&self) -> Result<(), Error> {
-        match self.kind.as_deref() {
-            None | Some("pbkdf2") => {}
+        match self.kind {
+            None | Some(PbkdfChoice::Pbkdf2) => {}
             Some(other) => {
                 return Err(Error::Unsupported(format!(
-                    "the PBKDF '{other}' in LUKS1, which has only pbkdf2"
+                    "the PBKDF '{}' in LUKS1, which has only pbkdf2",
+                    other.name()
                 )))
             }
         }

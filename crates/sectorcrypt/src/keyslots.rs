@@ -11,7 +11,6 @@ use std::io::{IsTerminal, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use sectorcrypt_luks::hash::Hash;
 use sectorcrypt_luks::{FormatOptions, Header, PbkdfOptions};
 use sectorcrypt_storage::{FileStorage, Storage};
 use zeroize::Zeroizing;
@@ -72,17 +71,9 @@ pub(crate) fn new_passphrase(
 }
 
 pub(crate) fn pbkdf_options(args: &PbkdfArgs) -> Result<PbkdfOptions, CliError> {
-    let hash = args.hash.as_deref().map(Hash::parse).transpose()?;
-    if let Some(name) = &args.pbkdf {
-        if !matches!(name.as_str(), "pbkdf2" | "argon2i" | "argon2id") {
-            return Err(CliError::usage(format!(
-                "unknown PBKDF '{name}' (use argon2id, argon2i or pbkdf2)"
-            )));
-        }
-    }
     Ok(PbkdfOptions {
-        kind: args.pbkdf.clone(),
-        hash,
+        kind: args.pbkdf,
+        hash: args.hash,
         iter_time_ms: args.iter_time_ms()?,
         memory_kib: args.memory,
         parallel: args.parallel,
@@ -98,8 +89,8 @@ pub(crate) struct FormatArgs {
     #[command(flatten)]
     new: NewKeyArgs,
     /// luks2 (default) or luks1.
-    #[arg(long = "type", value_name = "TYPE", default_value = "luks2")]
-    luks_type: String,
+    #[arg(long = "type", value_name = "TYPE", default_value = "luks2", value_parser = parse_luks_version)]
+    luks_version: u8,
     #[command(flatten)]
     segment: CipherArgs,
     #[command(flatten)]
@@ -139,16 +130,17 @@ pub(crate) struct FormatArgs {
     batch: bool,
 }
 
+/// `--type luks2|luks1` (cryptsetup also takes `luks` for the default) as the LUKS version.
+fn parse_luks_version(name: &str) -> Result<u8, String> {
+    match name {
+        "luks2" | "luks" => Ok(2),
+        "luks1" => Ok(1),
+        other => Err(format!("unknown type '{other}' (use luks2 or luks1)")),
+    }
+}
+
 pub(crate) fn format(args: FormatArgs) -> Result<(), CliError> {
-    let version = match args.luks_type.as_str() {
-        "luks2" | "luks" => 2,
-        "luks1" => 1,
-        other => {
-            return Err(CliError::usage(format!(
-                "unknown --type '{other}' (use luks2 or luks1)"
-            )))
-        }
-    };
+    let version = args.luks_version;
     let data = open_rw(&args.device)?;
     if args.new.new_key_file.is_some() && args.key.key_file.is_some() {
         return Err(CliError::usage(

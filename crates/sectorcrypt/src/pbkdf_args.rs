@@ -3,7 +3,15 @@
 
 use std::path::PathBuf;
 
+use sectorcrypt_luks::hash::Hash;
+use sectorcrypt_luks::PbkdfChoice;
+
 use crate::exit::CliError;
+
+/// `--hash NAME`, checked once here.
+fn parse_hash(name: &str) -> Result<Hash, String> {
+    Hash::parse(name).map_err(|e| e.to_string())
+}
 
 /// `--cipher`, `--key-size`, `--sector-size`: the data segment of a new volume (`format`,
 /// `encrypt`).
@@ -26,7 +34,7 @@ pub(crate) struct CipherArgs {
 pub(crate) struct PbkdfArgs {
     /// PBKDF for new keyslots: argon2id (LUKS2 default), argon2i or pbkdf2 (LUKS1 always).
     #[arg(long, value_name = "NAME")]
-    pub pbkdf: Option<String>,
+    pub pbkdf: Option<PbkdfChoice>,
     /// Milliseconds the PBKDF should take when calibrated (cryptsetup's default 2000).
     #[arg(short = 'i', long = "iter-time", value_name = "MS")]
     pub iter_time: Option<u32>,
@@ -41,8 +49,8 @@ pub(crate) struct PbkdfArgs {
     pub force_iterations: Option<u32>,
     /// Hash for PBKDF2, the AF splitter and the digest (sha1, sha256, sha512). cryptsetup's `-h`
     /// is not offered: it is `--help` here.
-    #[arg(long, value_name = "NAME")]
-    pub hash: Option<String>,
+    #[arg(long, value_name = "NAME", value_parser = parse_hash)]
+    pub hash: Option<Hash>,
 }
 
 impl PbkdfArgs {

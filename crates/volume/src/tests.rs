@@ -236,7 +236,7 @@ fn opens_the_data_segment_of_a_luks2_header() {
         cipher: Some("aes-xts-plain64".into()),
         sector_size: Some(4096),
         pbkdf: PbkdfOptions {
-            kind: Some("pbkdf2".into()),
+            kind: Some(sectorcrypt_luks::PbkdfChoice::Pbkdf2),
             force_iterations: Some(1000),
             ..Default::default()
         },

@@ -33,7 +33,7 @@ pub(crate) fn fast_init() -> InitOptions {
 
 pub(crate) fn fast_pbkdf() -> PbkdfOptions {
     PbkdfOptions {
-        kind: Some("pbkdf2".into()),
+        kind: Some(sectorcrypt_luks::PbkdfChoice::Pbkdf2),
         force_iterations: Some(1000),
         ..Default::default()
     }
