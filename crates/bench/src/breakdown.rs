@@ -17,17 +17,29 @@ use serde::Serialize;
 /// Phase times for one request size and direction, in seconds.
 #[derive(Clone, Debug, Serialize)]
 pub struct BreakdownRow {
+    /// The cipher specification.
     pub cipher: String,
+    /// The whole key size in bits.
     pub key_bits: usize,
+    /// The backend that ran.
     pub backend: String,
+    /// `encrypt` or `decrypt`.
     pub op: &'static str,
+    /// Bytes processed in all.
     pub total_bytes: usize,
+    /// Bytes per request.
     pub request_size: usize,
+    /// Time of the staged path in all.
     pub total_s: f64,
+    /// Computing the tweaks (the sectors' IVs encrypted).
     pub tweak_s: f64,
+    /// The first XOR with the tweaks.
     pub xor1_s: f64,
+    /// The block cipher in ECB over the whole request.
     pub ecb_s: f64,
+    /// The second XOR with the tweaks.
     pub xor2_s: f64,
+    /// What is left: splitting, loops, bookkeeping.
     pub other_s: f64,
     /// The same data through the fused extended-request path.
     pub fused_s: f64,

@@ -10,8 +10,6 @@
 //! Numbers are medians over several timed slices after a warm-up, so one descheduled slice on a
 //! shared machine does not move them much. Cycles use the TSC rate ([`sectorcrypt_cipher::tsc`]).
 
-#![forbid(unsafe_code)]
-
 pub mod breakdown;
 pub mod speed;
 pub mod tcrypt;

@@ -32,14 +32,23 @@ pub struct SpeedCase {
 /// One measured line, the JSON object of CLI.md.
 #[derive(Clone, Debug, Serialize)]
 pub struct Measurement {
+    /// The cipher specification.
     pub cipher: String,
+    /// The whole key size in bits.
     pub key_bits: usize,
+    /// The encryption sector size.
     pub sector_size: usize,
+    /// Bytes per request (one extended request).
     pub request_size: usize,
+    /// Cipher threads.
     pub threads: usize,
+    /// `encrypt` or `decrypt`.
     pub op: &'static str,
+    /// The backend that ran.
     pub backend: String,
+    /// Throughput.
     pub bytes_per_sec: f64,
+    /// Time-stamp counter ticks per byte.
     pub cycles_per_byte: f64,
 }
 
@@ -51,7 +60,9 @@ pub enum SpeedError {
     Cipher(Error),
     /// The request size is not a positive multiple of the sector size.
     RequestSize {
+        /// The request size given.
         request_size: usize,
+        /// The sector size.
         sector_size: usize,
     },
 }

@@ -12,11 +12,17 @@ pub const OP_BYTES: usize = 4096;
 /// One line of the table.
 #[derive(Clone, Debug, Serialize)]
 pub struct TcryptRow {
+    /// The block cipher.
     pub cipher: &'static str,
+    /// The mode.
     pub mode: &'static str,
+    /// The key size in bits.
     pub key_bits: usize,
+    /// The backend that ran.
     pub backend: String,
+    /// Time-stamp counter ticks per encrypted block.
     pub encrypt_cycles: f64,
+    /// Time-stamp counter ticks per decrypted block.
     pub decrypt_cycles: f64,
 }
 

@@ -10,19 +10,37 @@ use crate::backend::{Algorithm, Backend};
 #[non_exhaustive]
 pub enum Error {
     /// The cipher specification is not of the form `CIPHER-MODE-IV` or names something unknown.
-    BadSpec { spec: String, reason: &'static str },
+    BadSpec {
+        /// The specification given.
+        spec: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// The key length does not fit the cipher and mode.
     KeySize {
+        /// The cipher specification.
         spec: String,
+        /// The key size given, in bits.
         bits: usize,
+        /// The sizes it takes.
         allowed: &'static str,
     },
     /// Sector sizes are 512, 1024, 2048 or 4096 bytes.
     SectorSize(usize),
     /// A buffer handed to a sector operation is not a whole number of sectors.
-    NotWholeSectors { len: usize, sector_size: usize },
+    NotWholeSectors {
+        /// The buffer's length.
+        len: usize,
+        /// The sector size.
+        sector_size: usize,
+    },
     /// A data unit shorter than one block (XTS) or not a whole number of blocks (CBC, ECB, CTR).
-    DataUnitLength { len: usize, mode: &'static str },
+    DataUnitLength {
+        /// The data unit's length.
+        len: usize,
+        /// The mode.
+        mode: &'static str,
+    },
     /// The sector number overflows the IV arithmetic.
     SectorOverflow,
     /// A backend name that does not exist.
@@ -31,7 +49,9 @@ pub enum Error {
     BackendUnavailable(Backend),
     /// The backend exists but does not implement this algorithm.
     BackendUnsupported {
+        /// The backend asked for.
         backend: Backend,
+        /// The algorithm it does not implement.
         algorithm: Algorithm,
     },
     /// The worker threads could not be started.

@@ -8,11 +8,16 @@ use std::fmt;
 pub enum Error {
     /// Reading or writing the device failed.
     Io {
+        /// The device's name.
         device: String,
+        /// What failed.
         source: std::io::Error,
     },
     /// The device has no LUKS header (wrong magic, or too small to hold one).
-    NotLuks { device: String },
+    NotLuks {
+        /// The device's name.
+        device: String,
+    },
     /// The header is LUKS but damaged or inconsistent; the text says what.
     Corrupt(String),
     /// A valid header uses something sectorcrypt does not implement; the text says what.

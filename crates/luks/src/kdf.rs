@@ -14,12 +14,21 @@ use crate::hash::Hash;
 #[non_exhaustive]
 pub enum Kdf {
     /// PBKDF2-HMAC.
-    Pbkdf2 { hash: Hash, iterations: u32 },
+    Pbkdf2 {
+        /// The HMAC hash.
+        hash: Hash,
+        /// The iteration count.
+        iterations: u32,
+    },
     /// Argon2 (`argon2i` or `argon2id`), version 0x13.
     Argon2 {
+        /// Argon2i or Argon2id.
         variant: Argon2Variant,
+        /// The time cost (passes).
         time: u32,
+        /// The memory cost in KiB.
         memory_kib: u32,
+        /// The lanes (threads).
         parallel: u32,
     },
 }

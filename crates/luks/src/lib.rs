@@ -6,8 +6,6 @@
 //! JSON metadata), [`luks1`], [`keyslot`] (area encryption shared by both), [`af`] (the
 //! anti-forensic splitter), [`kdf`] (PBKDF2, Argon2) and [`hash`].
 
-#![forbid(unsafe_code)]
-
 pub mod af;
 pub mod error;
 pub mod hash;

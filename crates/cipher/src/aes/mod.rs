@@ -11,10 +11,13 @@
 pub(crate) mod soft;
 
 #[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // AES-NI kernels
 pub(crate) mod ni;
 #[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // VAES + AVX-512 kernels
 pub(crate) mod vaes512;
 #[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // SSE loads and stores of round keys shared by both kernels
 mod x86;
 
 use crate::backend::Backend;

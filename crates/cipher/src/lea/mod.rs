@@ -9,8 +9,10 @@
 pub(crate) mod soft;
 
 #[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // AVX2 kernels
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // AVX-512 kernels
 pub(crate) mod avx512;
 
 use crate::backend::Backend;

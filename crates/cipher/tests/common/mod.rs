@@ -4,11 +4,11 @@
 
 use std::path::PathBuf;
 
-pub use sectorcrypt_testkit::python;
-pub use sectorcrypt_testkit::vectors::Record;
+pub(crate) use sectorcrypt_testkit::python;
+pub(crate) use sectorcrypt_testkit::vectors::Record;
 
 /// Every record of the vector file `file` in `tests/vectors/`; a missing file fails the test.
-pub fn load(file: &str) -> Vec<Record> {
+pub(crate) fn load(file: &str) -> Vec<Record> {
     sectorcrypt_testkit::vectors::load(
         &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("tests/vectors")
@@ -17,7 +17,7 @@ pub fn load(file: &str) -> Vec<Record> {
 }
 
 /// Where test peers (the Crypto++ helper) are built.
-pub fn scratch_dir() -> PathBuf {
+pub(crate) fn scratch_dir() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     std::fs::create_dir_all(&dir).unwrap();
     dir

@@ -17,7 +17,7 @@ const SLOTS_MAX: u32 = 32;
 const DIGESTS_MAX: u32 = 8;
 
 /// The binary-header values the dump shows.
-pub struct BinaryFields<'a> {
+pub(super) struct BinaryFields<'a> {
     pub version: u16,
     pub seqid: u64,
     pub uuid: &'a str,
@@ -103,7 +103,7 @@ fn entries(v: Option<&Value>) -> Vec<(&String, &Value)> {
 
 /// The dump. `meta` is the metadata as JSON; `order` gives the header order of what cryptsetup
 /// walks in header order rather than by number.
-pub fn dump_text(bin: &BinaryFields, meta: &Value, order: &Order) -> String {
+pub(super) fn dump_text(bin: &BinaryFields, meta: &Value, order: &Order) -> String {
     let mut s = String::new();
     let json_size = uint64(meta.pointer("/config/json_size"));
     let keyslots_size = uint64(meta.pointer("/config/keyslots_size"));
@@ -139,7 +139,7 @@ pub fn dump_text(bin: &BinaryFields, meta: &Value, order: &Order) -> String {
 }
 
 /// Header order of the numbered sections, which a `serde_json::Value` does not keep.
-pub struct Order {
+pub(super) struct Order {
     /// Digest numbers in header order.
     pub digests: Vec<u32>,
 }

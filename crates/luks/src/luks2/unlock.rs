@@ -14,9 +14,9 @@ use crate::Unlocked;
 
 /// AF stripes cryptsetup uses to open a `luks2` keyslot, whatever `af.stripes` says
 /// (`LUKS_STRIPES` in `luks2_keyslot_luks2.c`).
-pub const STRIPES: u32 = 4000;
+pub(super) const STRIPES: u32 = 4000;
 /// Bytes of every keyslot and digest salt cryptsetup opens (`LUKS_SALTSIZE`).
-pub const SALT_LEN: usize = 32;
+pub(super) const SALT_LEN: usize = 32;
 /// The shortest digest cryptsetup checks (`LUKS_DIGESTSIZE`, from SHA-1).
 const DIGEST_MIN: usize = 20;
 /// The largest volume or area key accepted: real ones are at most 64 bytes (512-bit XTS); the
@@ -28,7 +28,7 @@ const MAX_KEY_BYTES: u32 = 1024;
 const MAX_ARGON2_MEMORY_KIB: u32 = 4 * 1024 * 1024;
 
 /// Why one keyslot did not give the volume key.
-pub enum SlotFailure {
+pub(super) enum SlotFailure {
     /// The slot was not a candidate (cryptsetup's `-ENOENT`): the text says why.
     Unusable(String),
     /// The passphrase is not this slot's (`-EPERM`).
@@ -174,7 +174,7 @@ fn digest_ok(
 }
 
 /// Try keyslot `slot` for the data segment `segment`.
-pub fn open_slot(
+pub(super) fn open_slot(
     meta: &Metadata,
     dev: &dyn Storage,
     slot: u32,
@@ -231,7 +231,7 @@ pub fn open_slot(
 /// When none opens: the first hard failure (unsupported or damaged slot, I/O), since the
 /// passphrase could not be checked there; otherwise [`Error::WrongPassphrase`] if any slot was
 /// tried; otherwise "no usable keyslot" (cryptsetup's `-ENOENT`).
-pub fn unlock(
+pub(super) fn unlock(
     meta: &Metadata,
     dev: &dyn Storage,
     passphrase: &[u8],

@@ -41,9 +41,9 @@ use crate::Unlocked;
 /// Keyslot numbers LUKS2 allows (`LUKS2_KEYSLOTS_MAX`).
 pub const KEYSLOTS_MAX: usize = 32;
 /// cryptsetup's default header: both copies, keyslots area and alignment (`LUKS2_DEFAULT_HDR_SIZE`).
-pub const DEFAULT_HDR_AND_AREAS: u64 = 16 << 20;
+pub(crate) const DEFAULT_HDR_AND_AREAS: u64 = 16 << 20;
 /// The largest keyslots area cryptsetup allocates (`LUKS2_MAX_KEYSLOTS_SIZE`).
-pub const MAX_KEYSLOTS_SIZE: u64 = 128 << 20;
+pub(crate) const MAX_KEYSLOTS_SIZE: u64 = 128 << 20;
 /// The data offset is aligned to this unless the device says otherwise (`DEFAULT_DISK_ALIGNMENT`).
 const DATA_ALIGNMENT: u64 = 1 << 20;
 /// Bytes of the keyslot and digest salts (`LUKS_SALTSIZE`).

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// An empty folder for `test` of test file `group`.
-pub fn scratch(group: &str, test: &str) -> PathBuf {
+pub(crate) fn scratch(group: &str, test: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(group)
         .join(test);
@@ -17,13 +17,13 @@ pub fn scratch(group: &str, test: &str) -> PathBuf {
 }
 
 /// Run `cmd`; a tool that cannot start is a test failure, its exit status is the caller's.
-pub fn output(cmd: &mut Command) -> Output {
+pub(crate) fn output(cmd: &mut Command) -> Output {
     cmd.output()
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (run scripts/install-test-deps.sh)"))
 }
 
 /// Run `cmd`; a tool that cannot start or fails is a test failure.
-pub fn run(cmd: &mut Command) -> Output {
+pub(crate) fn run(cmd: &mut Command) -> Output {
     let out = output(cmd);
     assert!(
         out.status.success(),
@@ -36,14 +36,14 @@ pub fn run(cmd: &mut Command) -> Output {
 }
 
 /// Write `passphrase` to a key file in `dir` (cryptsetup reads the whole file, no newline).
-pub fn key_file(dir: &Path, name: &str, passphrase: &[u8]) -> PathBuf {
+pub(crate) fn key_file(dir: &Path, name: &str, passphrase: &[u8]) -> PathBuf {
     let path = dir.join(name);
     fs::write(&path, passphrase).unwrap();
     path
 }
 
 /// The volume key `cryptsetup luksDump --dump-volume-key` reports (`extra`: e.g. `--header`).
-pub fn cryptsetup_volume_key(file: &Path, key: &Path, extra: &[&str]) -> Vec<u8> {
+pub(crate) fn cryptsetup_volume_key(file: &Path, key: &Path, extra: &[&str]) -> Vec<u8> {
     let out = run(Command::new("cryptsetup")
         .args(["luksDump", "--dump-volume-key", "-q", "--key-file"])
         .arg(key)
@@ -65,7 +65,7 @@ pub fn cryptsetup_volume_key(file: &Path, key: &Path, extra: &[&str]) -> Vec<u8>
 
 /// `cryptsetup luksDump` output without its first two lines (`LUKS header information for
 /// DEVICE` and an empty line), which `luks1::Header::dump_text` leaves to the caller.
-pub fn cryptsetup_dump(file: &Path) -> String {
+pub(crate) fn cryptsetup_dump(file: &Path) -> String {
     let out = run(Command::new("cryptsetup").arg("luksDump").arg(file));
     let text = String::from_utf8(out.stdout).unwrap();
     let heading = format!("LUKS header information for {}\n\n", file.display());

@@ -11,7 +11,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// A fresh directory for one test under the target's temporary directory.
-pub fn scratch(name: &str) -> PathBuf {
+pub(crate) fn scratch(name: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("luks2-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -19,7 +19,7 @@ pub fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-pub fn path(p: &Path) -> &str {
+pub(crate) fn path(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
@@ -30,12 +30,12 @@ fn run(cmd: &mut Command) -> Output {
 }
 
 /// Run cryptsetup; passphrases only ever reach it through key files.
-pub fn cryptsetup(args: &[&str]) -> Output {
+pub(crate) fn cryptsetup(args: &[&str]) -> Output {
     run(Command::new("cryptsetup").args(args))
 }
 
 /// Run cryptsetup and insist that it succeeds; its stdout.
-pub fn cryptsetup_ok(args: &[&str]) -> String {
+pub(crate) fn cryptsetup_ok(args: &[&str]) -> String {
     let out = cryptsetup(args);
     assert!(
         out.status.success(),
@@ -46,14 +46,14 @@ pub fn cryptsetup_ok(args: &[&str]) -> String {
 }
 
 /// Write a key file holding `passphrase`.
-pub fn key_file(dir: &Path, name: &str, passphrase: &str) -> PathBuf {
+pub(crate) fn key_file(dir: &Path, name: &str, passphrase: &str) -> PathBuf {
     let p = dir.join(format!("{name}.key"));
     std::fs::write(&p, passphrase).unwrap();
     p
 }
 
 /// A sparse image of `size` bytes formatted as LUKS2 by cryptsetup with `extra` options.
-pub fn format(dir: &Path, name: &str, key: &Path, size: u64, extra: &[&str]) -> PathBuf {
+pub(crate) fn format(dir: &Path, name: &str, key: &Path, size: u64, extra: &[&str]) -> PathBuf {
     let img = dir.join(format!("{name}.img"));
     let f = std::fs::File::create(&img).unwrap();
     f.set_len(size).unwrap();
@@ -73,8 +73,8 @@ pub fn format(dir: &Path, name: &str, key: &Path, size: u64, extra: &[&str]) -> 
 }
 
 /// Fast KDF options for formats and added keys.
-pub const FAST_PBKDF2: &[&str] = &["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
-pub const FAST_ARGON2ID: &[&str] = &[
+pub(crate) const FAST_PBKDF2: &[&str] = &["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+pub(crate) const FAST_ARGON2ID: &[&str] = &[
     "--pbkdf",
     "argon2id",
     "--pbkdf-force-iterations",
@@ -82,7 +82,7 @@ pub const FAST_ARGON2ID: &[&str] = &[
     "--pbkdf-memory",
     "32",
 ];
-pub const FAST_ARGON2I: &[&str] = &[
+pub(crate) const FAST_ARGON2I: &[&str] = &[
     "--pbkdf",
     "argon2i",
     "--pbkdf-force-iterations",
@@ -92,7 +92,7 @@ pub const FAST_ARGON2I: &[&str] = &[
 ];
 
 /// Add a key with `cryptsetup luksAddKey`, unlocking with `old`.
-pub fn add_key(img: &Path, old: &Path, new: &Path, extra: &[&str]) {
+pub(crate) fn add_key(img: &Path, old: &Path, new: &Path, extra: &[&str]) {
     let mut args = vec![
         "luksAddKey",
         "-q",
@@ -107,7 +107,7 @@ pub fn add_key(img: &Path, old: &Path, new: &Path, extra: &[&str]) {
 }
 
 /// The volume key as `cryptsetup luksDump --dump-volume-key` prints it ("MK dump" lines).
-pub fn cryptsetup_volume_key(img: &Path, key: &Path) -> Vec<u8> {
+pub(crate) fn cryptsetup_volume_key(img: &Path, key: &Path) -> Vec<u8> {
     let text = cryptsetup_ok(&[
         "luksDump",
         "--dump-volume-key",
@@ -126,7 +126,7 @@ pub fn cryptsetup_volume_key(img: &Path, key: &Path) -> Vec<u8> {
 
 /// The keyslot `cryptsetup open --test-passphrase` opens with `key` ("Key slot N unlocked."),
 /// or None if it refuses.
-pub fn cryptsetup_slot(img: &Path, key: &Path, slot: Option<usize>) -> Option<usize> {
+pub(crate) fn cryptsetup_slot(img: &Path, key: &Path, slot: Option<usize>) -> Option<usize> {
     let slot_text = slot.map(|s| s.to_string());
     let mut args = vec!["open", "--test-passphrase", "-v", "--key-file", path(key)];
     if let Some(s) = &slot_text {
@@ -155,7 +155,7 @@ pub fn cryptsetup_slot(img: &Path, key: &Path, slot: Option<usize>) -> Option<us
 
 /// Whether `cryptsetup luksDump` accepts `bytes` as a header, and what it prints. It runs on a
 /// copy, because cryptsetup repairs a damaged copy in place as it reads.
-pub fn cryptsetup_dump(dir: &Path, bytes: &[u8]) -> Option<String> {
+pub(crate) fn cryptsetup_dump(dir: &Path, bytes: &[u8]) -> Option<String> {
     let copy = dir.join("cryptsetup-view.img");
     std::fs::write(&copy, bytes).unwrap();
     let out = cryptsetup(&["luksDump", path(&copy)]);
@@ -166,13 +166,13 @@ pub fn cryptsetup_dump(dir: &Path, bytes: &[u8]) -> Option<String> {
 }
 
 /// `hdr_size` of the primary binary header.
-pub fn hdr_size(bytes: &[u8]) -> usize {
+pub(crate) fn hdr_size(bytes: &[u8]) -> usize {
     u64::from_be_bytes(bytes[8..16].try_into().unwrap()) as usize
 }
 
 /// Recompute the SHA-256 checksum of the copy at `offset`: the binary header with its checksum
 /// field zeroed, then the JSON area.
-pub fn reseal(bytes: &mut [u8], offset: usize) {
+pub(crate) fn reseal(bytes: &mut [u8], offset: usize) {
     let size = u64::from_be_bytes(bytes[offset + 8..offset + 16].try_into().unwrap()) as usize;
     bytes[offset + 448..offset + 512].fill(0);
     let sum = Sha256::digest(&bytes[offset..offset + size]);
@@ -180,7 +180,7 @@ pub fn reseal(bytes: &mut [u8], offset: usize) {
 }
 
 /// The JSON metadata of the copy at `offset`.
-pub fn json_at(bytes: &[u8], offset: usize) -> Value {
+pub(crate) fn json_at(bytes: &[u8], offset: usize) -> Value {
     let size = hdr_size(&bytes[offset..]);
     let area = &bytes[offset + 4096..offset + size];
     let end = area.iter().position(|&b| b == 0).unwrap();
@@ -189,7 +189,7 @@ pub fn json_at(bytes: &[u8], offset: usize) -> Value {
 
 /// Store raw JSON text in the copy at `offset` (zero-filling the rest of the area, which must
 /// have room) and reseal it.
-pub fn put_json_text(bytes: &mut [u8], offset: usize, text: &[u8]) {
+pub(crate) fn put_json_text(bytes: &mut [u8], offset: usize, text: &[u8]) {
     let size = hdr_size(&bytes[offset..]);
     let area = &mut bytes[offset + 4096..offset + size];
     area.fill(0);
@@ -198,7 +198,7 @@ pub fn put_json_text(bytes: &mut [u8], offset: usize, text: &[u8]) {
 }
 
 /// Apply `edit` to the JSON metadata of both copies, store it back compactly and reseal both.
-pub fn edit_json(bytes: &mut [u8], edit: impl Fn(&mut Value)) {
+pub(crate) fn edit_json(bytes: &mut [u8], edit: impl Fn(&mut Value)) {
     let size = hdr_size(bytes);
     for offset in [0, size] {
         let mut v = json_at(bytes, offset);
