@@ -29,6 +29,9 @@ pub enum Error {
     NoUsableKeyslot(String),
     /// The cipher layer refused a keyslot or segment parameter.
     Cipher(sectorcrypt_cipher::Error),
+    /// A digest over metadata does not verify with the right keys: the metadata was changed by
+    /// someone without them (the reencryption digest of CVE-2021-4122). The text says which.
+    DigestMismatch(String),
 }
 
 impl fmt::Display for Error {
@@ -41,6 +44,10 @@ impl fmt::Display for Error {
             Error::WrongPassphrase => f.write_str("no key available with this passphrase"),
             Error::NoUsableKeyslot(why) => write!(f, "no usable keyslot is available ({why})"),
             Error::Cipher(e) => write!(f, "{e}"),
+            Error::DigestMismatch(what) => write!(
+                f,
+                "{what} does not verify: the metadata was changed without the keys"
+            ),
         }
     }
 }

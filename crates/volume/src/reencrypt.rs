@@ -221,9 +221,9 @@ pub fn run(
     // The digest binds the keyslot and backup segments to the keys: metadata edited by someone
     // without them must not steer what is written.
     if !reencrypt::verify_reencrypt_digest(&header, old, new).map_err(luks)? {
-        return Err(Error::Unsupported(
-            "the reencryption metadata is invalid (its digest does not verify)".into(),
-        ));
+        return Err(luks(sectorcrypt_luks::Error::DigestMismatch(
+            "the reencryption digest".into(),
+        )));
     }
     let block = checksums.as_ref().map(|c| c.block);
     // What a hotzone goes through: decrypt with the old layout's key, encrypt with the new one's.

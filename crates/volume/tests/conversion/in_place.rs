@@ -718,3 +718,38 @@ fn a_forgotten_directory_sync_is_caught() {
         "{losses:?}"
     );
 }
+
+/// Reencryption metadata changed without the keys (here the resilience's hash) is refused with
+/// a digest mismatch before anything is written.
+#[test]
+fn metadata_changed_without_the_keys_is_refused() {
+    use sectorcrypt_luks::luks2::metadata::Keyslot;
+    let data_len = 1u64 << 20;
+    let hdr = MemStorage::new(vec![0; HEADER_LEN as usize]);
+    init_detached(&hdr, data_len, 4096);
+    let h = Luks2Header::read(&hdr).unwrap();
+    let mut md = h.metadata().clone();
+    let tampered = md.keyslots.0.iter_mut().any(|(_, k)| match k {
+        Keyslot::Other(v) if v["type"] == "reencrypt" => {
+            v["area"]["hash"] = "sha1".into();
+            true
+        }
+        _ => false,
+    });
+    assert!(tampered, "no reencrypt keyslot to change");
+    reencrypt::write_metadata(&hdr, &h, &md).unwrap();
+    let data = MemStorage::new(pattern(data_len as usize, 3));
+    let before = (hdr.contents(), data.contents());
+    let out = run(&hdr, &data, PASS, &Options::default(), &mut |_| true);
+    assert!(
+        matches!(
+            out,
+            Err(Error::Luks(sectorcrypt_luks::Error::DigestMismatch(_)))
+        ),
+        "{out:?}"
+    );
+    assert!(
+        (hdr.contents(), data.contents()) == before,
+        "a refused run wrote"
+    );
+}
