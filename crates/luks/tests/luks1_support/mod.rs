@@ -18,21 +18,13 @@ pub(crate) fn scratch(group: &str, test: &str) -> PathBuf {
 
 /// Run `cmd`; a tool that cannot start is a test failure, its exit status is the caller's.
 pub(crate) fn output(cmd: &mut Command) -> Output {
-    cmd.output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (run scripts/install-test-deps.sh)"))
+    sectorcrypt_testkit::output(cmd)
 }
 
 /// Run `cmd`; a tool that cannot start or fails is a test failure.
 pub(crate) fn run(cmd: &mut Command) -> Output {
-    let out = output(cmd);
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    let what = format!("{cmd:?}");
+    sectorcrypt_testkit::ok(output(cmd), &what)
 }
 
 /// Write `passphrase` to a key file in `dir` (cryptsetup reads the whole file, no newline).

@@ -60,20 +60,9 @@ impl Drop for Scratch {
     }
 }
 
-/// `len` reproducible pseudo-random bytes (splitmix64).
+/// `len` reproducible pseudo-random bytes.
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = x;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        v.extend_from_slice(&z.to_le_bytes());
-    }
-    v.truncate(len);
-    v
+    sectorcrypt_testkit::pattern(len, seed)
 }
 
 /// Assert two byte strings are equal without printing megabytes: say where they first differ.
