@@ -29,6 +29,55 @@ pub struct SpeedCase {
     pub backend: BackendChoice,
 }
 
+/// Rows of the default table (cryptsetup benchmark's shape, with LEA and cipher_null added).
+pub const DEFAULT_TABLE: [(&str, usize); 9] = [
+    ("aes-cbc-essiv:sha256", 128),
+    ("aes-cbc-essiv:sha256", 256),
+    ("aes-xts-plain64", 256),
+    ("aes-xts-plain64", 512),
+    ("lea-cbc-essiv:sha256", 128),
+    ("lea-cbc-essiv:sha256", 256),
+    ("lea-xts-plain64", 256),
+    ("lea-xts-plain64", 512),
+    ("cipher_null-ecb", 0),
+];
+
+/// The (cipher, key bits) cases to measure: the default table when neither is given; else each
+/// of `ciphers` (default aes-xts-plain64) with each of `key_sizes` (default the cipher's).
+///
+/// Errors: a cipher that does not parse, or a key size it does not take.
+pub fn cases(ciphers: &[String], key_sizes: &[usize]) -> Result<Vec<(CipherSpec, usize)>, String> {
+    if ciphers.is_empty() && key_sizes.is_empty() {
+        return Ok(DEFAULT_TABLE
+            .iter()
+            .map(|&(spec, bits)| (CipherSpec::parse(spec).expect("built-in spec"), bits))
+            .collect());
+    }
+    let default = ["aes-xts-plain64".to_string()];
+    let ciphers = if ciphers.is_empty() {
+        &default[..]
+    } else {
+        ciphers
+    };
+    let mut out = Vec::new();
+    for c in ciphers {
+        let spec = CipherSpec::parse(c).map_err(|e| e.to_string())?;
+        let sizes = if key_sizes.is_empty() {
+            vec![spec.default_key_bits()]
+        } else {
+            key_sizes.to_vec()
+        };
+        for bits in sizes {
+            if bits % 8 != 0 {
+                return Err(format!("key size {bits} is not a whole number of bytes"));
+            }
+            spec.check_key_len(bits / 8).map_err(|e| e.to_string())?;
+            out.push((spec, bits));
+        }
+    }
+    Ok(out)
+}
+
 /// One measured line, the JSON object of CLI.md.
 #[derive(Clone, Debug, Serialize)]
 pub struct Measurement {
@@ -169,4 +218,30 @@ fn run_for(cipher: &SectorCipher, request_size: usize, dir: Direction, slice: Du
     }
     // Scale to the nominal slice so that the overshoot of the last batch is not counted as free.
     (bytes as f64 * slice.as_secs_f64() / start.elapsed().as_secs_f64()) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cases_follow_the_defaults_and_refuse_bad_sizes() {
+        assert_eq!(cases(&[], &[]).unwrap().len(), DEFAULT_TABLE.len());
+        let one = cases(&[], &[256]).unwrap();
+        assert_eq!(one.len(), 1);
+        assert_eq!(
+            (one[0].0.to_string(), one[0].1),
+            ("aes-xts-plain64".into(), 256)
+        );
+        let lea = cases(&["lea-xts-plain64".into()], &[]).unwrap();
+        assert_eq!(lea[0].1, 512, "the cipher's default key size");
+        assert!(cases(&[], &[100]).is_err(), "not whole bytes");
+        assert!(cases(&[], &[128]).is_err(), "XTS needs two keys");
+        assert!(cases(&["twofish-xts-plain64".into()], &[]).is_err());
+        assert_eq!(
+            crate::tcrypt::algorithms(&["lea-cbc-essiv:sha256".into(), "lea".into()]).unwrap(),
+            vec![sectorcrypt_cipher::Algorithm::Lea]
+        );
+        assert!(crate::tcrypt::algorithms(&["cipher_null-ecb".into()]).is_err());
+    }
 }

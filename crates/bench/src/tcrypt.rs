@@ -44,6 +44,31 @@ fn cycles(mut op: impl FnMut()) -> f64 {
     crate::median(samples)
 }
 
+/// The block ciphers named by `ciphers` (`aes-...`, `lea-...`), each once; both when empty.
+///
+/// Errors: a cipher this table does not cover.
+pub fn algorithms(ciphers: &[String]) -> Result<Vec<Algorithm>, String> {
+    if ciphers.is_empty() {
+        return Ok(vec![Algorithm::Aes, Algorithm::Lea]);
+    }
+    let mut algs = Vec::new();
+    for c in ciphers {
+        let alg = match c.split('-').next().unwrap_or("") {
+            "aes" => Algorithm::Aes,
+            "lea" => Algorithm::Lea,
+            _ => {
+                return Err(format!(
+                    "cipher '{c}' cannot be benchmarked this way (use aes or lea)"
+                ))
+            }
+        };
+        if !algs.contains(&alg) {
+            algs.push(alg);
+        }
+    }
+    Ok(algs)
+}
+
 /// Measure every mode and key size of `alg`.
 pub fn measure(alg: Algorithm, backend: BackendChoice) -> Result<Vec<TcryptRow>, Error> {
     let mut rows = Vec::new();

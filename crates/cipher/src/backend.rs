@@ -139,6 +139,19 @@ pub enum BackendChoice {
 }
 
 impl BackendChoice {
+    /// The variable that forces a backend when no argument does (tests and benchmarks use it to
+    /// run the portable code on any CPU; it holds no secret).
+    pub const ENV: &'static str = "SECTORCRYPT_BACKEND";
+
+    /// `arg` (a `--backend` value) if given, else `$SECTORCRYPT_BACKEND`, else [`Self::Auto`].
+    pub fn from_arg_or_env(arg: Option<&str>) -> Result<Self, Error> {
+        let from_env = std::env::var(Self::ENV).ok();
+        match arg.or(from_env.as_deref()) {
+            None => Ok(BackendChoice::Auto),
+            Some(s) => BackendChoice::parse(s),
+        }
+    }
+
     /// Parse `auto`, `portable` or a backend name.
     pub fn parse(s: &str) -> Result<Self, Error> {
         match s {

@@ -4,8 +4,7 @@
 use std::io::Write;
 
 use sectorcrypt_bench::{breakdown, speed, tcrypt};
-use sectorcrypt_cipher::spec::CipherSpec;
-use sectorcrypt_cipher::{Algorithm, BackendChoice, Direction};
+use sectorcrypt_cipher::{BackendChoice, Direction};
 
 use crate::exit::CliError;
 
@@ -44,49 +43,9 @@ pub(crate) struct Args {
     backend: Option<String>,
 }
 
-/// Rows of the default table (cryptsetup benchmark's shape, with LEA and cipher_null added).
-const DEFAULT_TABLE: [(&str, usize); 9] = [
-    ("aes-cbc-essiv:sha256", 128),
-    ("aes-cbc-essiv:sha256", 256),
-    ("aes-xts-plain64", 256),
-    ("aes-xts-plain64", 512),
-    ("lea-cbc-essiv:sha256", 128),
-    ("lea-cbc-essiv:sha256", 256),
-    ("lea-xts-plain64", 256),
-    ("lea-xts-plain64", 512),
-    ("cipher_null-ecb", 0),
-];
-
 /// `--backend NAME`, else `$SECTORCRYPT_BACKEND`, else auto.
 pub(crate) fn backend_choice(arg: Option<&str>) -> Result<BackendChoice, CliError> {
-    let from_env = std::env::var("SECTORCRYPT_BACKEND").ok();
-    match arg.or(from_env.as_deref()) {
-        None => Ok(BackendChoice::Auto),
-        Some(s) => BackendChoice::parse(s).map_err(CliError::usage),
-    }
-}
-
-fn algorithms(ciphers: &[String]) -> Result<Vec<Algorithm>, CliError> {
-    if ciphers.is_empty() {
-        return Ok(vec![Algorithm::Aes, Algorithm::Lea]);
-    }
-    let mut algs = Vec::new();
-    for c in ciphers {
-        let name = c.split('-').next().unwrap_or("");
-        let alg = match name {
-            "aes" => Algorithm::Aes,
-            "lea" => Algorithm::Lea,
-            _ => {
-                return Err(CliError::usage(format!(
-                    "cipher '{c}' cannot be benchmarked this way (use aes or lea)"
-                )))
-            }
-        };
-        if !algs.contains(&alg) {
-            algs.push(alg);
-        }
-    }
-    Ok(algs)
+    BackendChoice::from_arg_or_env(arg).map_err(CliError::usage)
 }
 
 pub(crate) fn run(args: Args) -> Result<(), CliError> {
@@ -105,7 +64,7 @@ pub(crate) fn run(args: Args) -> Result<(), CliError> {
         return run_breakdown(&args, backend, &mut emit);
     }
     if args.tcrypt {
-        for alg in algorithms(&args.ciphers)? {
+        for alg in tcrypt::algorithms(&args.ciphers).map_err(CliError::usage)? {
             let rows = tcrypt::measure(alg, backend).map_err(CliError::usage)?;
             if args.json {
                 for r in rows {
@@ -125,35 +84,7 @@ fn run_speed(
     backend: BackendChoice,
     emit: &mut impl FnMut(String) -> Result<(), CliError>,
 ) -> Result<(), CliError> {
-    let mut cases: Vec<(CipherSpec, usize)> = Vec::new();
-    if args.ciphers.is_empty() && args.key_sizes.is_empty() {
-        for (spec, bits) in DEFAULT_TABLE {
-            cases.push((CipherSpec::parse(spec).expect("built-in spec"), bits));
-        }
-    } else {
-        let ciphers = if args.ciphers.is_empty() {
-            vec!["aes-xts-plain64".to_string()]
-        } else {
-            args.ciphers.clone()
-        };
-        for c in &ciphers {
-            let spec = CipherSpec::parse(c).map_err(CliError::usage)?;
-            let sizes = if args.key_sizes.is_empty() {
-                vec![spec.default_key_bits()]
-            } else {
-                args.key_sizes.clone()
-            };
-            for bits in sizes {
-                if bits % 8 != 0 {
-                    return Err(CliError::usage(format!(
-                        "key size {bits} is not a whole number of bytes"
-                    )));
-                }
-                spec.check_key_len(bits / 8).map_err(CliError::usage)?;
-                cases.push((spec, bits));
-            }
-        }
-    }
+    let cases = speed::cases(&args.ciphers, &args.key_sizes).map_err(CliError::usage)?;
     let sector_sizes = if args.sector_sizes.is_empty() {
         vec![512]
     } else {
@@ -220,7 +151,7 @@ fn run_breakdown(
     backend: BackendChoice,
     emit: &mut impl FnMut(String) -> Result<(), CliError>,
 ) -> Result<(), CliError> {
-    let algs = algorithms(&args.ciphers)?;
+    let algs = tcrypt::algorithms(&args.ciphers).map_err(CliError::usage)?;
     let key_bits = args.key_sizes.first().copied().unwrap_or(512);
     if !matches!(key_bits, 256 | 384 | 512) {
         return Err(CliError::usage(format!(
