@@ -25,7 +25,9 @@ mod lea;
 pub mod modes;
 pub mod sector;
 pub mod spec;
+#[cfg(feature = "bench")]
 pub mod staged;
+#[cfg(feature = "bench")]
 #[allow(unsafe_code)] // rdtsc
 pub mod tsc;
 
