@@ -9,12 +9,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use serde_json::Value;
 
+use super::limits::{DIGESTS_MAX, KEYSLOTS_MAX};
 use super::validate::str_to_u64;
-
-/// How many keyslots, tokens and segments cryptsetup looks at when dumping (`LUKS2_KEYSLOTS_MAX`,
-/// `LUKS2_TOKENS_MAX`, `LUKS2_SEGMENT_MAX`), and digests (`LUKS2_DIGEST_MAX`).
-const SLOTS_MAX: u32 = 32;
-const DIGESTS_MAX: u32 = 8;
 
 /// The binary-header values the dump shows.
 pub(super) struct BinaryFields<'a> {
@@ -169,7 +165,7 @@ fn dump_config(s: &mut String, meta: &Value) {
 fn dump_segments(s: &mut String, meta: &Value) {
     s.push_str("Data segments:\n");
     let segments = meta.get("segments");
-    for i in 0..SLOTS_MAX {
+    for i in 0..KEYSLOTS_MAX as u32 {
         let Some(seg) = segments.and_then(|v| v.get(i.to_string())) else {
             continue;
         };
@@ -238,7 +234,7 @@ fn priority(slot: &Value) -> &'static str {
 fn dump_keyslots(s: &mut String, meta: &Value, order: &Order) {
     s.push_str("Keyslots:\n");
     let keyslots = meta.get("keyslots");
-    for j in 0..SLOTS_MAX {
+    for j in 0..KEYSLOTS_MAX as u32 {
         let Some(slot) = keyslots.and_then(|v| v.get(j.to_string())) else {
             continue;
         };
@@ -341,7 +337,7 @@ fn dump_reencrypt_keyslot(s: &mut String, slot: &Value) {
 fn dump_tokens(s: &mut String, meta: &Value) {
     s.push_str("Tokens:\n");
     let tokens = meta.get("tokens");
-    for j in 0..SLOTS_MAX {
+    for j in 0..KEYSLOTS_MAX as u32 {
         let Some(token) = tokens.and_then(|v| v.get(j.to_string())) else {
             continue;
         };

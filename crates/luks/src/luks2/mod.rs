@@ -16,6 +16,7 @@
 mod backup;
 pub mod binary;
 mod dump;
+pub mod limits;
 pub mod metadata;
 pub mod reencrypt;
 mod unlock;
@@ -23,9 +24,8 @@ pub mod validate;
 pub(crate) mod write;
 
 pub use backup::RestorePlan;
-pub use write::{
-    format, keyslot_area_size, random_bytes, FormatParams, Pbkdf, PbkdfKind, KEYSLOTS_MAX,
-};
+pub use limits::KEYSLOTS_MAX;
+pub use write::{format, keyslot_area_size, random_bytes, FormatParams, Pbkdf, PbkdfKind};
 
 use sectorcrypt_storage::Storage;
 use serde_json::{json, Value};

@@ -2,6 +2,7 @@
 //! `LUKS2_keyslot_open`): derive the area key with the keyslot's KDF, decrypt the area, merge the
 //! AF stripes, and accept the result only if the keyslot's digest matches it.
 
+use super::limits::{KDF_SALT_LEN, STRIPES};
 use sectorcrypt_storage::Storage;
 use zeroize::Zeroizing;
 
@@ -12,11 +13,6 @@ use crate::kdf::Kdf;
 use crate::keyslot::{digest_matches, KeyslotArea};
 use crate::Unlocked;
 
-/// AF stripes cryptsetup uses to open a `luks2` keyslot, whatever `af.stripes` says
-/// (`LUKS_STRIPES` in `luks2_keyslot_luks2.c`).
-pub(super) const STRIPES: u32 = 4000;
-/// Bytes of every keyslot and digest salt cryptsetup opens (`LUKS_SALTSIZE`).
-pub(super) const SALT_LEN: usize = 32;
 /// The shortest digest cryptsetup checks (`LUKS_DIGESTSIZE`, from SHA-1).
 const DIGEST_MIN: usize = 20;
 /// The largest volume or area key accepted: real ones are at most 64 bytes (512-bit XTS); the
@@ -88,11 +84,11 @@ fn kdf(k: &Luks2Keyslot, slot: u32) -> Result<(Kdf, &[u8]), SlotFailure> {
         },
     };
     let salt = k.kdf.salt();
-    if salt.len() != SALT_LEN {
+    if salt.len() != KDF_SALT_LEN {
         return Err(slot_corrupt(
             slot,
             format!(
-                "the KDF salt has {} bytes instead of {SALT_LEN}",
+                "the KDF salt has {} bytes instead of {KDF_SALT_LEN}",
                 salt.len()
             ),
         ));
@@ -154,9 +150,9 @@ fn digest_ok(
     };
     let h = hash(&d.hash, slot, "digest")?;
     let what = |s: String| SlotFailure::Failed(Error::Corrupt(format!("digest {number}: {s}")));
-    if d.salt.len() != SALT_LEN {
+    if d.salt.len() != KDF_SALT_LEN {
         return Err(what(format!(
-            "the salt has {} bytes instead of {SALT_LEN}",
+            "the salt has {} bytes instead of {KDF_SALT_LEN}",
             d.salt.len()
         )));
     }

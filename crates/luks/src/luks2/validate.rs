@@ -7,12 +7,10 @@
 //! only what it needs and keeps everything else: unknown keyslot, segment and digest types and
 //! unknown fields are valid, so the typed model (`metadata`) is built after this has passed.
 
+use super::limits::KEYSLOTS_SIZE_MAX;
 use serde_json::{Map, Value};
 
 use super::binary::{BIN_LEN, HDR_SIZES};
-
-/// Bytes of the keyslots area may not exceed this (`LUKS2_MAX_KEYSLOTS_SIZE`, 128 MiB).
-pub const KEYSLOTS_SIZE_MAX: u64 = 0x800_0000;
 
 /// Extract the JSON metadata from a copy's JSON area: it must start with `{`, be one JSON object,
 /// and be followed only by NUL bytes up to the end of the area, at least one of them

@@ -25,11 +25,14 @@ use super::binary::{
     BinaryHeader, HeaderCopy, BIN_LEN, HDR_SIZES, LABEL_LEN, MAGIC_PRIMARY, MAGIC_SECONDARY,
     SALT_LEN,
 };
+use super::limits::{
+    DATA_ALIGNMENT, DEFAULT_HDR_AND_AREAS, DIGESTS_MAX, DIGEST_ITER_TIME_MS, KDF_SALT_LEN,
+    KEYSLOTS_MAX, KEYSLOTS_SIZE_MAX, STRIPES,
+};
 use super::metadata::{
     Af, Area, Config, CryptSegment, Digest, Keyslot, KeyslotKdf, Luks2Keyslot, Metadata, Numbered,
     Pbkdf2Digest, SegmentEntry,
 };
-use super::unlock::STRIPES;
 use super::validate::str_to_u64;
 use super::Header;
 use crate::error::Error;
@@ -38,18 +41,6 @@ use crate::kdf::{self, Argon2Variant, Kdf};
 use crate::keyslot::{digest_matches, KeyslotArea};
 use crate::Unlocked;
 
-/// Keyslot numbers LUKS2 allows (`LUKS2_KEYSLOTS_MAX`).
-pub const KEYSLOTS_MAX: usize = 32;
-/// cryptsetup's default header: both copies, keyslots area and alignment (`LUKS2_DEFAULT_HDR_SIZE`).
-pub(crate) const DEFAULT_HDR_AND_AREAS: u64 = 16 << 20;
-/// The largest keyslots area cryptsetup allocates (`LUKS2_MAX_KEYSLOTS_SIZE`).
-pub(crate) const MAX_KEYSLOTS_SIZE: u64 = 128 << 20;
-/// The data offset is aligned to this unless the device says otherwise (`DEFAULT_DISK_ALIGNMENT`).
-const DATA_ALIGNMENT: u64 = 1 << 20;
-/// Bytes of the keyslot and digest salts (`LUKS_SALTSIZE`).
-const KDF_SALT_LEN: usize = 32;
-/// PBKDF2 time cryptsetup spends on the volume-key digest (`LUKS_MKD_ITERATIONS_MS`).
-const DIGEST_ITER_TIME_MS: u32 = 125;
 /// Wipes go in blocks of this size, like cryptsetup's.
 const WIPE_BLOCK: u64 = 1 << 20;
 
@@ -618,7 +609,7 @@ pub fn format(
         }
     }
     let keyslots_size = match params.keyslots_size {
-        Some(k) if !k.is_multiple_of(4096) || k == 0 || k > MAX_KEYSLOTS_SIZE => {
+        Some(k) if !k.is_multiple_of(4096) || k == 0 || k > KEYSLOTS_SIZE_MAX => {
             return Err(Error::Unsupported(format!(
                 "a keyslots area of {k} bytes (a multiple of 4 KiB up to 128 MiB)"
             )))
@@ -987,7 +978,7 @@ impl Header {
         };
         let salt = random_bytes(KDF_SALT_LEN);
         let digest = Kdf::Pbkdf2 { hash, iterations }.derive(new_vk, &salt, hash.digest_len())?;
-        let number = (0..8u32)
+        let number = (0..DIGESTS_MAX)
             .find(|n| self.metadata.digests.get(*n).is_none())
             .ok_or_else(|| Error::Unsupported("all 8 digests are in use".into()))?;
         let ks = self.stage_keyslot(dev, new_vk, passphrase, pbkdf, &[], hash, cipher)?;

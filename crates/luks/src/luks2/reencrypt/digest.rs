@@ -237,7 +237,7 @@ pub fn verify_metadata_digest(
         check_key(metadata, d, k)?;
     }
     let blob = reencrypt_digest_blob(metadata, old_vk, new_vk)?;
-    if d.salt.len() != DIGEST_SALT_LEN || d.digest.is_empty() {
+    if d.salt.len() != KDF_SALT_LEN || d.digest.is_empty() {
         return Ok(false);
     }
     digest_matches(
@@ -258,7 +258,7 @@ pub fn make_reencrypt_digest(
     iterations: u32,
     reencrypt_slot: u32,
 ) -> Result<Pbkdf2Digest, Error> {
-    let mut salt = vec![0u8; DIGEST_SALT_LEN];
+    let mut salt = vec![0u8; KDF_SALT_LEN];
     rand::rngs::OsRng.fill_bytes(&mut salt);
     let digest = Kdf::Pbkdf2 { hash, iterations }.derive(blob, &salt, hash.digest_len())?;
     Ok(Pbkdf2Digest {

@@ -141,7 +141,7 @@ pub(super) fn finish_init(
     new_vk: Option<&[u8]>,
     opts: &InitOptions,
 ) -> Result<Metadata, Error> {
-    let slot = (0..KEYSLOTS_MAX)
+    let slot = (0..KEYSLOTS_MAX as u32)
         .find(|n| md.keyslots.get(*n).is_none())
         .ok_or_else(|| Error::Unsupported("all 32 keyslots are in use".into()))?;
     let no_room = || Error::Unsupported("no free space in the keyslots area".into());

@@ -69,6 +69,7 @@ use sectorcrypt_storage::Storage;
 use serde_json::{json, Map, Value};
 use zeroize::Zeroizing;
 
+use super::limits::{DIGESTS_MAX, DIGEST_ITER_TIME_MS, KDF_SALT_LEN, KEYSLOTS_MAX};
 use super::metadata::{
     CryptSegment, Digest, Keyslot, Metadata, Pbkdf2Digest, Priority, Requirements, SegmentEntry,
 };

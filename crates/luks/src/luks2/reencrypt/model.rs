@@ -19,16 +19,8 @@ pub const FLAG_BACKUP_FINAL: &str = "backup-final";
 /// The flag of the segment recording where the first chunk was moved (datashift modes).
 pub const FLAG_BACKUP_MOVED: &str = "backup-moved-segment";
 
-/// Bytes of the reencryption digest's salt (`LUKS_SALTSIZE`).
-pub(super) const DIGEST_SALT_LEN: usize = 32;
-/// PBKDF2 time cryptsetup spends on a digest when not told the cost (`LUKS_MKD_ITERATIONS_MS`).
-pub(super) const DIGEST_ITER_TIME_MS: u32 = 125;
 /// The longest string the digest serialiser accepts (`MAX_STR`).
 pub(super) const MAX_STR: usize = 64;
-/// Keyslot numbers LUKS2 allows.
-pub(super) const KEYSLOTS_MAX: u32 = 32;
-/// Digest numbers cryptsetup allocates (`LUKS2_DIGEST_MAX`).
-pub(super) const DIGESTS_MAX: u32 = 8;
 /// The area cryptsetup reserves for plain `datashift` (a 1-byte "key" AF-split, rounded to 4K).
 pub(super) const DATASHIFT_AREA: u64 = 4096;
 
