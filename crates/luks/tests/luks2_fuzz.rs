@@ -158,7 +158,7 @@ fn cheap(h: &Header) -> bool {
                 time, memory, cpus, ..
             } => *time <= 8 && *memory <= 1024 && *cpus <= 8,
         },
-        Keyslot::Other(_) => true,
+        Keyslot::Reencrypt(_) | Keyslot::Other(_) => true,
     }) && h.metadata().digests.iter().all(|(_, d)| match d {
         sectorcrypt_luks::luks2::metadata::Digest::Pbkdf2(d) => d.iterations <= 5000,
         _ => true,

@@ -28,6 +28,7 @@
 //! and then call these; the conversion itself is [`crate::reencrypt::run`].
 
 use sectorcrypt_cipher::CipherSpec;
+use sectorcrypt_luks::luks2::metadata::SegmentEntry;
 use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, Target};
 use sectorcrypt_luks::luks2::{random_bytes, Header as Luks2Header, Pbkdf};
 use sectorcrypt_luks::{FormatOptions, Header};
@@ -250,7 +251,7 @@ pub fn check_encrypted(h: &Luks2Header, device: &str) -> Result<(), Error> {
     if h.metadata()
         .segments
         .get(0)
-        .is_some_and(|s| s.kind() == "linear")
+        .is_some_and(|s| matches!(s, SegmentEntry::Linear(_)))
     {
         return Err(Error::Refused(format!(
             "{device} is not encrypted (its header describes plaintext): nothing to decrypt"

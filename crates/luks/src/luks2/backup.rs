@@ -45,7 +45,7 @@ fn areas(h: &Header) -> Vec<(u32, (u64, u64))> {
         .iter()
         .filter_map(|(n, k)| match k {
             Keyslot::Luks2(k) => Some((n, (k.area.offset, k.area.size))),
-            Keyslot::Other(_) => None,
+            Keyslot::Reencrypt(_) | Keyslot::Other(_) => None,
         })
         .collect()
 }

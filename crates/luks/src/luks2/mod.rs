@@ -413,19 +413,7 @@ impl Header {
         self.metadata
             .segments
             .iter()
-            .find(|(_, s)| {
-                let flags = match s {
-                    SegmentEntry::Crypt(c) => c.flags.clone().unwrap_or_default(),
-                    SegmentEntry::Other(v) => v
-                        .get("flags")
-                        .and_then(Value::as_array)
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|f| f.as_str().map(str::to_owned))
-                        .collect(),
-                };
-                flags.iter().any(|f| f == "backup-final")
-            })
+            .find(|(_, s)| s.has_flag("backup-final"))
             .map_or(0, |(n, _)| n)
     }
 

@@ -189,7 +189,7 @@ pub(super) fn open_slot(
                 "keyslot {slot} uses a KDF sectorcrypt does not implement"
             ))))
         }
-        Keyslot::Other(_) => {
+        Keyslot::Reencrypt(_) | Keyslot::Other(_) => {
             return Err(SlotFailure::Unusable(format!(
                 "keyslot {slot} has the type '{}', which holds no passphrase",
                 keyslot.kind()

@@ -33,7 +33,6 @@ use super::metadata::{
     Af, Area, Config, CryptSegment, Digest, Keyslot, KeyslotKdf, Luks2Keyslot, Metadata, Numbered,
     Pbkdf2Digest, SegmentEntry,
 };
-use super::validate::str_to_u64;
 use super::Header;
 use crate::error::Error;
 use crate::hash::Hash;
@@ -268,17 +267,6 @@ pub fn keyslot_area_size(key_len: usize) -> u64 {
     ((key_len as u64) * u64::from(STRIPES)).div_ceil(4096) * 4096
 }
 
-/// The (offset, size) of a keyslot's area, whatever its type.
-fn area_of(k: &Keyslot) -> Option<(u64, u64)> {
-    match k {
-        Keyslot::Luks2(k) => Some((k.area.offset, k.area.size)),
-        Keyslot::Other(v) => {
-            let get = |key: &str| v.get("area")?.get(key)?.as_str().and_then(str_to_u64);
-            Some((get("offset")?, get("size")?))
-        }
-    }
-}
-
 fn kdf_json(kdf: &Kdf, salt: Vec<u8>) -> KeyslotKdf {
     match *kdf {
         Kdf::Pbkdf2 { hash, iterations } => KeyslotKdf::Pbkdf2 {
@@ -327,7 +315,7 @@ impl Metadata {
         let mut used: Vec<(u64, u64)> = self
             .keyslots
             .iter()
-            .filter_map(|(_, k)| area_of(k))
+            .filter_map(|(_, k)| k.area())
             .chain(also_avoid.iter().copied())
             .collect();
         used.sort_unstable();
@@ -1013,7 +1001,7 @@ impl Header {
         else {
             return Err(Error::Unsupported(format!("keyslot {slot} is not in use")));
         };
-        let area = area_of(k);
+        let area = k.area();
         let mut md = self.metadata.clone();
         md.remove_keyslot(slot as u32);
         self.commit(dev, &md)?;

@@ -730,10 +730,13 @@ fn metadata_changed_without_the_keys_is_refused() {
     let h = Luks2Header::read(&hdr).unwrap();
     let mut md = h.metadata().clone();
     let tampered = md.keyslots.0.iter_mut().any(|(_, k)| match k {
-        Keyslot::Other(v) if v["type"] == "reencrypt" => {
-            v["area"]["hash"] = "sha1".into();
-            true
-        }
+        Keyslot::Reencrypt(k) => match &mut k.resilience {
+            reencrypt::Resilience::Checksum { hash, .. } => {
+                *hash = "sha1".into();
+                true
+            }
+            _ => false,
+        },
         _ => false,
     });
     assert!(tampered, "no reencrypt keyslot to change");

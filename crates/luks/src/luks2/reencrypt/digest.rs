@@ -156,7 +156,8 @@ pub fn reencrypt_digest_blob(
         .ok_or_else(|| Error::Corrupt("there is no reencrypt keyslot".into()))?;
     let bad = |why: String| Error::Corrupt(format!("the reencryption metadata: {why}"));
     let mut s = Serializer { out: &mut out };
-    s.keyslot(ks)
+    // Serialised as stored: a keyslot the model could not read is refused by the same rules.
+    s.keyslot(&serde_json::to_value(ks).unwrap_or_default())
         .map_err(|e| bad(format!("reencrypt keyslot: {e}")))?;
     for (flag, required) in [
         (FLAG_BACKUP_PREVIOUS, true),

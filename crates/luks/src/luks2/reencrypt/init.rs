@@ -86,13 +86,7 @@ pub(super) fn keyslot_areas(md: &Metadata) -> Vec<(u64, u64)> {
 pub(super) fn keyslot_areas_by_slot(md: &Metadata) -> Vec<(u32, (u64, u64))> {
     md.keyslots
         .iter()
-        .filter_map(|(n, k)| match k {
-            Keyslot::Luks2(k) => Some((n, (k.area.offset, k.area.size))),
-            Keyslot::Other(v) => {
-                let get = |key: &str| v.get("area")?.get(key)?.as_str().and_then(str_to_u64);
-                Some((n, (get("offset")?, get("size")?)))
-            }
-        })
+        .filter_map(|(n, k)| Some((n, k.area()?)))
         .collect()
 }
 
@@ -161,15 +155,8 @@ pub(super) fn finish_init(
         ) => REQUIREMENT_V3,
         _ => REQUIREMENT_V2,
     };
-    let ks = ReencryptKeyslot {
-        slot,
-        mode,
-        direction,
-        area_offset,
-        area_size,
-        resilience,
-    };
-    md.keyslots.0.push((slot, Keyslot::Other(ks.to_json())));
+    let ks = ReencryptKeyslot::new(slot, mode, direction, (area_offset, area_size), resilience);
+    md.keyslots.0.push((slot, Keyslot::Reencrypt(Box::new(ks))));
     md.config.requirements = Some(Requirements {
         mandatory: Some(vec![requirement.into()]),
         extra: md
@@ -244,19 +231,7 @@ pub(super) fn assign_segment(md: &mut Metadata, digest: u32, segment: u32) -> Re
 /// `entry` with `flag` added (`LUKS2_segment_set_flag`).
 pub(super) fn with_flag(entry: &SegmentEntry, flag: &str) -> SegmentEntry {
     let mut e = entry.clone();
-    match &mut e {
-        SegmentEntry::Crypt(c) => c.flags.get_or_insert_with(Vec::new).push(flag.into()),
-        SegmentEntry::Other(v) => {
-            if let Some(obj) = v.as_object_mut() {
-                match obj.get_mut("flags") {
-                    Some(Value::Array(a)) => a.push(json!(flag)),
-                    _ => {
-                        obj.insert("flags".into(), json!([flag]));
-                    }
-                }
-            }
-        }
-    }
+    e.add_flag(flag);
     e
 }
 

@@ -66,12 +66,15 @@ pub use self::progress::*;
 
 use rand::RngCore;
 use sectorcrypt_storage::Storage;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use zeroize::Zeroizing;
 
 use super::limits::{DIGESTS_MAX, DIGEST_ITER_TIME_MS, KDF_SALT_LEN, KEYSLOTS_MAX};
+pub use super::metadata::{Direction, Mode, ReencryptKeyslot, Resilience};
+
 use super::metadata::{
-    CryptSegment, Digest, Keyslot, Metadata, Pbkdf2Digest, Priority, Requirements, SegmentEntry,
+    CryptSegment, Digest, Keyslot, LinearSegment, Metadata, Pbkdf2Digest, Priority, Requirements,
+    SegmentEntry,
 };
 use super::unlock::{open_slot, SlotFailure};
 use super::validate::{as_u32, str_to_u64};

@@ -1,5 +1,5 @@
-//! The reencryption's model as cryptsetup stores it: requirement versions, the reencrypt
-//! keyslot (mode, direction, resilience), segments by flag, the state, and parsing it all from a
+//! The reencryption's model as cryptsetup stores it: requirement versions, segments by flag, the
+//! state, and parsing it all (with the typed reencrypt keyslot, [`ReencryptKeyslot`]) from a
 //! header's metadata.
 
 use super::*;
@@ -23,251 +23,6 @@ pub const FLAG_BACKUP_MOVED: &str = "backup-moved-segment";
 pub(super) const MAX_STR: usize = 64;
 /// The area cryptsetup reserves for plain `datashift` (a 1-byte "key" AF-split, rounded to 4K).
 pub(super) const DATASHIFT_AREA: u64 = 4096;
-
-/// What the operation does to the data.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Mode {
-    /// Plaintext to ciphertext.
-    Encrypt,
-    /// Ciphertext to plaintext.
-    Decrypt,
-    /// Old key (and cipher) to new key.
-    Reencrypt,
-}
-
-impl Mode {
-    /// The JSON word.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Encrypt => "encrypt",
-            Mode::Decrypt => "decrypt",
-            Mode::Reencrypt => "reencrypt",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Mode> {
-        match s {
-            "encrypt" => Some(Mode::Encrypt),
-            "decrypt" => Some(Mode::Decrypt),
-            "reencrypt" => Some(Mode::Reencrypt),
-            _ => None,
-        }
-    }
-}
-
-/// Which end of the device the operation starts from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Direction {
-    /// From offset 0 up.
-    Forward,
-    /// From the end down.
-    Backward,
-}
-
-impl Direction {
-    /// The JSON word.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Direction::Forward => "forward",
-            Direction::Backward => "backward",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Direction> {
-        match s {
-            "forward" => Some(Direction::Forward),
-            "backward" => Some(Direction::Backward),
-            _ => None,
-        }
-    }
-}
-
-/// How a step survives a crash: the reencrypt keyslot's area type with its parameters
-/// (cryptsetup 2.6.1's six types).
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Resilience {
-    /// No protection: a crash mid-step loses the hotzone.
-    None,
-    /// Hashes of the hotzone's old blocks; recovery redoes the blocks that still match.
-    Checksum {
-        /// The hash name as stored (`sha256`, ...).
-        hash: String,
-        /// The checksummed block size (bytes, a power of two ≥ 512).
-        sector_size: u32,
-    },
-    /// A copy of the old hotzone; recovery redoes all of it.
-    Journal,
-    /// Data moves by `shift_size` bytes, so the source of a step is never overwritten by it.
-    Datashift {
-        /// Bytes of the shift.
-        shift_size: u64,
-    },
-    /// Datashift, with the moved first segment (decrypted in place) protected by checksums.
-    DatashiftChecksum {
-        /// The hash name.
-        hash: String,
-        /// The checksummed block size.
-        sector_size: u32,
-        /// Bytes of the shift.
-        shift_size: u64,
-    },
-    /// Datashift, with the moved first segment protected by a journal.
-    DatashiftJournal {
-        /// Bytes of the shift.
-        shift_size: u64,
-    },
-}
-
-impl Resilience {
-    /// The area `type` word.
-    pub fn area_type(&self) -> &'static str {
-        match self {
-            Resilience::None => "none",
-            Resilience::Checksum { .. } => "checksum",
-            Resilience::Journal => "journal",
-            Resilience::Datashift { .. } => "datashift",
-            Resilience::DatashiftChecksum { .. } => "datashift-checksum",
-            Resilience::DatashiftJournal { .. } => "datashift-journal",
-        }
-    }
-
-    /// The data shift, for the datashift types.
-    pub fn shift_size(&self) -> Option<u64> {
-        match self {
-            Resilience::Datashift { shift_size }
-            | Resilience::DatashiftChecksum { shift_size, .. }
-            | Resilience::DatashiftJournal { shift_size } => Some(*shift_size),
-            _ => None,
-        }
-    }
-}
-
-/// The `reencrypt` keyslot.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReencryptKeyslot {
-    /// Its keyslot number.
-    pub slot: u32,
-    /// What the operation does.
-    pub mode: Mode,
-    /// Which way it goes.
-    pub direction: Direction,
-    /// Byte offset of the resilience area on the metadata device.
-    pub area_offset: u64,
-    /// Bytes of the resilience area.
-    pub area_size: u64,
-    /// The area type and its parameters.
-    pub resilience: Resilience,
-}
-
-impl ReencryptKeyslot {
-    /// The keyslot object with cryptsetup's field order (`reenc_keyslot_alloc`, then
-    /// `LUKS2_keyslot_priority_set`).
-    pub fn to_json(&self) -> Value {
-        let mut area = Map::new();
-        area.insert("offset".into(), Value::String(self.area_offset.to_string()));
-        area.insert("size".into(), Value::String(self.area_size.to_string()));
-        area.insert("type".into(), json!(self.resilience.area_type()));
-        match &self.resilience {
-            Resilience::Checksum { hash, sector_size }
-            | Resilience::DatashiftChecksum {
-                hash, sector_size, ..
-            } => {
-                area.insert("hash".into(), json!(hash));
-                area.insert("sector_size".into(), json!(sector_size));
-            }
-            _ => {}
-        }
-        if let Some(shift) = self.resilience.shift_size() {
-            area.insert("shift_size".into(), Value::String(shift.to_string()));
-        }
-        json!({
-            "area": area,
-            "type": "reencrypt",
-            "key_size": 1,
-            "mode": self.mode.as_str(),
-            "direction": self.direction.as_str(),
-            "priority": 0,
-        })
-    }
-
-    /// Parse keyslot `slot` (a `reencrypt` keyslot as stored).
-    ///
-    /// Errors: [`Error::Corrupt`] for missing or mistyped fields, [`Error::Unsupported`] for an
-    /// area type cryptsetup 2.6 does not know.
-    pub fn from_json(slot: u32, v: &Value) -> Result<ReencryptKeyslot, Error> {
-        let bad = |what: String| Error::Corrupt(format!("reencrypt keyslot {slot}: {what}"));
-        if v.get("type").and_then(Value::as_str) != Some("reencrypt") {
-            return Err(bad("it is not of type \"reencrypt\"".into()));
-        }
-        let text = |obj: &Value, key: &str| -> Result<String, Error> {
-            obj.get(key)
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-                .ok_or_else(|| bad(format!("\"{key}\" is missing or not a string")))
-        };
-        let number = |obj: &Value, key: &str| -> Result<u64, Error> {
-            let s = text(obj, key)?;
-            str_to_u64(&s).ok_or_else(|| bad(format!("\"{key}\" is \"{s}\", not a number")))
-        };
-        let mode = text(v, "mode")?;
-        let mode = Mode::parse(&mode).ok_or_else(|| bad(format!("unknown mode \"{mode}\"")))?;
-        let direction = text(v, "direction")?;
-        let direction = Direction::parse(&direction)
-            .ok_or_else(|| bad(format!("unknown direction \"{direction}\"")))?;
-        let area = v
-            .get("area")
-            .filter(|a| a.is_object())
-            .ok_or_else(|| bad("it has no area object".into()))?;
-        let sector = || -> Result<u32, Error> {
-            area.get("sector_size")
-                .and_then(as_u32)
-                .filter(|s| *s >= 512 && s.is_power_of_two())
-                .ok_or_else(|| bad("the area's sector_size is missing or invalid".into()))
-        };
-        let shift = || -> Result<u64, Error> {
-            let s = number(area, "shift_size")?;
-            if s == 0 || s % 512 != 0 {
-                return Err(bad(format!("the area's shift_size {s} is invalid")));
-            }
-            Ok(s)
-        };
-        let area_type = text(area, "type")?;
-        let resilience = match area_type.as_str() {
-            "none" => Resilience::None,
-            "checksum" => Resilience::Checksum {
-                hash: text(area, "hash")?,
-                sector_size: sector()?,
-            },
-            "journal" => Resilience::Journal,
-            "datashift" => Resilience::Datashift {
-                shift_size: shift()?,
-            },
-            "datashift-checksum" => Resilience::DatashiftChecksum {
-                hash: text(area, "hash")?,
-                sector_size: sector()?,
-                shift_size: shift()?,
-            },
-            "datashift-journal" => Resilience::DatashiftJournal {
-                shift_size: shift()?,
-            },
-            other => {
-                return Err(Error::Unsupported(format!(
-                    "the reencryption resilience type \"{other}\""
-                )))
-            }
-        };
-        Ok(ReencryptKeyslot {
-            slot,
-            mode,
-            direction,
-            area_offset: number(area, "offset")?,
-            area_size: number(area, "size")?,
-            resilience,
-        })
-    }
-}
 
 /// Where a reencryption stands, from the JSON alone (`LUKS2_reencrypt_status`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -302,7 +57,7 @@ pub fn state(metadata: &Metadata) -> State {
     } else if metadata
         .segments
         .iter()
-        .any(|(_, s)| entry_has_flag(s, FLAG_IN_REENCRYPTION))
+        .any(|(_, s)| s.has_flag(FLAG_IN_REENCRYPTION))
     {
         State::Crash
     } else {
@@ -361,26 +116,14 @@ impl ReencryptSegment {
                 },
                 flags: c.flags.clone().unwrap_or_default(),
             }),
-            SegmentEntry::Other(v) if entry.kind() == "linear" => {
-                let bad = |what: &str| Error::Corrupt(format!("segment {id}: {what}"));
-                let number = |key: &str| v.get(key).and_then(Value::as_str);
-                let offset = number("offset")
-                    .and_then(str_to_u64)
-                    .ok_or_else(|| bad("its offset is missing or not a number"))?;
-                let size = match number("size") {
-                    Some("dynamic") => None,
-                    Some(s) => Some(str_to_u64(s).ok_or_else(|| bad("its size is not a number"))?),
-                    None => return Err(bad("it has no size")),
-                };
-                Ok(ReencryptSegment {
-                    id,
-                    offset,
-                    size,
-                    kind: SegmentKind::Linear,
-                    flags: entry_flags(entry),
-                })
-            }
-            other => Err(Error::Unsupported(format!(
+            SegmentEntry::Linear(l) => Ok(ReencryptSegment {
+                id,
+                offset: l.offset,
+                size: l.size,
+                kind: SegmentKind::Linear,
+                flags: l.flags.clone().unwrap_or_default(),
+            }),
+            other @ SegmentEntry::Other(_) => Err(Error::Unsupported(format!(
                 "a segment of type '{}' during a reencryption",
                 other.kind()
             ))),
@@ -409,21 +152,13 @@ impl ReencryptSegment {
     /// (`json_segment_create_linear` / `_crypt`, flags last).
     pub fn to_entry(&self) -> SegmentEntry {
         let flags = (!self.flags.is_empty()).then(|| self.flags.clone());
-        let size = self
-            .size
-            .map_or_else(|| "dynamic".to_string(), |s| s.to_string());
         match &self.kind {
-            SegmentKind::Linear => {
-                let mut v = json!({
-                    "type": "linear",
-                    "offset": self.offset.to_string(),
-                    "size": size,
-                });
-                if let (Some(f), Some(obj)) = (flags, v.as_object_mut()) {
-                    obj.insert("flags".into(), json!(f));
-                }
-                SegmentEntry::Other(v)
-            }
+            SegmentKind::Linear => SegmentEntry::Linear(LinearSegment {
+                offset: self.offset,
+                size: self.size,
+                flags,
+                extra: Map::new(),
+            }),
             SegmentKind::Crypt {
                 iv_tweak,
                 encryption,
@@ -485,38 +220,19 @@ impl Reencryption {
     }
 }
 
-pub(super) fn entry_flags(entry: &SegmentEntry) -> Vec<String> {
-    match entry {
-        SegmentEntry::Crypt(c) => c.flags.clone().unwrap_or_default(),
-        SegmentEntry::Other(v) => v
-            .get("flags")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|f| f.as_str().map(str::to_owned))
-            .collect(),
-    }
-}
-
-pub(super) fn entry_has_flag(entry: &SegmentEntry, flag: &str) -> bool {
-    entry_flags(entry).iter().any(|f| f == flag)
-}
-
 pub(super) fn is_backup(entry: &SegmentEntry) -> bool {
-    entry_flags(entry).iter().any(|f| f.starts_with("backup-"))
+    entry.flags().iter().any(|f| f.starts_with("backup-"))
 }
 
 /// The first segment carrying `flag` (`LUKS2_get_segment_by_flag`), with its number.
 pub(super) fn segment_by_flag<'a>(md: &'a Metadata, flag: &str) -> Option<(u32, &'a SegmentEntry)> {
-    md.segments.iter().find(|(_, s)| entry_has_flag(s, flag))
+    md.segments.iter().find(|(_, s)| s.has_flag(flag))
 }
 
-/// The first keyslot of type `reencrypt` (`LUKS2_find_keyslot`).
-pub(super) fn reencrypt_keyslot(md: &Metadata) -> Option<(u32, &Value)> {
-    md.keyslots.iter().find_map(|(n, k)| match k {
-        Keyslot::Other(v) if k.kind() == "reencrypt" => Some((n, v)),
-        _ => None,
-    })
+/// The first keyslot of type `reencrypt` (`LUKS2_find_keyslot`), typed or, if this model could
+/// not read it, as stored.
+pub(super) fn reencrypt_keyslot(md: &Metadata) -> Option<(u32, &Keyslot)> {
+    md.keyslots.iter().find(|(_, k)| k.kind() == "reencrypt")
 }
 
 /// The digest listing segment `flag`'s segment (`LUKS2_reencrypt_digest_old/new`).
@@ -539,7 +255,16 @@ pub fn parse(metadata: &Metadata) -> Result<Option<Reencryption>, Error> {
             "the reencryption requirement is set but there is no reencrypt keyslot".into(),
         )
     })?;
-    let keyslot = ReencryptKeyslot::from_json(slot, ks)?;
+    let keyslot = match ks {
+        Keyslot::Reencrypt(k) => (**k).clone(),
+        // Not readable as a reencrypt keyslot: parsing it again says why.
+        Keyslot::Other(v) => ReencryptKeyslot::from_json(slot, v)?,
+        Keyslot::Luks2(_) => {
+            return Err(Error::Corrupt(format!(
+                "keyslot {slot} is not a reencrypt keyslot"
+            )))
+        }
+    };
     let backup = |flag: &str| -> Result<Option<ReencryptSegment>, Error> {
         segment_by_flag(metadata, flag)
             .map(|(id, s)| ReencryptSegment::from_entry(id, s))

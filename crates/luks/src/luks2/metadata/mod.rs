@@ -2,7 +2,9 @@
 //! serialisable back to the compact text cryptsetup writes: fields are declared in the order
 //! cryptsetup creates them, numbers cryptsetup stores as decimal strings are written as such,
 //! binary values as standard base64, and whatever this model does not know (unknown fields,
-//! tokens, keyslots, segments and digests of other types) is kept as raw JSON.
+//! tokens, keyslots, segments and digests of other types) is kept as raw JSON. Objects are
+//! dispatched by their `type`, as cryptsetup dispatches keyslot and segment handlers: keyslots
+//! `luks2` and `reencrypt`, segments `crypt` and `linear`, digests `pbkdf2`.
 //!
 //! What the model checks beyond cryptsetup's validation (all of it would make the field unusable
 //! anyway): names are plain decimal numbers, base64 fields decode, and integers fit their type.
@@ -15,6 +17,9 @@ use serde_json::{Map, Value};
 
 use super::validate::{as_u32, str_to_u64};
 use crate::kdf::Argon2Variant;
+
+mod reencrypt_keyslot;
+pub use reencrypt_keyslot::{Direction, Mode, ReencryptKeyslot, Resilience};
 
 /// A JSON object keyed by keyslot, segment, digest or token number, in the order the header
 /// lists them (serialised back in that order).
@@ -94,7 +99,11 @@ fn base64<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
 pub enum Keyslot {
     /// A `luks2` keyslot with a KDF sectorcrypt knows.
     Luks2(Box<Luks2Keyslot>),
-    /// Any other keyslot (another type, such as `reencrypt`, or an unknown KDF), as stored.
+    /// The `reencrypt` keyslot of an in-place conversion.
+    Reencrypt(Box<ReencryptKeyslot>),
+    /// Any other keyslot (another type, a `luks2` keyslot with an unknown KDF, or a `reencrypt`
+    /// keyslot this model cannot read, which [`ReencryptKeyslot::from_json`] explains), as
+    /// stored.
     Other(Value),
 }
 
@@ -106,6 +115,7 @@ impl Serialize for Keyslot {
                 body: k,
             }
             .serialize(s),
+            Keyslot::Reencrypt(k) => k.serialize(s),
             Keyslot::Other(v) => v.serialize(s),
         }
     }
@@ -116,6 +126,7 @@ impl Keyslot {
     pub fn kind(&self) -> &str {
         match self {
             Keyslot::Luks2(_) => "luks2",
+            Keyslot::Reencrypt(_) => "reencrypt",
             Keyslot::Other(v) => v.get("type").and_then(Value::as_str).unwrap_or(""),
         }
     }
@@ -124,9 +135,23 @@ impl Keyslot {
     pub fn priority(&self) -> Priority {
         let raw = match self {
             Keyslot::Luks2(k) => k.priority.as_ref(),
+            Keyslot::Reencrypt(k) => k.priority.as_ref(),
             Keyslot::Other(v) => v.get("priority"),
         };
         Priority::from_json(raw)
+    }
+
+    /// The (offset, size) of its area in the keyslots area, whatever its type
+    /// (`LUKS2_keyslot_area`); `None` if an unknown keyslot names none.
+    pub fn area(&self) -> Option<(u64, u64)> {
+        match self {
+            Keyslot::Luks2(k) => Some((k.area.offset, k.area.size)),
+            Keyslot::Reencrypt(k) => Some((k.area_offset, k.area_size)),
+            Keyslot::Other(v) => {
+                let get = |key: &str| v.get("area")?.get(key)?.as_str().and_then(str_to_u64);
+                Some((get("offset")?, get("size")?))
+            }
+        }
     }
 }
 
@@ -370,7 +395,9 @@ impl Serialize for KeyslotKdf {
 pub enum SegmentEntry {
     /// A `crypt` segment: encrypted data.
     Crypt(CryptSegment),
-    /// Any other type (`linear` during reencryption), as stored.
+    /// A `linear` segment: plaintext (during an in-place conversion).
+    Linear(LinearSegment),
+    /// Any other type, as stored.
     Other(Value),
 }
 
@@ -380,6 +407,11 @@ impl Serialize for SegmentEntry {
             SegmentEntry::Crypt(c) => Tagged {
                 kind: "crypt",
                 body: c,
+            }
+            .serialize(s),
+            SegmentEntry::Linear(l) => Tagged {
+                kind: "linear",
+                body: l,
             }
             .serialize(s),
             SegmentEntry::Other(v) => v.serialize(s),
@@ -392,7 +424,50 @@ impl SegmentEntry {
     pub fn kind(&self) -> &str {
         match self {
             SegmentEntry::Crypt(_) => "crypt",
+            SegmentEntry::Linear(_) => "linear",
             SegmentEntry::Other(v) => v.get("type").and_then(Value::as_str).unwrap_or(""),
+        }
+    }
+
+    /// Its flags (`backup-final`, `in-reencryption`, ...), whatever its type.
+    pub fn flags(&self) -> Vec<&str> {
+        match self {
+            SegmentEntry::Crypt(CryptSegment { flags, .. })
+            | SegmentEntry::Linear(LinearSegment { flags, .. }) => {
+                flags.iter().flatten().map(String::as_str).collect()
+            }
+            SegmentEntry::Other(v) => v
+                .get("flags")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect(),
+        }
+    }
+
+    /// Whether it carries `flag`.
+    pub fn has_flag(&self, flag: &str) -> bool {
+        self.flags().contains(&flag)
+    }
+
+    /// Add `flag` after its flags (`LUKS2_segment_set_flag`).
+    pub fn add_flag(&mut self, flag: &str) {
+        match self {
+            SegmentEntry::Crypt(CryptSegment { flags, .. })
+            | SegmentEntry::Linear(LinearSegment { flags, .. }) => {
+                flags.get_or_insert_with(Vec::new).push(flag.into())
+            }
+            SegmentEntry::Other(v) => {
+                if let Some(obj) = v.as_object_mut() {
+                    match obj.get_mut("flags") {
+                        Some(Value::Array(a)) => a.push(Value::from(flag)),
+                        _ => {
+                            obj.insert("flags".into(), Value::from(vec![flag]));
+                        }
+                    }
+                }
+            }
         }
     }
 }
@@ -424,6 +499,23 @@ pub struct CryptSegment {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub integrity: Option<Value>,
     /// Segment flags (`in-reencryption`, `backup-final`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flags: Option<Vec<String>>,
+    /// Fields this model does not know.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// A `linear` segment: plaintext stored as is.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LinearSegment {
+    /// Byte offset of the data on the device.
+    #[serde(serialize_with = "decimal")]
+    pub offset: u64,
+    /// Bytes of data, or `None` for "dynamic" (to the end of the device).
+    #[serde(serialize_with = "size_or_dynamic")]
+    pub size: Option<u64>,
+    /// Segment flags.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub flags: Option<Vec<String>>,
     /// Fields this model does not know.
@@ -669,6 +761,14 @@ fn into_object(v: Value, what: &str) -> Result<Fields, String> {
 }
 
 fn keyslot(n: u32, v: Value) -> Result<Keyslot, String> {
+    if v.get("type").and_then(Value::as_str) == Some("reencrypt") {
+        // Kept as stored when unreadable: the volume stays usable for what does not need the
+        // conversion's state (a dump, a backup), and resuming reports why.
+        return Ok(match ReencryptKeyslot::from_json(n, &v) {
+            Ok(k) => Keyslot::Reencrypt(Box::new(k)),
+            Err(_) => Keyslot::Other(v),
+        });
+    }
     let known_kdf = v
         .pointer("/kdf/type")
         .and_then(Value::as_str)
@@ -733,9 +833,11 @@ fn keyslot(n: u32, v: Value) -> Result<Keyslot, String> {
 }
 
 fn segment(n: u32, v: Value) -> Result<SegmentEntry, String> {
-    if v.get("type").and_then(Value::as_str) != Some("crypt") {
+    let kind = v.get("type").and_then(Value::as_str);
+    if !matches!(kind, Some("crypt" | "linear")) {
         return Ok(SegmentEntry::Other(v));
     }
+    let linear = kind == Some("linear");
     let what = format!("segment {n}");
     let mut obj = into_object(v, &what)?;
     obj.remove("type");
@@ -744,6 +846,14 @@ fn segment(n: u32, v: Value) -> Result<SegmentEntry, String> {
         "dynamic" => None,
         s => Some(str_to_u64(s).ok_or_else(|| format!("{what}: \"size\" is \"{s}\""))?),
     };
+    if linear {
+        return Ok(SegmentEntry::Linear(LinearSegment {
+            offset,
+            size,
+            flags: take_optional_list(&mut obj, "flags", &what)?,
+            extra: obj,
+        }));
+    }
     Ok(SegmentEntry::Crypt(CryptSegment {
         offset,
         size,
@@ -852,6 +962,55 @@ mod tests {
         assert_eq!(k7.area.offset, 290816);
         assert_eq!(m.digest_of_keyslot(7).unwrap().0, 0);
         assert!(m.digest_of_keyslot(1).is_none());
+    }
+
+    /// Reencryption metadata as cryptsetup 2.6 wrote it (`reencrypt --encrypt --init-only`, with
+    /// a data shift; and with checksums): typed keyslot and segments, the same bytes back.
+    #[test]
+    fn reencryption_json_is_typed_and_round_trips() {
+        for text in [
+            r#"{"keyslots":{"1":{"area":{"offset":"290816","size":"4096","type":"datashift","shift_size":"16777216"},"type":"reencrypt","key_size":1,"mode":"encrypt","direction":"backward","priority":0}},"tokens":{},"segments":{"0":{"type":"linear","offset":"50331648","size":"16777216"},"1":{"type":"linear","offset":"16777216","size":"16777216"},"2":{"type":"linear","offset":"50331648","size":"16777216","flags":["backup-moved-segment"]},"3":{"type":"linear","offset":"0","size":"33554432","flags":["backup-previous"]},"4":{"type":"crypt","offset":"16777216","size":"dynamic","iv_tweak":"0","encryption":"aes-xts-plain64","sector_size":512,"flags":["backup-final"]}},"digests":{"0":{"type":"pbkdf2","keyslots":[],"segments":["4"],"hash":"sha256","iterations":1000,"salt":"AAAA","digest":"AAAA"}},"config":{"json_size":"12288","keyslots_size":"16744448","requirements":{"mandatory":["online-reencrypt-v2"]}}}"#,
+            r#"{"keyslots":{"1":{"area":{"offset":"290816","size":"16486400","type":"checksum","hash":"sha256","sector_size":4096},"type":"reencrypt","key_size":1,"mode":"encrypt","direction":"forward","priority":0}},"tokens":{},"segments":{"0":{"type":"linear","offset":"0","size":"dynamic"},"1":{"type":"linear","offset":"0","size":"dynamic","flags":["backup-previous"]},"2":{"type":"crypt","offset":"0","size":"dynamic","iv_tweak":"0","encryption":"aes-xts-plain64","sector_size":512,"flags":["backup-final"]}},"digests":{"0":{"type":"pbkdf2","keyslots":[],"segments":["2"],"hash":"sha256","iterations":1000,"salt":"AAAA","digest":"AAAA"}},"config":{"json_size":"12288","keyslots_size":"16744448","requirements":{"mandatory":["online-reencrypt-v2"]}}}"#,
+        ] {
+            let m = Metadata::from_json(serde_json::from_str(text).unwrap()).unwrap();
+            assert_eq!(m.to_json_text(), text);
+            let Some(Keyslot::Reencrypt(k)) = m.keyslots.get(1) else {
+                panic!("keyslot 1 is a typed reencrypt keyslot")
+            };
+            assert_eq!(k.mode, Mode::Encrypt);
+            assert_eq!(k.area_offset, 290816);
+            assert_eq!(
+                m.keyslots.get(1).unwrap().area(),
+                Some((290816, k.area_size))
+            );
+            assert_eq!(m.keyslots.get(1).unwrap().priority(), Priority::Ignore);
+            let Some(SegmentEntry::Linear(l)) = m.segments.get(1) else {
+                panic!("segment 1 is linear")
+            };
+            assert_eq!(l.offset, 16777216 * u64::from(text.contains("datashift")));
+            assert!(m
+                .segments
+                .iter()
+                .any(|(_, s)| s.has_flag("backup-previous")));
+        }
+    }
+
+    /// Fields the typed reencrypt keyslot does not know stay, and a reencrypt keyslot it cannot
+    /// read (an unknown resilience type) is kept as stored.
+    #[test]
+    fn reencrypt_keyslot_keeps_what_it_does_not_know() {
+        let mk = |area_type: &str| {
+            format!(
+                r#"{{"keyslots":{{"1":{{"area":{{"offset":"32768","size":"4096","type":"{area_type}","later":[1]}},"type":"reencrypt","key_size":1,"mode":"decrypt","direction":"forward","priority":0,"note":"x"}}}},"tokens":{{}},"segments":{{}},"digests":{{}},"config":{{"json_size":"12288","keyslots_size":"4096"}}}}"#
+            )
+        };
+        let typed = Metadata::from_json(serde_json::from_str(&mk("none")).unwrap()).unwrap();
+        assert!(matches!(typed.keyslots.get(1), Some(Keyslot::Reencrypt(_))));
+        assert_eq!(typed.to_json_text(), mk("none"));
+        let kept = Metadata::from_json(serde_json::from_str(&mk("future")).unwrap()).unwrap();
+        assert!(matches!(kept.keyslots.get(1), Some(Keyslot::Other(_))));
+        assert_eq!(kept.keyslots.get(1).unwrap().kind(), "reencrypt");
+        assert_eq!(kept.to_json_text(), mk("future"));
     }
 
     #[test]
