@@ -3,7 +3,8 @@
 # or with sudo available): the Rust toolchain's components, the independent implementations the
 # tests cross-check against (OpenSSL through Python's `cryptography`, Crypto++), the real clients
 # and peers of the NBD and FUSE exports (qemu-img, libnbd's nbdcopy/nbdinfo, fio, nbdkit with its
-# luks filter, fuse3, e2fsprogs and fuse2fs), and openssl(1) for the peer benchmarks. Two tools
+# luks filter, fuse3, e2fsprogs and fuse2fs), mtd-utils and ubi_reader for raw flash (ubinize,
+# mkfs.ubifs and the readers that check exported images), and openssl(1) for the peer benchmarks. Two tools
 # keep the suite independent of the host's speed: qemu-user runs qemu-img emulated when the CPU is
 # too fast for qemu's PBKDF2 calibration, and strace stops processes at an exact write (the
 # SIGKILL/SIGINT tests) instead of at a moment in time. Safe to run again: it only installs what
@@ -14,7 +15,7 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
 debs=(g++ libcrypto++-dev libcrypto++-utils openssl python3 cryptsetup-bin qemu-utils
-  qemu-user strace nbdkit libnbd-bin fio fuse3 e2fsprogs fuse2fs util-linux mount)
+  qemu-user strace nbdkit libnbd-bin fio fuse3 e2fsprogs fuse2fs util-linux mount mtd-utils)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -39,4 +40,11 @@ if ! "$py" -c 'import cryptography' 2>/dev/null; then
   "$py" -m pip install -q cryptography || $SUDO apt-get install -y -q python3-cryptography
 fi
 "$py" -c 'import cryptography; from cryptography.hazmat.primitives.ciphers import modes; modes.XTS'
+
+# ubi_reader reads UBI images and UBIFS the way embedded developers do (the raw-flash tests check
+# exported images with it).
+if ! command -v ubireader_display_info >/dev/null 2>&1; then
+  echo "install-test-deps: installing ubi_reader for $py"
+  "$py" -m pip install -q ubi_reader
+fi
 echo "install-test-deps: ok"
