@@ -13,9 +13,13 @@
 //! - [`sim::SimNand`]: a simulated chip kept in a file (or memory), with per-block erase counts and
 //!   per-page program counts as ground truth, nandsim-like fault injection and power cuts.
 //!
+//! On top of any of them, [`area::BlockArea`] turns a run of eraseblocks into a small rewritable
+//! `Storage` whose block rewrites survive power cuts (where an encrypted flash keeps its header).
+//!
 //! Every operation takes `&self` (backends lock inside) so that several threads can share a chip,
 //! as several volumes of one UBI device do.
 
+pub mod area;
 mod error;
 mod geometry;
 pub mod sim;
