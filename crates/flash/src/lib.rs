@@ -14,7 +14,8 @@
 //!   per-page program counts as ground truth, nandsim-like fault injection and power cuts.
 //!
 //! On top of any of them, [`area::BlockArea`] turns a run of eraseblocks into a small rewritable
-//! `Storage` whose block rewrites survive power cuts (where an encrypted flash keeps its header).
+//! `Storage` whose block rewrites survive power cuts (where an encrypted flash keeps its header),
+//! and [`part::Partition`] gives the blocks after it to UBI as a chip of their own.
 //!
 //! Every operation takes `&self` (backends lock inside) so that several threads can share a chip,
 //! as several volumes of one UBI device do.
@@ -22,6 +23,7 @@
 pub mod area;
 mod error;
 mod geometry;
+pub mod part;
 pub mod sim;
 
 pub use error::Error;
