@@ -7,7 +7,7 @@
 //! cut in between leaves it neither old nor new. LUKS2 survives losing one of its two header
 //! copies, but not losing a keyslot's material, and a keyslot area can share an eraseblock with
 //! another keyslot. So every rewrite of a block of the area is made atomic with two journal
-//! blocks after the area:
+//! blocks before the area:
 //!
 //! 1. the new contents go to the *copy* block (erase, program);
 //! 2. a one-page *record* naming the target block and the copy's CRC goes to the *record* block;
@@ -18,12 +18,17 @@
 //! 3 leaves a valid record whose copy matches its CRC, and [`BlockArea::recover`] (run on every
 //! open) redoes step 3; a cut in step 4 leaves an unreadable record, and step 3 was complete.
 //! So at any moment each block of the area holds its old or its new contents, never garbage.
-//! The cost is three erases per block rewrite, paid only when a header changes.
+//! The cost is three erases per block rewrite, paid only when a header changes. The journal
+//! comes first so that finding a record's target needs no knowledge of the area's length (which
+//! is in the header the record may be repairing). The copy block always holds the current
+//! contents of the block rewritten last, so it keeps nothing the area no longer has (a wiped
+//! keyslot's material does not linger there).
 //!
 //! # Bad blocks
 //!
-//! The area is the first good eraseblocks from a starting block on, in order, as the chip
-//! reports them when the area is opened; factory bad blocks are skipped. A block of the area
+//! The journal is the first two good eraseblocks from a starting block on, the area the good
+//! blocks after them, in order, as the chip reports them when the area is opened; factory bad
+//! blocks are skipped. A block of the area
 //! that fails to erase later is not marked bad here (that would move every block after it): the
 //! write fails with the chip's error, the old contents of the other blocks stay, and the caller
 //! reports it.
@@ -53,27 +58,13 @@ fn crc(data: &[u8]) -> u32 {
 }
 
 impl BlockArea {
-    /// The first `len` good eraseblocks from block `first` on, with the two good blocks after
-    /// them as the journal. Finishes a rewrite a power cut interrupted ([`BlockArea::recover`]).
+    /// The journal in the first two good eraseblocks from block `first` on and the area in the
+    /// `len` good blocks after them. Finishes a rewrite a power cut interrupted
+    /// ([`BlockArea::recover`]).
     pub fn open(flash: Arc<dyn Flash>, first: u32, len: u32) -> Result<BlockArea, Error> {
-        let g = flash.geometry();
-        let mut good = Vec::new();
-        let mut peb = first;
-        while good.len() < len as usize + 2 {
-            if peb >= g.peb_count {
-                return Err(Error::OutOfRange(format!(
-                    "{len} good eraseblocks and 2 for the journal do not fit from block {first} \
-                     on: the chip has {} blocks",
-                    g.peb_count
-                )));
-            }
-            if !flash.is_bad(peb)? {
-                good.push(peb);
-            }
-            peb += 1;
-        }
-        let record = good.pop().unwrap_or_default();
-        let copy = good.pop().unwrap_or_default();
+        let mut good = good_blocks(flash.as_ref(), first, len as usize + 2)?;
+        let copy = good.remove(0);
+        let record = good.remove(0);
         let mut area = BlockArea {
             flash,
             blocks: good,
@@ -96,9 +87,9 @@ impl BlockArea {
         &self.blocks
     }
 
-    /// The first eraseblock after the area and its journal.
+    /// The first eraseblock after the area.
     pub fn end(&self) -> u32 {
-        self.record + 1
+        self.blocks.last().map_or(self.record, |b| *b) + 1
     }
 
     fn read_record(&self) -> Result<Option<(u32, u32)>, Error> {
@@ -127,11 +118,11 @@ impl BlockArea {
         // The record is written only after the copy is complete, so a copy that does not match
         // is a record from an older rewrite that was finished: drop it.
         let copied = self.flash.read(self.copy, 0, &mut contents).is_ok();
-        if let (true, Some(&target)) = (
-            copied && crc(&contents) == sum,
-            self.blocks.get(index as usize),
-        ) {
-            self.put(target, &contents)?;
+        if copied && crc(&contents) == sum {
+            // The target by its place after the journal, whatever length the area was opened
+            // with.
+            let after = good_blocks(self.flash.as_ref(), self.record + 1, index as usize + 1)?;
+            self.put(after[index as usize], &contents)?;
         }
         self.flash.erase(self.record)?;
         Ok(true)
@@ -176,6 +167,26 @@ impl BlockArea {
         }
         Ok(())
     }
+}
+
+/// The first `n` good eraseblocks from `first` on.
+fn good_blocks(flash: &dyn Flash, first: u32, n: usize) -> Result<Vec<u32>, Error> {
+    let count = flash.geometry().peb_count;
+    let mut good = Vec::with_capacity(n);
+    let mut peb = first;
+    while good.len() < n {
+        if peb >= count {
+            return Err(Error::OutOfRange(format!(
+                "{n} good eraseblocks do not fit from block {first} on: the chip has {count} \
+                 blocks"
+            )));
+        }
+        if !flash.is_bad(peb)? {
+            good.push(peb);
+        }
+        peb += 1;
+    }
+    Ok(good)
 }
 
 fn io_error(e: Error) -> io::Error {
