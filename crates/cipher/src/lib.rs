@@ -9,12 +9,13 @@
 //! - [`sector::SectorCipher`]: a keyed spec for a sector size; the data path used by volumes.
 //! - [`modes`]: single-data-unit XTS (with ciphertext stealing), CBC, CTR and ECB, used for test
 //!   vectors and the tcrypt-style benchmark.
-//! - [`staged`]: the paper's "mixed" design (ECB engine + separate tweak/XOR passes), timed per
-//!   phase.
+//! - `staged` (feature `bench`): the paper's "mixed" design (ECB engine + separate tweak/XOR
+//!   passes), timed per phase.
 //!
 //! `unsafe` lives only in the x86-64 kernels (`aes::ni`, `aes::vaes512`, `aes::x86`,
-//! `lea::avx2`, `lea::avx512`) and the TSC reader ([`tsc`]), each block with a `SAFETY:` comment:
-//! the crate denies `unsafe_code` (Cargo.toml) and only those modules allow it.
+//! `lea::avx2`, `lea::avx512`, which expand the mode loops of `lea::simd`) and the TSC reader
+//! (`tsc`, feature `bench`), each block with a `SAFETY:` comment: the crate denies `unsafe_code`
+//! (Cargo.toml) and only those modules allow it.
 
 mod aes;
 pub mod backend;

@@ -16,89 +16,22 @@
 
 use core::arch::x86_64::*;
 
-use super::soft::{self, RoundKeys};
-use crate::backend::Backend;
-use crate::engine::{Block, BlockEngine, Direction, BLOCK};
+super::simd::lea_simd_engine! {
+    /// LEA on AVX2.
+    engine: LeaAvx2,
+    feature: "avx2",
+    backend: crate::backend::Backend::Avx2,
+    pair_step: mul_x16,
+}
 
 /// Bytes per set of eight blocks.
 const SET: usize = 8 * BLOCK;
-/// Bytes per pair of sets.
-const PAIR: usize = 2 * SET;
 
 /// Which block of its set each 32-bit lane holds after [`transpose`].
 const LANE_BLOCK: [i32; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
 
 /// Four registers: blocks as loaded, or word `i` of eight blocks in register `i`.
 type State = [__m256i; 4];
-
-/// LEA on AVX2.
-pub(crate) struct LeaAvx2 {
-    keys: RoundKeys,
-}
-
-impl LeaAvx2 {
-    /// Expand `key` (16, 24 or 32 bytes); `None` if the CPU lacks AVX2.
-    pub(crate) fn new(key: &[u8]) -> Option<Self> {
-        if !std::is_x86_feature_detected!("avx2") {
-            return None;
-        }
-        Some(Self {
-            keys: RoundKeys::new(key),
-        })
-    }
-}
-
-impl BlockEngine for LeaAvx2 {
-    fn backend(&self) -> Backend {
-        Backend::Avx2
-    }
-
-    fn encrypt_ecb(&self, buf: &mut [u8]) {
-        if buf.len() == BLOCK {
-            // A lone block (e.g. an XTS tweak) is faster without transposes.
-            return soft::encrypt_block(&self.keys, buf);
-        }
-        // SAFETY: `new` returned `Some` only if the CPU supports AVX2.
-        unsafe { ecb::<true>(&self.keys, buf) }
-    }
-
-    fn decrypt_ecb(&self, buf: &mut [u8]) {
-        if buf.len() == BLOCK {
-            return soft::decrypt_block(&self.keys, buf);
-        }
-        // SAFETY: as in `encrypt_ecb`.
-        unsafe { ecb::<false>(&self.keys, buf) }
-    }
-
-    fn xts_encrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
-        if !unit_len.is_multiple_of(SET) {
-            return soft::xts_chunked(self, buf, unit_len, tweaks, Direction::Encrypt);
-        }
-        // SAFETY: as in `encrypt_ecb`.
-        unsafe { xts::<true>(&self.keys, buf, unit_len, tweaks) }
-    }
-
-    fn xts_decrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
-        if !unit_len.is_multiple_of(SET) {
-            return soft::xts_chunked(self, buf, unit_len, tweaks, Direction::Decrypt);
-        }
-        // SAFETY: as in `encrypt_ecb`.
-        unsafe { xts::<false>(&self.keys, buf, unit_len, tweaks) }
-    }
-
-    fn cbc_encrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
-        // SAFETY: as in `encrypt_ecb`.
-        unsafe { cbc_encrypt(&self.keys, buf, unit_len, ivs) }
-    }
-
-    fn cbc_decrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
-        if !unit_len.is_multiple_of(SET) {
-            return soft::cbc_decrypt_chunked(self, buf, unit_len, ivs);
-        }
-        // SAFETY: as in `encrypt_ecb`.
-        unsafe { cbc_decrypt(&self.keys, buf, unit_len, ivs) }
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Building blocks. All `#[inline]` so they melt into the kernels (same target features).
@@ -129,13 +62,6 @@ fn store_set(bytes: &mut [u8; SET], s: State) {
         _mm256_storeu_si256(p.add(64).cast(), s[2]);
         _mm256_storeu_si256(p.add(96).cast(), s[3]);
     }
-}
-
-#[inline]
-#[target_feature(enable = "avx2")]
-fn load_block(bytes: &[u8; BLOCK]) -> __m128i {
-    // SAFETY: one 16-byte unaligned load of exactly `bytes`.
-    unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) }
 }
 
 /// 4x4 transpose of 32-bit words inside each 128-bit lane (an involution).
@@ -206,32 +132,6 @@ fn inv_round(a: &__m256i, b: &mut __m256i, c: &mut __m256i, d: &mut __m256i, k: 
     *d = x(s3, 5);
 }
 
-/// Encrypt (`ENC`) or decrypt `N` transposed sets, round by round across the sets so their
-/// independent dependency chains overlap.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn cipher<const ENC: bool, const N: usize>(keys: &RoundKeys, s: &mut [State; N]) {
-    if ENC {
-        for k in keys.keys().chunks_exact(4) {
-            for [a, b, c, d] in s.iter_mut() {
-                round(a, b, c, d, &k[0]);
-                round(b, c, d, a, &k[1]);
-                round(c, d, a, b, &k[2]);
-                round(d, a, b, c, &k[3]);
-            }
-        }
-    } else {
-        for k in keys.dec_keys().chunks_exact(4).rev() {
-            for [a, b, c, d] in s.iter_mut() {
-                inv_round(d, a, b, c, &k[3]);
-                inv_round(c, d, a, b, &k[2]);
-                inv_round(b, c, d, a, &k[1]);
-                inv_round(a, b, c, d, &k[0]);
-            }
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // XTS tweak arithmetic on transposed sets (word `i` of eight tweaks in register `i`).
 
@@ -243,6 +143,16 @@ fn reduce_small(c: __m256i) -> __m256i {
     let a = _mm256_xor_si256(c, _mm256_slli_epi32::<1>(c));
     let b = _mm256_xor_si256(_mm256_slli_epi32::<2>(c), _mm256_slli_epi32::<7>(c));
     _mm256_xor_si256(a, b)
+}
+
+/// Per-lane exponents of the tweaks of a pair's two sets: lane `j` of the first set holds block
+/// `LANE_BLOCK[j]` of the unit's run, of the second `LANES + LANE_BLOCK[j]`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn lane_exponents() -> (__m256i, __m256i) {
+    let b = LANE_BLOCK;
+    let e_a = _mm256_setr_epi32(b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]);
+    (e_a, _mm256_add_epi32(e_a, _mm256_set1_epi32(8)))
 }
 
 /// Lane `j` gets `t * x^e[j]` for a tweak `t` broadcast to all lanes and exponents `e[j] < 25`.
@@ -277,76 +187,13 @@ fn mul_x16(t: State) -> State {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Kernels.
+// CBC helpers.
 
-/// ECB over every whole block of `buf`: pairs of sets, one set, then a zero-padded partial set.
+/// Block `b` in every 128-bit lane (the chaining value before a set, in the top lane).
+#[inline]
 #[target_feature(enable = "avx2")]
-fn ecb<const ENC: bool>(keys: &RoundKeys, buf: &mut [u8]) {
-    let (pairs, rest) = buf.as_chunks_mut::<PAIR>();
-    for pair in pairs {
-        let (a, b) = pair.split_at_mut(SET);
-        let (a, b): (&mut [u8; SET], &mut [u8; SET]) =
-            (a.try_into().unwrap(), b.try_into().unwrap());
-        let mut s = [transpose(load_set(a)), transpose(load_set(b))];
-        cipher::<ENC, 2>(keys, &mut s);
-        store_set(a, transpose(s[0]));
-        store_set(b, transpose(s[1]));
-    }
-    let (sets, tail) = rest.as_chunks_mut::<SET>();
-    for set in sets {
-        let mut s = [transpose(load_set(set))];
-        cipher::<ENC, 1>(keys, &mut s);
-        store_set(set, transpose(s[0]));
-    }
-    let tail_len = tail.len() - tail.len() % BLOCK;
-    if tail_len > 0 {
-        let mut tmp = [0u8; SET];
-        tmp[..tail_len].copy_from_slice(&tail[..tail_len]);
-        let mut s = [transpose(load_set(&tmp))];
-        cipher::<ENC, 1>(keys, &mut s);
-        store_set(&mut tmp, transpose(s[0]));
-        tail[..tail_len].copy_from_slice(&tmp[..tail_len]);
-        zeroize::Zeroize::zeroize(&mut tmp);
-    }
-}
-
-/// XTS over whole units, `unit_len` a multiple of [`SET`]. Per unit: the tweaks of the first two
-/// sets come from the unit's tweak by per-lane shifts, later ones by `* x^16` per pair.
-#[target_feature(enable = "avx2")]
-fn xts<const ENC: bool>(keys: &RoundKeys, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
-    let b = LANE_BLOCK;
-    let e_a = _mm256_setr_epi32(b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]);
-    let e_b = _mm256_add_epi32(e_a, _mm256_set1_epi32(8));
-    for (unit, tweak) in buf.chunks_exact_mut(unit_len).zip(tweaks) {
-        let t: State = core::array::from_fn(|i| {
-            splat(u32::from_le_bytes(
-                tweak[4 * i..4 * i + 4].try_into().unwrap(),
-            ))
-        });
-        let mut ta = tweak_powers(&t, e_a);
-        let mut tb = tweak_powers(&t, e_b);
-        let (pairs, rest) = unit.as_chunks_mut::<PAIR>();
-        for pair in pairs {
-            let (a, b) = pair.split_at_mut(SET);
-            let (a, b): (&mut [u8; SET], &mut [u8; SET]) =
-                (a.try_into().unwrap(), b.try_into().unwrap());
-            let mut s = [
-                xor4(transpose(load_set(a)), ta),
-                xor4(transpose(load_set(b)), tb),
-            ];
-            cipher::<ENC, 2>(keys, &mut s);
-            store_set(a, transpose(xor4(s[0], ta)));
-            store_set(b, transpose(xor4(s[1], tb)));
-            ta = mul_x16(ta);
-            tb = mul_x16(tb);
-        }
-        // `unit_len % SET == 0`, so at most one set is left; its tweaks continue from `ta`.
-        if let Ok(set) = <&mut [u8; SET]>::try_from(rest) {
-            let mut s = [xor4(transpose(load_set(set)), ta)];
-            cipher::<ENC, 1>(keys, &mut s);
-            store_set(set, transpose(xor4(s[0], ta)));
-        }
-    }
+fn broadcast_block(b: __m128i) -> __m256i {
+    _mm256_broadcastsi128_si256(b)
 }
 
 /// For each register of a loaded (untransposed) set, the ciphertext block preceding each of its
@@ -363,47 +210,6 @@ fn shifted(prev: __m256i, r: &State) -> State {
     ]
 }
 
-/// CBC decryption of whole units, `unit_len` a multiple of [`SET`]: all blocks are independent,
-/// so pairs of sets run like ECB and the chaining XOR comes from the loaded ciphertext.
-#[target_feature(enable = "avx2")]
-fn cbc_decrypt(keys: &RoundKeys, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
-    for (unit, iv) in buf.chunks_exact_mut(unit_len).zip(ivs) {
-        let mut prev = _mm256_broadcastsi128_si256(load_block(iv));
-        let (pairs, rest) = unit.as_chunks_mut::<PAIR>();
-        for pair in pairs {
-            let (a, b) = pair.split_at_mut(SET);
-            let (a, b): (&mut [u8; SET], &mut [u8; SET]) =
-                (a.try_into().unwrap(), b.try_into().unwrap());
-            let (ra, rb) = (load_set(a), load_set(b));
-            let pa = shifted(prev, &ra);
-            let pb = shifted(ra[3], &rb);
-            prev = rb[3];
-            let mut s = [transpose(ra), transpose(rb)];
-            cipher::<false, 2>(keys, &mut s);
-            store_set(a, xor4(transpose(s[0]), pa));
-            store_set(b, xor4(transpose(s[1]), pb));
-        }
-        if let Ok(set) = <&mut [u8; SET]>::try_from(rest) {
-            let r = load_set(set);
-            let p = shifted(prev, &r);
-            let mut s = [transpose(r)];
-            cipher::<false, 1>(keys, &mut s);
-            store_set(set, xor4(transpose(s[0]), p));
-        }
-    }
-}
-
-/// Load 16 bytes from `p`.
-///
-/// # Safety
-/// `p..p + 16` must be readable.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn load_at(p: *const u8) -> __m128i {
-    // SAFETY: guaranteed by the caller; `loadu` has no alignment requirement.
-    unsafe { _mm_loadu_si128(p.cast()) }
-}
-
 /// Gather block `at / 16` of eight units starting at `base + offs[k]` (lane `l` of register `p` =
 /// unit `2p + l`, the same order as [`load_set`] on eight consecutive blocks).
 ///
@@ -411,7 +217,7 @@ unsafe fn load_at(p: *const u8) -> __m128i {
 /// `base + offs[k] + at .. + 16` must be readable for every `k`.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn gather(base: *const u8, offs: &[usize; 8], at: usize) -> State {
+unsafe fn gather(base: *const u8, offs: &[usize; LANES], at: usize) -> State {
     let mut r = [_mm256_setzero_si256(); 4];
     for (p, v) in r.iter_mut().enumerate() {
         // SAFETY: both ranges are readable (caller's guarantee).
@@ -423,107 +229,4 @@ unsafe fn gather(base: *const u8, offs: &[usize; 8], at: usize) -> State {
         }
     }
     r
-}
-
-/// CBC encryption: each unit is a serial chain, so eight units run side by side, one per lane,
-/// with the chaining value kept transposed. In a last group of `n < 8` units the idle lanes
-/// repeat the last unit and are never stored.
-#[target_feature(enable = "avx2")]
-fn cbc_encrypt(keys: &RoundKeys, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
-    assert!(
-        unit_len > 0 && unit_len.is_multiple_of(BLOCK),
-        "unit length must be a positive multiple of 16"
-    );
-    let units = (buf.len() / unit_len).min(ivs.len());
-    for first in (0..units).step_by(8) {
-        let n = (units - first).min(8);
-        let group = &mut buf[first * unit_len..(first + n) * unit_len];
-        let offs: [usize; 8] = core::array::from_fn(|k| k.min(n - 1) * unit_len);
-        let mut out = [0u8; SET];
-        for (slot, &o) in out.chunks_exact_mut(BLOCK).zip(&offs) {
-            slot.copy_from_slice(&ivs[first + o / unit_len]);
-        }
-        let mut chain = transpose(load_set(&out));
-        let base = group.as_mut_ptr();
-        for at in (0..unit_len).step_by(BLOCK) {
-            // SAFETY: `offs[k] + at + 16 <= (n - 1) * unit_len + unit_len = group.len()`.
-            let p = unsafe { gather(base, &offs, at) };
-            let mut s = [xor4(transpose(p), chain)];
-            cipher::<true, 1>(keys, &mut s);
-            chain = s[0];
-            // Through a stack buffer: plain 16-byte copies instead of lane extracts.
-            store_set(&mut out, transpose(chain));
-            for (k, block) in out.chunks_exact(BLOCK).take(n).enumerate() {
-                // SAFETY: as for `gather`, the block is inside `group`, which `base` borrows
-                // uniquely; lanes `k < n` are distinct units.
-                unsafe {
-                    core::ptr::copy_nonoverlapping(block.as_ptr(), base.add(offs[k] + at), BLOCK)
-                };
-            }
-        }
-        zeroize::Zeroize::zeroize(&mut out);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::soft::test_support::*;
-    use super::*;
-
-    fn make(key: &[u8]) -> Box<dyn BlockEngine> {
-        Box::new(LeaAvx2::new(key).expect("avx2"))
-    }
-
-    fn available() -> bool {
-        let ok = std::is_x86_feature_detected!("avx2");
-        if !ok {
-            eprintln!("skipped: no AVX2 on this CPU");
-        }
-        ok
-    }
-
-    #[test]
-    fn kisa_vectors() {
-        if available() {
-            check_kisa(&make);
-        }
-    }
-
-    #[test]
-    fn xts_vectors() {
-        if available() {
-            check_xts(&make);
-        }
-    }
-
-    #[test]
-    fn lane_order_matches_transpose() {
-        if !available() {
-            return;
-        }
-        let mut bytes = [0u8; SET];
-        for (i, b) in bytes.chunks_exact_mut(BLOCK).enumerate() {
-            for w in b.chunks_exact_mut(4) {
-                w.copy_from_slice(&(i as u32).to_le_bytes());
-            }
-        }
-        // SAFETY: this test only runs after checking for AVX2.
-        let lanes = unsafe { word0_lanes(&bytes) };
-        assert_eq!(lanes, LANE_BLOCK);
-    }
-
-    #[target_feature(enable = "avx2")]
-    fn word0_lanes(bytes: &[u8; SET]) -> [i32; 8] {
-        let w = transpose(load_set(bytes));
-        let mut out = [0u8; SET];
-        store_set(&mut out, [w[0]; 4]);
-        core::array::from_fn(|i| i32::from_le_bytes(out[4 * i..4 * i + 4].try_into().unwrap()))
-    }
-
-    #[test]
-    fn random_against_portable_and_defaults() {
-        if available() {
-            compare_random(&make, 256, 300);
-        }
-    }
 }

@@ -5,8 +5,12 @@
 //! - [`soft`]: portable Rust, also the key schedule the SIMD backends share.
 //! - `avx2`: eight blocks per 256-bit register set (words of eight blocks transposed into lanes).
 //! - `avx512`: sixteen blocks per 512-bit register set, with native rotates (`vprold`).
+//! - `simd`: the engine and mode loops both SIMD backends expand from their own primitives.
 
 pub(crate) mod soft;
+
+#[cfg(target_arch = "x86_64")]
+mod simd;
 
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)] // AVX2 kernels
