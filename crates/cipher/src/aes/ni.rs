@@ -14,9 +14,9 @@ use core::arch::x86_64::*;
 
 use zeroize::Zeroize;
 
-use super::x86::{load_rk, units_region, whole_blocks, RoundKeys};
+use super::x86::{load_rk, RoundKeys};
 use crate::backend::Backend;
-use crate::engine::{Block, BlockEngine, BLOCK};
+use crate::engine::{Block, BLOCK};
 
 /// Blocks in flight.
 const LANES: usize = 8;
@@ -48,45 +48,7 @@ impl AesNi {
     }
 }
 
-impl BlockEngine for AesNi {
-    fn backend(&self) -> Backend {
-        Backend::AesNi
-    }
-
-    fn encrypt_ecb(&self, buf: &mut [u8]) {
-        // SAFETY: `self._cpu` proves aes and sse4.1 were detected (see `new`).
-        unsafe { ecb::<false>(&self.keys, whole_blocks(buf)) }
-    }
-
-    fn decrypt_ecb(&self, buf: &mut [u8]) {
-        // SAFETY: `self._cpu` proves aes and sse4.1 were detected (see `new`).
-        unsafe { ecb::<true>(&self.keys, whole_blocks(buf)) }
-    }
-
-    fn xts_encrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
-        let buf = units_region(buf, unit_len, tweaks.len());
-        // SAFETY: `self._cpu` proves aes and sse4.1 were detected (see `new`).
-        unsafe { xts::<false>(&self.keys, buf, unit_len, tweaks) }
-    }
-
-    fn xts_decrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
-        let buf = units_region(buf, unit_len, tweaks.len());
-        // SAFETY: `self._cpu` proves aes and sse4.1 were detected (see `new`).
-        unsafe { xts::<true>(&self.keys, buf, unit_len, tweaks) }
-    }
-
-    fn cbc_encrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
-        let buf = units_region(buf, unit_len, ivs.len());
-        // SAFETY: `self._cpu` proves aes and sse4.1 were detected (see `new`).
-        unsafe { cbc_encrypt(&self.keys, buf, unit_len, ivs) }
-    }
-
-    fn cbc_decrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
-        let buf = units_region(buf, unit_len, ivs.len());
-        // SAFETY: `self._cpu` proves aes and sse4.1 were detected (see `new`).
-        unsafe { cbc_decrypt(&self.keys, buf, unit_len, ivs) }
-    }
-}
+super::x86::x86_block_engine!(AesNi, Backend::AesNi);
 
 // ---------------------------------------------------------------------------------------------
 // Leaf helpers. All are `#[inline]` with the same features, so they melt into the kernels.
@@ -461,31 +423,24 @@ fn cbc_encrypt_batch<const N: usize>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::x86::testing;
+    use super::super::x86::testing::{self, available};
     use super::*;
+    use crate::engine::BlockEngine;
 
     fn make(key: &[u8]) -> Box<dyn BlockEngine> {
         Box::new(AesNi::new(key).expect("this test needs AES-NI"))
     }
 
-    fn available() -> bool {
-        let ok = Backend::AesNi.is_available();
-        if !ok {
-            eprintln!("AES-NI not available: skipped");
-        }
-        ok
-    }
-
     #[test]
-    fn fips197_appendix_c() {
-        if available() {
-            testing::check_fips197(make);
+    fn standard_vectors() {
+        if available(Backend::AesNi) {
+            testing::check_standard_vectors(make);
         }
     }
 
     #[test]
     fn key_schedule_matches_fips197_appendix_a() {
-        if !available() {
+        if !available(Backend::AesNi) {
             return;
         }
         // Last round keys of the FIPS-197 Appendix A expansions.
@@ -512,24 +467,11 @@ mod tests {
     }
 
     #[test]
-    fn xts_ieee1619_vectors() {
-        if available() {
-            testing::check_ieee1619(make);
-        }
-    }
-
-    #[test]
     fn matches_generic_modes() {
-        if available() {
+        if available(Backend::AesNi) {
+            // The reference modes on this engine's own ECB, and on the portable (bitsliced) AES:
+            // an independent key schedule and round implementation.
             testing::compare_with_generic(make, make, 0x5eed_0001, 120);
-        }
-    }
-
-    #[test]
-    fn matches_generic_modes_on_portable_aes() {
-        if available() {
-            // The reference modes on the portable (bitsliced) AES: an independent key schedule
-            // and round implementation.
             testing::compare_with_generic(
                 make,
                 |k| Box::new(super::super::soft::AesSoft::new(k)),

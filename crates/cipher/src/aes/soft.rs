@@ -539,54 +539,30 @@ fn top_forward(q: &State) -> Top {
 /// the 18 products the output layer combines.
 #[inline(always)]
 fn sbox_core(top: &Top) -> [u64; 18] {
-    let Top {
-        x7,
-        y1,
-        y2,
-        y3,
-        y4,
-        y5,
-        y6,
-        y7,
-        y8,
-        y9,
-        y10,
-        y11,
-        y12,
-        y13,
-        y14,
-        y15,
-        y16,
-        y17,
-        y18,
-        y19,
-        y20,
-        y21,
-    } = *top;
     // Non-linear middle: inversion in the tower field.
-    let t2 = y12 & y15;
-    let t3 = y3 & y6;
+    let t2 = top.y12 & top.y15;
+    let t3 = top.y3 & top.y6;
     let t4 = t3 ^ t2;
-    let t5 = y4 & x7;
+    let t5 = top.y4 & top.x7;
     let t6 = t5 ^ t2;
-    let t7 = y13 & y16;
-    let t8 = y5 & y1;
+    let t7 = top.y13 & top.y16;
+    let t8 = top.y5 & top.y1;
     let t9 = t8 ^ t7;
-    let t10 = y2 & y7;
+    let t10 = top.y2 & top.y7;
     let t11 = t10 ^ t7;
-    let t12 = y9 & y11;
-    let t13 = y14 & y17;
+    let t12 = top.y9 & top.y11;
+    let t13 = top.y14 & top.y17;
     let t14 = t13 ^ t12;
-    let t15 = y8 & y10;
+    let t15 = top.y8 & top.y10;
     let t16 = t15 ^ t12;
     let t17 = t4 ^ t14;
     let t18 = t6 ^ t16;
     let t19 = t9 ^ t14;
     let t20 = t11 ^ t16;
-    let t21 = t17 ^ y20;
-    let t22 = t18 ^ y19;
-    let t23 = t19 ^ y21;
-    let t24 = t20 ^ y18;
+    let t21 = t17 ^ top.y20;
+    let t22 = t18 ^ top.y19;
+    let t23 = t19 ^ top.y21;
+    let t24 = t20 ^ top.y18;
 
     let t25 = t21 ^ t22;
     let t26 = t21 & t23;
@@ -610,24 +586,24 @@ fn sbox_core(top: &Top) -> [u64; 18] {
     let t43 = t29 ^ t40;
     let t44 = t33 ^ t37;
     let t45 = t42 ^ t41;
-    let z0 = t44 & y15;
-    let z1 = t37 & y6;
-    let z2 = t33 & x7;
-    let z3 = t43 & y16;
-    let z4 = t40 & y1;
-    let z5 = t29 & y7;
-    let z6 = t42 & y11;
-    let z7 = t45 & y17;
-    let z8 = t41 & y10;
-    let z9 = t44 & y12;
-    let z10 = t37 & y3;
-    let z11 = t33 & y4;
-    let z12 = t43 & y13;
-    let z13 = t40 & y5;
-    let z14 = t29 & y2;
-    let z15 = t42 & y9;
-    let z16 = t45 & y14;
-    let z17 = t41 & y8;
+    let z0 = t44 & top.y15;
+    let z1 = t37 & top.y6;
+    let z2 = t33 & top.x7;
+    let z3 = t43 & top.y16;
+    let z4 = t40 & top.y1;
+    let z5 = t29 & top.y7;
+    let z6 = t42 & top.y11;
+    let z7 = t45 & top.y17;
+    let z8 = t41 & top.y10;
+    let z9 = t44 & top.y12;
+    let z10 = t37 & top.y3;
+    let z11 = t33 & top.y4;
+    let z12 = t43 & top.y13;
+    let z13 = t40 & top.y5;
+    let z14 = t29 & top.y2;
+    let z15 = t42 & top.y9;
+    let z16 = t45 & top.y14;
+    let z17 = t41 & top.y8;
 
     [
         z0, z1, z2, z3, z4, z5, z6, z7, z8, z9, z10, z11, z12, z13, z14, z15, z16, z17,

@@ -23,9 +23,9 @@ use core::marker::PhantomData;
 
 use zeroize::Zeroize;
 
-use super::x86::{units_region, whole_blocks, RoundKeys};
+use super::x86::RoundKeys;
 use crate::backend::Backend;
-use crate::engine::{Block, BlockEngine, BLOCK};
+use crate::engine::{Block, BLOCK};
 
 /// Registers in flight.
 const REGS: usize = 8;
@@ -104,45 +104,7 @@ impl Vaes512 {
     }
 }
 
-impl BlockEngine for Vaes512 {
-    fn backend(&self) -> Backend {
-        Backend::Vaes512
-    }
-
-    fn encrypt_ecb(&self, buf: &mut [u8]) {
-        // SAFETY: `self._cpu` proves the kernel's target features were detected (see `new`).
-        unsafe { ecb::<false>(&self.keys, whole_blocks(buf)) }
-    }
-
-    fn decrypt_ecb(&self, buf: &mut [u8]) {
-        // SAFETY: `self._cpu` proves the kernel's target features were detected (see `new`).
-        unsafe { ecb::<true>(&self.keys, whole_blocks(buf)) }
-    }
-
-    fn xts_encrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
-        let buf = units_region(buf, unit_len, tweaks.len());
-        // SAFETY: `self._cpu` proves the kernel's target features were detected (see `new`).
-        unsafe { xts::<false>(&self.keys, buf, unit_len, tweaks) }
-    }
-
-    fn xts_decrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
-        let buf = units_region(buf, unit_len, tweaks.len());
-        // SAFETY: `self._cpu` proves the kernel's target features were detected (see `new`).
-        unsafe { xts::<true>(&self.keys, buf, unit_len, tweaks) }
-    }
-
-    fn cbc_encrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
-        let buf = units_region(buf, unit_len, ivs.len());
-        // SAFETY: `self._cpu` proves the kernel's target features were detected (see `new`).
-        unsafe { cbc_encrypt(&self.keys, buf, unit_len, ivs) }
-    }
-
-    fn cbc_decrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
-        let buf = units_region(buf, unit_len, ivs.len());
-        // SAFETY: `self._cpu` proves the kernel's target features were detected (see `new`).
-        unsafe { cbc_decrypt(&self.keys, buf, unit_len, ivs) }
-    }
-}
+super::x86::x86_block_engine!(Vaes512, Backend::Vaes512);
 
 // ---------------------------------------------------------------------------------------------
 // Leaf helpers, inlined into the kernels (same target features).
@@ -293,25 +255,16 @@ fn mul_lanes(t: __m512i, shifts: __m512i) -> __m512i {
     xor3(shifted, into_high, reduced)
 }
 
-/// Every lane times `a^8`: a one-byte shift of the lane, the carried-out byte times 0x87.
+/// Every lane times `a^(8 M)`: an `M`-byte shift of the lane, and the `M` bytes shifted out
+/// (brought down by `TOP = 16 - M` bytes) times 0x87.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
-fn mul_a8(t: __m512i) -> __m512i {
-    let top = _mm512_bsrli_epi128(t, 15);
+fn mul_bytes<const M: i32, const TOP: i32>(t: __m512i) -> __m512i {
+    const { assert!(M + TOP == 16 && M <= 7) };
+    let top = _mm512_bsrli_epi128::<TOP>(t);
     _mm512_xor_si512(
-        _mm512_bslli_epi128(t, 1),
-        _mm512_clmulepi64_epi128(top, gf_poly(), 0x00),
-    )
-}
-
-/// Every lane times `a^16`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
-fn mul_a16(t: __m512i) -> __m512i {
-    let top = _mm512_bsrli_epi128(t, 14);
-    _mm512_xor_si512(
-        _mm512_bslli_epi128(t, 2),
-        _mm512_clmulepi64_epi128(top, gf_poly(), 0x00),
+        _mm512_bslli_epi128::<M>(t),
+        _mm512_clmulepi64_epi128::<0x00>(top, gf_poly()),
     )
 }
 
@@ -319,11 +272,7 @@ fn mul_a16(t: __m512i) -> __m512i {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
 fn mul_a32(t: __m512i) -> __m512i {
-    let top = _mm512_bsrli_epi128(t, 12);
-    _mm512_xor_si512(
-        _mm512_bslli_epi128(t, 4),
-        _mm512_clmulepi64_epi128(top, gf_poly(), 0x00),
-    )
+    mul_bytes::<4, 12>(t)
 }
 
 /// The 32 tweaks `T a^0 .. T a^31` of a group starting a unit, four per register.
@@ -333,17 +282,17 @@ fn unit_tweaks(t: &Block) -> [__m512i; REGS] {
     let b = _mm512_broadcast_i32x4(load_block(t, 0));
     let r0 = mul_lanes(b, _mm512_set_epi64(3, 3, 2, 2, 1, 1, 0, 0));
     let r1 = mul_lanes(b, _mm512_set_epi64(7, 7, 6, 6, 5, 5, 4, 4));
-    let r2 = mul_a8(r0);
-    let r3 = mul_a8(r1);
+    let r2 = mul_bytes::<1, 15>(r0);
+    let r3 = mul_bytes::<1, 15>(r1);
     [
         r0,
         r1,
         r2,
         r3,
-        mul_a16(r0),
-        mul_a16(r1),
-        mul_a16(r2),
-        mul_a16(r3),
+        mul_bytes::<2, 14>(r0),
+        mul_bytes::<2, 14>(r1),
+        mul_bytes::<2, 14>(r2),
+        mul_bytes::<2, 14>(r3),
     ]
 }
 
@@ -806,40 +755,26 @@ fn gather(b: [__m128i; 4]) -> __m512i {
 #[cfg(test)]
 mod tests {
     use super::super::ni::AesNi;
-    use super::super::x86::testing;
+    use super::super::x86::testing::{self, available};
     use super::*;
+    use crate::engine::BlockEngine;
 
     fn make(key: &[u8]) -> Box<dyn BlockEngine> {
         Box::new(Vaes512::new(key).expect("this test needs VAES + AVX-512"))
     }
 
-    fn available() -> bool {
-        let ok = Backend::Vaes512.is_available();
-        if !ok {
-            eprintln!("VAES + AVX-512 not available: skipped");
-        }
-        ok
-    }
-
     #[test]
-    fn fips197_appendix_c() {
-        if available() {
-            testing::check_fips197(make);
-        }
-    }
-
-    #[test]
-    fn xts_ieee1619_vectors() {
-        if available() {
-            testing::check_ieee1619(make);
+    fn standard_vectors() {
+        if available(Backend::Vaes512) {
+            testing::check_standard_vectors(make);
         }
     }
 
     #[test]
     fn matches_generic_modes() {
-        if available() {
-            // The generic modes run on this engine's own ECB, and on AES-NI's (an independent
-            // implementation of the rounds and key layout).
+        if available(Backend::Vaes512) {
+            // The generic modes run on this engine's own ECB, on AES-NI's and on the portable
+            // (bitsliced) AES's: independent implementations of the rounds and key layout.
             testing::compare_with_generic(make, make, 0x5eed_0002, 120);
             testing::compare_with_generic(
                 make,
@@ -847,12 +782,18 @@ mod tests {
                 0x5eed_0003,
                 60,
             );
+            testing::compare_with_generic(
+                make,
+                |k| Box::new(super::super::soft::AesSoft::new(k)),
+                0x5eed_0005,
+                25,
+            );
         }
     }
 
     #[test]
     fn unit_tweaks_match_scalar_alpha_chain() {
-        if !available() {
+        if !available(Backend::Vaes512) {
             return;
         }
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
@@ -881,20 +822,6 @@ mod tests {
                 let got = unsafe { lanes(&first, steps) };
                 assert_eq!(got, want[steps * GROUP..(steps + 1) * GROUP]);
             }
-        }
-    }
-
-    #[test]
-    fn matches_generic_modes_on_portable_aes() {
-        if available() {
-            // The reference modes on the portable (bitsliced) AES: an independent key schedule
-            // and round implementation.
-            testing::compare_with_generic(
-                make,
-                |k| Box::new(super::super::soft::AesSoft::new(k)),
-                0x5eed_0005,
-                25,
-            );
         }
     }
 }

@@ -31,6 +31,56 @@ pub(crate) fn whole_blocks(buf: &mut [u8]) -> &mut [u8] {
     &mut buf[..n]
 }
 
+/// `impl BlockEngine` for an x86 AES engine: its module has the kernels `ecb::<DEC>`,
+/// `xts::<DEC>`, `cbc_encrypt` and `cbc_decrypt` over `self.keys`, and the engine is only made
+/// after detecting their target features (its `_cpu` field is the proof). Every method trims its
+/// buffer to whole blocks or whole units first, so that the kernels never see a partial one.
+macro_rules! x86_block_engine {
+    ($engine:ty, $backend:expr) => {
+        impl $crate::engine::BlockEngine for $engine {
+            fn backend(&self) -> $crate::backend::Backend {
+                $backend
+            }
+
+            fn encrypt_ecb(&self, buf: &mut [u8]) {
+                // SAFETY: `self._cpu` proves the kernel's target features were detected.
+                unsafe { ecb::<false>(&self.keys, $crate::aes::x86::whole_blocks(buf)) }
+            }
+
+            fn decrypt_ecb(&self, buf: &mut [u8]) {
+                // SAFETY: as in `encrypt_ecb`.
+                unsafe { ecb::<true>(&self.keys, $crate::aes::x86::whole_blocks(buf)) }
+            }
+
+            fn xts_encrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
+                let buf = $crate::aes::x86::units_region(buf, unit_len, tweaks.len());
+                // SAFETY: as in `encrypt_ecb`.
+                unsafe { xts::<false>(&self.keys, buf, unit_len, tweaks) }
+            }
+
+            fn xts_decrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
+                let buf = $crate::aes::x86::units_region(buf, unit_len, tweaks.len());
+                // SAFETY: as in `encrypt_ecb`.
+                unsafe { xts::<true>(&self.keys, buf, unit_len, tweaks) }
+            }
+
+            fn cbc_encrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
+                let buf = $crate::aes::x86::units_region(buf, unit_len, ivs.len());
+                // SAFETY: as in `encrypt_ecb`.
+                unsafe { cbc_encrypt(&self.keys, buf, unit_len, ivs) }
+            }
+
+            fn cbc_decrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
+                let buf = $crate::aes::x86::units_region(buf, unit_len, ivs.len());
+                // SAFETY: as in `encrypt_ecb`.
+                unsafe { cbc_decrypt(&self.keys, buf, unit_len, ivs) }
+            }
+        }
+    };
+}
+
+pub(crate) use x86_block_engine;
+
 /// One 128-bit round key, 16-byte aligned so that aligned loads (foldable into the legacy-SSE
 /// `aesenc xmm, m128` form) are valid.
 #[derive(Clone, Copy)]
@@ -151,6 +201,21 @@ pub(crate) mod testing {
         fn decrypt_ecb(&self, buf: &mut [u8]) {
             self.0.decrypt_ecb(buf)
         }
+    }
+
+    /// Whether `backend` runs here; when not, says the test is skipped.
+    pub(crate) fn available(backend: Backend) -> bool {
+        let ok = backend.is_available();
+        if !ok {
+            eprintln!("{backend} not available on this CPU: skipped");
+        }
+        ok
+    }
+
+    /// The standard vectors: FIPS-197 Appendix C (ECB, every key size) and IEEE 1619 (XTS).
+    pub(crate) fn check_standard_vectors(make: impl Fn(&[u8]) -> Box<dyn BlockEngine>) {
+        check_fips197(&make);
+        check_ieee1619(&make);
     }
 
     /// FIPS-197 Appendix C: plaintext 00112233..ff, key 000102..; (key length, ciphertext).
