@@ -109,6 +109,12 @@ fn check<T>(b: &[u8], magic: u32, what: &str) -> Result<(), Header<T>> {
     Ok(())
 }
 
+/// Put the CRC of a header's first 60 bytes into its last 4, as both header kinds end.
+fn seal(b: &mut [u8; 64]) {
+    let c = crc(&b[..60]);
+    b[60..64].copy_from_slice(&c.to_be_bytes());
+}
+
 /// The erase-counter header at offset 0 of every PEB UBI has erased.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EcHdr {
@@ -132,8 +138,7 @@ impl EcHdr {
         b[16..20].copy_from_slice(&self.vid_hdr_offset.to_be_bytes());
         b[20..24].copy_from_slice(&self.data_offset.to_be_bytes());
         b[24..28].copy_from_slice(&self.image_seq.to_be_bytes());
-        let c = crc(&b[..60]);
-        b[60..64].copy_from_slice(&c.to_be_bytes());
+        seal(&mut b);
         b
     }
 
@@ -217,8 +222,7 @@ impl VidHdr {
         b[28..32].copy_from_slice(&self.data_pad.to_be_bytes());
         b[32..36].copy_from_slice(&self.data_crc.to_be_bytes());
         b[40..48].copy_from_slice(&self.sqnum.to_be_bytes());
-        let c = crc(&b[..60]);
-        b[60..64].copy_from_slice(&c.to_be_bytes());
+        seal(&mut b);
         b
     }
 

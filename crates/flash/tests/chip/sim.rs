@@ -5,17 +5,7 @@ use sectorcrypt_flash::{Error, Flash, Geometry};
 use sectorcrypt_storage::{FileStorage, MemStorage};
 use sectorcrypt_testkit::{pattern, scratch};
 
-/// A small SLC chip: 16 KiB blocks of 2 KiB pages (512-byte sub-pages, NOP 4), 16 blocks.
-fn small() -> Geometry {
-    Geometry {
-        peb_size: 16 * 1024,
-        page_size: 2048,
-        sub_page_size: 512,
-        oob_size: 64,
-        peb_count: 16,
-        nop: 4,
-    }
-}
+use crate::small;
 
 fn chip(g: Geometry, bad: &[u32]) -> SimNand {
     let mem = MemStorage::new(vec![0; SimNand::image_len(&g) as usize]);

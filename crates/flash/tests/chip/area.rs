@@ -5,20 +5,11 @@ use std::sync::Arc;
 
 use sectorcrypt_flash::area::BlockArea;
 use sectorcrypt_flash::sim::SimNand;
-use sectorcrypt_flash::{Flash, Geometry};
+use sectorcrypt_flash::Flash;
 use sectorcrypt_storage::{FileStorage, Storage};
 use sectorcrypt_testkit::{pattern, scratch};
 
-fn geometry() -> Geometry {
-    Geometry {
-        peb_size: 16 * 1024,
-        page_size: 2048,
-        sub_page_size: 512,
-        oob_size: 64,
-        peb_count: 16,
-        nop: 4,
-    }
-}
+use crate::small;
 
 const BLOCK: usize = 16 * 1024;
 
@@ -26,9 +17,9 @@ const BLOCK: usize = 16 * 1024;
 fn bad_blocks_are_skipped_and_bytes_map_in_order() {
     let dir = scratch("flash-area-map");
     let path = dir.join("nand.img");
-    std::fs::write(&path, vec![0; SimNand::image_len(&geometry()) as usize]).unwrap();
+    std::fs::write(&path, vec![0; SimNand::image_len(&small()) as usize]).unwrap();
     let chip: Arc<dyn Flash> =
-        Arc::new(SimNand::create(FileStorage::open(&path).unwrap(), geometry(), &[1, 4]).unwrap());
+        Arc::new(SimNand::create(FileStorage::open(&path).unwrap(), small(), &[1, 4]).unwrap());
     let area = BlockArea::open(chip.clone(), 0, 3).unwrap();
     assert_eq!(area.blocks(), &[3, 5, 6], "the journal in blocks 0 and 2");
     assert_eq!(area.end(), 7);
@@ -54,7 +45,7 @@ fn bad_blocks_are_skipped_and_bytes_map_in_order() {
 /// holds its old or its new contents.
 #[test]
 fn every_block_is_old_or_new_after_a_power_cut_at_any_operation() {
-    let g = geometry();
+    let g = small();
     let dir = scratch("flash-area-cuts");
     let template = dir.join("template.img");
     std::fs::write(&template, vec![0; SimNand::image_len(&g) as usize]).unwrap();
