@@ -13,7 +13,8 @@
 //! - [`sim::SimNand`]: a simulated chip kept in a file (or memory), with per-block erase counts and
 //!   per-page program counts as ground truth, nandsim-like fault injection and power cuts.
 //!
-//! On top of any of them, [`area::BlockArea`] turns a run of eraseblocks into a small rewritable
+//! On top of any of them, [`crypt::CryptFlash`] is the encryption layer at the thesis' cut point (a
+//! `Flash` storing only ciphertext on another), [`area::BlockArea`] turns a run of eraseblocks into a small rewritable
 //! `Storage` whose block rewrites survive power cuts (where an encrypted flash keeps its header),
 //! and [`part::Partition`] gives the blocks after it to UBI as a chip of their own.
 //!
@@ -21,6 +22,7 @@
 //! as several volumes of one UBI device do.
 
 pub mod area;
+pub mod crypt;
 mod error;
 mod geometry;
 pub mod part;

@@ -1,7 +1,8 @@
-//! The flash crate's tests, one binary: the simulated chip (`sim`) and the header area built on
-//! it (`area`).
+//! The flash crate's tests, one binary: the simulated chip (`sim`), the encryption layer on it
+//! (`crypt`) and the header area (`area`).
 
 mod area;
+mod crypt;
 mod sim;
 
 use sectorcrypt_flash::Geometry;
