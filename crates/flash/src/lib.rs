@@ -12,6 +12,8 @@
 //!
 //! - [`sim::SimNand`]: a simulated chip kept in a file (or memory), with per-block erase counts and
 //!   per-page program counts as ground truth, nandsim-like fault injection and power cuts.
+//! - [`dump::DumpFlash`]: a raw dump in `nanddump`'s layout (data only, or with spare areas), for
+//!   exchange with mtd-utils, ubi_reader and the kernel.
 //!
 //! On top of any of them, [`crypt::CryptFlash`] is the encryption layer at the thesis' cut point (a
 //! `Flash` storing only ciphertext on another), [`area::BlockArea`] turns a run of eraseblocks into a small rewritable
@@ -23,6 +25,7 @@
 
 pub mod area;
 pub mod crypt;
+pub mod dump;
 mod error;
 mod geometry;
 pub mod part;

@@ -1,8 +1,9 @@
 //! The flash crate's tests, one binary: the simulated chip (`sim`), the encryption layer on it
-//! (`crypt`) and the header area (`area`).
+//! (`crypt`), dumps in nanddump's layout (`dump`) and the header area (`area`).
 
 mod area;
 mod crypt;
+mod dump;
 mod sim;
 
 use sectorcrypt_flash::Geometry;

@@ -1,0 +1,222 @@
+//! A raw flash dump in `nanddump`'s layout as a chip: what mtd-utils, ubi_reader and a kernel
+//! nandsim exchange.
+//!
+//! Two layouts, as `nanddump` writes them: data only (the eraseblocks one after another; what
+//! `nanddump -f` writes and what `ubireader_*` and `nandwrite` read), or each page followed by its
+//! spare area (`nanddump --oob`, `nandwrite --oob`). The geometry is not in the file: it comes from
+//! the caller (the chip the dump was taken from), and the block count from the file's length.
+//!
+//! A dump keeps bytes, not history, so of NAND's rules it enforces those the bytes can show:
+//! erase sets a block (and its spare areas) to 0xFF, programs only clear bits and are sub-page
+//! aligned. Program counts (NOP) and page order need a chip's record of past programs (the
+//! simulated chip keeps one). Bad blocks are the factory marker, as in the kernel: a non-0xFF first
+//! byte in the spare area of a block's first page, so only a dump with spare areas has them; in a
+//! data-only dump every block is good (`nanddump --bb=padbad` writes bad blocks as 0xFF).
+
+use crate::{Error, Flash, Geometry, ReadStatus};
+use sectorcrypt_storage::Storage;
+
+/// Whether each page of the dump is followed by its spare (OOB) area.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Data only, the eraseblocks one after another (`nanddump -f FILE`).
+    DataOnly,
+    /// Each page followed by its spare area (`nanddump --oob -f FILE`).
+    WithOob,
+}
+
+/// A `nanddump`-layout dump in a [`Storage`], as a [`Flash`].
+pub struct DumpFlash {
+    storage: Box<dyn Storage>,
+    geometry: Geometry,
+    layout: Layout,
+}
+
+fn io(e: std::io::Error) -> Error {
+    Error::Io(e)
+}
+
+impl DumpFlash {
+    /// The dump in `storage`, taken from a chip shaped as `shape` (whose `peb_count` is ignored:
+    /// the dump's length sets it).
+    ///
+    /// Errors: [`Error::Geometry`] for an invalid shape or a length that is not whole
+    /// eraseblocks of it; [`Error::Io`].
+    pub fn open(
+        storage: Box<dyn Storage>,
+        shape: Geometry,
+        layout: Layout,
+    ) -> Result<DumpFlash, Error> {
+        let len = storage.len().map_err(io)?;
+        let block = Self::block_bytes(&shape, layout);
+        if len == 0 || !len.is_multiple_of(block) {
+            return Err(Error::Geometry(format!(
+                "{} is {len} bytes, not a whole number of {block}-byte eraseblocks{}",
+                storage.name(),
+                if layout == Layout::WithOob {
+                    " with spare areas"
+                } else {
+                    ""
+                }
+            )));
+        }
+        let count = u32::try_from(len / block)
+            .map_err(|_| Error::Geometry(format!("{} has too many eraseblocks", storage.name())))?;
+        let geometry = Geometry {
+            peb_count: count,
+            ..shape
+        };
+        geometry.validate()?;
+        Ok(DumpFlash {
+            storage,
+            geometry,
+            layout,
+        })
+    }
+
+    /// Bytes a dump of `geometry` in `layout` takes.
+    pub fn image_len(geometry: &Geometry, layout: Layout) -> u64 {
+        Self::block_bytes(geometry, layout) * u64::from(geometry.peb_count)
+    }
+
+    fn block_bytes(g: &Geometry, layout: Layout) -> u64 {
+        u64::from(g.pages_per_peb()) * u64::from(Self::page_stride(g, layout))
+    }
+
+    fn page_stride(g: &Geometry, layout: Layout) -> u32 {
+        match layout {
+            Layout::DataOnly => g.page_size,
+            Layout::WithOob => g.page_size + g.oob_size,
+        }
+    }
+
+    /// The layout of the file.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// File offset of byte `offset` of eraseblock `peb` (inside one page).
+    fn data_at(&self, peb: u32, offset: u32) -> u64 {
+        let g = &self.geometry;
+        let stride = u64::from(Self::page_stride(g, self.layout));
+        Self::block_bytes(g, self.layout) * u64::from(peb)
+            + u64::from(offset / g.page_size) * stride
+            + u64::from(offset % g.page_size)
+    }
+
+    /// The pieces of `offset .. offset + len` of a block that lie in one page each:
+    /// (offset in the block, length).
+    fn page_pieces(&self, offset: u32, len: usize) -> impl Iterator<Item = (u32, usize)> {
+        let page = self.geometry.page_size;
+        let end = offset as usize + len;
+        let mut at = offset as usize;
+        std::iter::from_fn(move || {
+            (at < end).then(|| {
+                let n = (page as usize - at % page as usize).min(end - at);
+                let piece = (at as u32, n);
+                at += n;
+                piece
+            })
+        })
+    }
+
+    fn oob_at(&self, peb: u32, page: u32) -> Result<u64, Error> {
+        if self.layout == Layout::DataOnly {
+            return Err(Error::Format(
+                "a data-only dump has no spare areas (take it with nanddump --oob)".into(),
+            ));
+        }
+        let g = &self.geometry;
+        Ok(self.data_at(peb, page * g.page_size) + u64::from(g.page_size))
+    }
+}
+
+impl Flash for DumpFlash {
+    fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    fn read(&self, peb: u32, offset: u32, buf: &mut [u8]) -> Result<ReadStatus, Error> {
+        self.geometry.check_range(peb, offset, buf.len())?;
+        let mut done = 0;
+        for (at, n) in self.page_pieces(offset, buf.len()) {
+            self.storage
+                .read_at(&mut buf[done..done + n], self.data_at(peb, at))
+                .map_err(io)?;
+            done += n;
+        }
+        Ok(ReadStatus::default())
+    }
+
+    fn program(&self, peb: u32, offset: u32, data: &[u8]) -> Result<(), Error> {
+        let g = &self.geometry;
+        g.check_range(peb, offset, data.len())?;
+        let sub = g.sub_page_size as usize;
+        if !(offset as usize).is_multiple_of(sub) || !data.len().is_multiple_of(sub) {
+            return Err(Error::Unaligned(format!(
+                "a program of {} bytes at offset {offset} is not in whole {sub}-byte sub-pages",
+                data.len()
+            )));
+        }
+        if self.is_bad(peb)? {
+            return Err(Error::BadBlock(peb));
+        }
+        let mut done = 0;
+        for (at, n) in self.page_pieces(offset, data.len()) {
+            let pos = self.data_at(peb, at);
+            let mut cells = vec![0u8; n];
+            self.storage.read_at(&mut cells, pos).map_err(io)?;
+            for (c, d) in cells.iter_mut().zip(&data[done..done + n]) {
+                *c &= d;
+            }
+            self.storage.write_at(&cells, pos).map_err(io)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn erase(&self, peb: u32) -> Result<(), Error> {
+        self.geometry.check_range(peb, 0, 0)?;
+        if self.is_bad(peb)? {
+            return Err(Error::BadBlock(peb));
+        }
+        let len = Self::block_bytes(&self.geometry, self.layout);
+        let start = self.data_at(peb, 0);
+        self.storage
+            .write_at(&vec![0xFF; len as usize], start)
+            .map_err(io)
+    }
+
+    fn read_oob(&self, peb: u32, page: u32, buf: &mut [u8]) -> Result<(), Error> {
+        let g = &self.geometry;
+        g.check_range(peb, 0, 0)?;
+        if page >= g.pages_per_peb() || buf.len() > g.oob_size as usize {
+            return Err(Error::OutOfRange(format!(
+                "{} spare bytes of page {page} of eraseblock {peb}",
+                buf.len()
+            )));
+        }
+        let at = self.oob_at(peb, page)?;
+        self.storage.read_at(buf, at).map_err(io)
+    }
+
+    fn is_bad(&self, peb: u32) -> Result<bool, Error> {
+        self.geometry.check_range(peb, 0, 0)?;
+        if self.layout == Layout::DataOnly {
+            return Ok(false);
+        }
+        let mut marker = [0u8; 1];
+        self.read_oob(peb, 0, &mut marker)?;
+        Ok(marker[0] != 0xFF)
+    }
+
+    fn mark_bad(&self, peb: u32) -> Result<(), Error> {
+        self.geometry.check_range(peb, 0, 0)?;
+        let at = self.oob_at(peb, 0)?;
+        self.storage.write_at(&[0], at).map_err(io)
+    }
+
+    fn sync(&self) -> Result<(), Error> {
+        self.storage.sync().map_err(io)
+    }
+}
