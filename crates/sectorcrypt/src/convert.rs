@@ -13,12 +13,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, Mode, State};
-use sectorcrypt_luks::luks2::Header as Luks2Header;
+use sectorcrypt_luks::luks2::reencrypt::{InitOptions, Mode};
 use sectorcrypt_luks::{FormatOptions, Header};
 use sectorcrypt_storage::{FileStorage, FsDirectory, Storage};
-use sectorcrypt_volume::convert::{self, ExportPlan, NewKey, Placement};
-use sectorcrypt_volume::datashift;
+use sectorcrypt_volume::convert::{self, read_luks2, ExportPlan, Placement, ShiftedPlan};
 use sectorcrypt_volume::reencrypt::{run, Options, Outcome, DEFAULT_HOTZONE};
 use sectorcrypt_volume::Error as VolumeError;
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -26,7 +24,7 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 use crate::progress::Reporter;
 use crate::units::parse_size;
 
-use crate::exit::{CliError, Code};
+use crate::exit::CliError;
 use crate::keyfile::KeyArgs;
 use crate::keyslots::{confirm, new_passphrase, open_rw, pbkdf_options};
 use crate::pbkdf_args::{CipherArgs, PbkdfArgs};
@@ -85,6 +83,14 @@ pub(crate) struct DecryptArgs {
     header: Option<PathBuf>,
     #[command(flatten)]
     run: RunArgs,
+}
+
+impl RunArgs {
+    /// The passphrase of `device`, from the key file or a prompt.
+    fn passphrase(&self, device: &Path) -> Result<zeroize::Zeroizing<Vec<u8>>, CliError> {
+        self.key
+            .read(&format!("Enter passphrase for {}: ", device.display()))
+    }
 }
 
 /// SIGINT and SIGTERM set the returned flag; the conversion stops at its next safe point.
@@ -163,31 +169,11 @@ fn run_reporting(
     }
 }
 
-/// The conversion hashes the data in 4 KiB blocks (cryptsetup's checksum resilience): refuse a
-/// device whose size does not split into them before anything is written.
-fn check_size(device: &Path, len: u64) -> Result<(), CliError> {
-    const BLOCK: u64 = 4096;
-    if len == 0 || !len.is_multiple_of(BLOCK) {
-        return Err(CliError {
-            code: Code::Device,
-            message: format!(
-                "{} is {len} bytes; converting in place needs a size that is a non-zero multiple \
-                 of {BLOCK} bytes",
-                device.display()
-            ),
-        });
-    }
-    Ok(())
-}
-
 /// The header at `path` must record a conversion in progress of `mode`.
 fn check_in_progress(path: &Path, mode: Mode) -> Result<(), CliError> {
     let h = read_luks2(&open_rw(path)?)?;
-    Ok(convert::expect_in_progress(
-        &h,
-        &path.display().to_string(),
-        mode,
-    )?)
+    convert::resuming(&h, &path.display().to_string(), mode, true)?;
+    Ok(())
 }
 
 /// The reencryption's start options: cryptsetup's defaults, but with `--pbkdf-force-iterations`
@@ -219,9 +205,6 @@ fn device_len(dev: &FileStorage) -> Result<u64, CliError> {
         .map_err(|e| CliError::io(format!("cannot read the size of {}", dev.name()), e))
 }
 
-/// The largest data shift (half of `--reduce-device-size`), as cryptsetup's 1 GiB limit.
-const MAX_REDUCE: u64 = 1 << 30;
-
 pub(crate) fn encrypt(args: EncryptArgs) -> Result<(), CliError> {
     match (&args.header, args.reduce_device_size) {
         (Some(_), Some(_)) => Err(CliError::usage(
@@ -245,21 +228,18 @@ pub(crate) fn encrypt(args: EncryptArgs) -> Result<(), CliError> {
 fn has_conversion(path: &Path, mode: Mode) -> bool {
     FileStorage::open_read_only(path)
         .ok()
-        .and_then(|dev| Luks2Header::read(&dev).ok())
-        .and_then(|h| reencrypt::parse(h.metadata()).ok().flatten())
-        .is_some_and(|r| r.keyslot.mode == mode)
+        .and_then(|dev| read_luks2(&dev).ok())
+        .is_some_and(|h| convert::resuming(&h, "", mode, true).is_ok())
 }
 
 fn encrypt_detached(args: &EncryptArgs, header_path: &Path) -> Result<(), CliError> {
     let data = open_rw(&args.device)?;
     let data_len = device_len(&data)?;
-    check_size(&args.device, data_len)?;
+    convert::check_size(&data.name(), data_len)?;
     let stop = stop_on_signals()?;
     let pass = if args.run.resume_only {
         check_in_progress(header_path, Mode::Encrypt)?;
-        args.run
-            .key
-            .read(&format!("Enter passphrase for {}: ", args.device.display()))?
+        args.run.passphrase(&args.device)?
     } else {
         start(args, header_path, &data, data_len)?
     };
@@ -271,57 +251,29 @@ fn encrypt_detached(args: &EncryptArgs, header_path: &Path) -> Result<(), CliErr
 /// `reduce` is `None` when resuming what the device records.
 fn encrypt_shifted(args: &EncryptArgs, reduce: Option<u64>) -> Result<(), CliError> {
     let dev = open_rw(&args.device)?;
-    let len = device_len(&dev)?;
-    check_size(&args.device, len)?;
-    if let Some(r) = reduce {
-        if r == 0 || r > MAX_REDUCE || !r.is_multiple_of(8192) {
-            return Err(CliError::usage(format!(
-                "--reduce-device-size {r}: it must be a non-zero multiple of 8 KiB (the data \
-                 moves by half of it, in whole 4 KiB blocks), at most 1 GiB"
-            )));
-        }
-    }
+    // Installed first: planning may finish a start cut short (writes).
     let stop = stop_on_signals()?;
-    // A start cut short is finished first (no secret needed: the prepared header is complete).
-    let in_place = match reduce {
-        Some(r) => datashift::header_in_place(&dev, r / 2)?,
-        None => true,
-    };
-    let pass = if in_place {
-        let h = match Header::read(&dev)? {
-            Header::Luks2(h) => *h,
-            Header::Luks1(_) => return Err(already_luks(&args.device)),
-        };
-        if reencrypt::state(h.metadata()) == State::None {
-            return Err(already_luks(&args.device));
+    let plan = convert::plan_shifted_encryption(&dev, reduce, args.run.resume_only)?;
+    let pass = match plan {
+        ShiftedPlan::Resume => args.run.passphrase(&args.device)?,
+        ShiftedPlan::Fresh { shift, keep } => {
+            let options = format_options(args, Some(shift))?;
+            let warning = format!(
+                "WARNING!\n========\nThis will encrypt {} in place. Its first {keep} bytes are \
+                 kept (behind a {shift}-byte header); the last {} bytes must be unused (shrink \
+                 the file system first): they are overwritten.",
+                args.device.display(),
+                2 * shift
+            );
+            let len = device_len(&dev)?;
+            let (image, pass) =
+                new_header(args, &options, shift, len, &warning, Placement::DataShift)?;
+            convert::start_shifted_encryption(&dev, &image)?;
+            pass
         }
-        check_in_progress(&args.device, Mode::Encrypt)?;
-        args.run
-            .key
-            .read(&format!("Enter passphrase for {}: ", args.device.display()))?
-    } else if args.run.resume_only {
-        return Err(CliError {
-            code: Code::Device,
-            message: format!(
-                "{} has no encryption in progress to resume",
-                args.device.display()
-            ),
-        });
-    } else {
-        start_shifted(args, &dev, len, reduce.unwrap_or(0) / 2)?
     };
     let resume = resume_hint("encrypt", &args.device, None);
     convert(&resume, &args.device, &dev, &pass, &args.run, &stop)
-}
-
-fn already_luks(device: &Path) -> CliError {
-    CliError {
-        code: Code::Busy,
-        message: format!(
-            "{} already has a LUKS header; it is encrypted already",
-            device.display()
-        ),
-    }
 }
 
 /// The LUKS2 options of a new encryption.
@@ -338,39 +290,6 @@ fn format_options(args: &EncryptArgs, data_offset: Option<u64>) -> Result<Format
     };
     options.check()?;
     Ok(options)
-}
-
-/// A new shifted encryption by `shift` bytes: check everything, build the header for the start
-/// of the device in memory, then start (the copy to the end, the prepared header, the install).
-fn start_shifted(
-    args: &EncryptArgs,
-    dev: &FileStorage,
-    len: u64,
-    shift: u64,
-) -> Result<zeroize::Zeroizing<Vec<u8>>, CliError> {
-    let Some(keep) = datashift::encrypt_data_size(len, shift) else {
-        return Err(CliError {
-            code: Code::Device,
-            message: format!(
-                "{} is {len} bytes, too small for --reduce-device-size {}: it needs at least \
-                 three times the shift ({} bytes)",
-                args.device.display(),
-                2 * shift,
-                3 * shift
-            ),
-        });
-    };
-    let options = format_options(args, Some(shift))?;
-    let warning = format!(
-        "WARNING!\n========\nThis will encrypt {} in place. Its first {keep} bytes are kept \
-         (behind a {shift}-byte header); the last {} bytes must be unused (shrink the file \
-         system first): they are overwritten.",
-        args.device.display(),
-        2 * shift
-    );
-    let (image, pass) = new_header(args, &options, shift, len, &warning, Placement::DataShift)?;
-    convert::start_shifted_encryption(dev, &image)?;
-    Ok(pass)
 }
 
 /// Confirm `warning`, ask for the new passphrase, and build the new encryption's header in
@@ -427,27 +346,22 @@ pub(crate) fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
     let header = open_rw(&header_path)?;
     let stop = stop_on_signals()?;
     let h = read_luks2(&header)?;
-    let in_progress = reencrypt::state(h.metadata()) != State::None;
-    if args.run.resume_only || in_progress {
-        check_in_progress(&header_path, Mode::Reencrypt)?;
-    }
-    let pass = args
-        .run
-        .key
-        .read(&format!("Enter passphrase for {}: ", args.device.display()))?;
+    let name = header_path.display().to_string();
+    let in_progress = convert::resuming(&h, &name, Mode::Reencrypt, args.run.resume_only)?;
+    let pass = args.run.passphrase(&args.device)?;
     if !in_progress {
-        let seg = h.data_segment()?;
-        let data_len = data
-            .len()
-            .map_err(|e| CliError::io(format!("cannot read the size of {}", data.name()), e))?;
-        check_size(&args.device, data_len.saturating_sub(seg.offset))?;
+        let data_len = device_len(&data)?;
+        let offset = h.data_segment()?.offset;
+        convert::check_size(&data.name(), data_len.saturating_sub(offset))?;
         let old = h.unlock(&header, &pass, None)?;
         let pbkdf = pbkdf_options(&args.pbkdf)?.luks2()?;
-        let target = reencrypt::Target {
-            cipher: args.cipher.clone().unwrap_or_else(|| seg.cipher.clone()),
-            sector_size: args.sector_size.unwrap_or(seg.sector_size),
-        };
-        let key_len = convert::new_key_len(&target.cipher, args.key_size, old.volume_key.len())?;
+        let new = convert::plan_reencryption(
+            &h,
+            args.cipher.as_deref(),
+            args.key_size,
+            args.sector_size,
+            old.volume_key.len(),
+        )?;
         let others = h.metadata().keyslots.iter().count().saturating_sub(1);
         confirm(
             args.run.batch,
@@ -463,10 +377,7 @@ pub(crate) fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
             &h,
             &old.volume_key,
             &pass,
-            &NewKey {
-                len: key_len,
-                target,
-            },
+            &new,
             &pbkdf,
             &init_options(&args.pbkdf),
         )?;
@@ -490,33 +401,18 @@ pub(crate) fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
         }));
     };
     let data = open_rw(&args.device)?;
-    let data_len = device_len(&data)?;
-    check_size(&args.device, data_len)?;
+    convert::check_size(&data.name(), device_len(&data)?)?;
     let stop = stop_on_signals()?;
     if !header_path.exists() {
         return decrypt_attached(&args, &header_path, &data, &stop);
     }
     let header = open_rw(&header_path)?;
     let h = read_luks2(&header)?;
-    let in_progress = reencrypt::state(h.metadata()) != State::None;
-    if args.run.resume_only || in_progress {
-        check_in_progress(&header_path, Mode::Decrypt)?;
-    }
-    let pass = args
-        .run
-        .key
-        .read(&format!("Enter passphrase for {}: ", args.device.display()))?;
+    let name = header_path.display().to_string();
+    let in_progress = convert::resuming(&h, &name, Mode::Decrypt, args.run.resume_only)?;
+    let pass = args.run.passphrase(&args.device)?;
     if !in_progress {
-        convert::check_encrypted(&h, &args.device.display().to_string())?;
-        let seg = h.data_segment()?;
-        if seg.offset != 0 {
-            return Err(CliError::usage(format!(
-                "the data of {} starts at byte {} of {}: not a detached-header volume",
-                header_path.display(),
-                seg.offset,
-                args.device.display()
-            )));
-        }
+        convert::check_detached_decryption(&h, &name, &args.device.display().to_string())?;
         let unlocked = h.unlock(&header, &pass, None)?;
         confirm(
             args.run.batch,
@@ -544,10 +440,7 @@ fn decrypt_attached(
     let (dir, name) = directory_of(header_path)?;
     let plan = convert::plan_exported_decryption(dev, &dir, &name, args.run.resume_only)
         .map_err(|e| with_resume_hint(e, &args.device))?;
-    let pass = args
-        .run
-        .key
-        .read(&format!("Enter passphrase for {}: ", args.device.display()))?;
+    let pass = args.run.passphrase(&args.device)?;
     if let ExportPlan::Fresh(h) = &plan {
         // A wrong passphrase is refused before anything is written.
         h.unlock(dev, &pass, None)?;
@@ -600,20 +493,8 @@ fn start(
     data: &FileStorage,
     data_len: u64,
 ) -> Result<zeroize::Zeroizing<Vec<u8>>, CliError> {
-    if Header::read(data).is_ok() {
-        return Err(already_luks(&args.device));
-    }
-    if let Ok(existing) = FileStorage::open_read_only(header_path) {
-        if Header::read(&existing).is_ok() {
-            return Err(CliError {
-                code: Code::Busy,
-                message: format!(
-                    "{} already holds a LUKS header (to continue an encryption, add --resume-only)",
-                    header_path.display()
-                ),
-            });
-        }
-    }
+    let existing = FileStorage::open_read_only(header_path).ok();
+    convert::check_new_encryption(data, existing.as_ref().map(|f| f as &dyn Storage))?;
     let options = format_options(args, None)?;
     let warning = format!(
         "WARNING!\n========\nThis will encrypt {} in place and write its header to {}.",
@@ -635,11 +516,4 @@ fn start(
     let (dir, name) = directory_of(header_path)?;
     convert::start_detached_encryption(&dir, &name, &image)?;
     Ok(pass)
-}
-
-fn read_luks2(dev: &FileStorage) -> Result<Luks2Header, CliError> {
-    match Header::read(dev)? {
-        Header::Luks2(h) => Ok(*h),
-        Header::Luks1(_) => Err(CliError::usage("LUKS1 has no in-place encryption metadata")),
-    }
 }

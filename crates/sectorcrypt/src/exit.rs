@@ -106,6 +106,14 @@ impl From<VolumeError> for CliError {
     fn from(e: VolumeError) -> Self {
         match e {
             VolumeError::Luks(l) => l.into(),
+            VolumeError::WrongDevice(message) => CliError {
+                code: Code::Device,
+                message,
+            },
+            VolumeError::Exists(message) => CliError {
+                code: Code::Busy,
+                message,
+            },
             other => CliError::usage(chain(&other)),
         }
     }

@@ -24,17 +24,166 @@
 //!   `FILE.partial` and carries on from it; while the device's own header is still there, it is
 //!   exported afresh.
 //!
-//! The callers (the command line) check their arguments, ask for passphrases and confirmation,
+//! Before any of these, the `plan_*` and `check_*` functions here decide, from the device alone,
+//! whether the conversion asked for is a fresh start, a resume, or refused (a device too small or
+//! of a size the checksums cannot cover, a header already there, a conversion of another kind in
+//! progress), so that a refusal comes before any passphrase is asked and anything is written.
+//!
+//! The callers (the command line) parse their arguments, ask for passphrases and confirmation,
 //! and then call these; the conversion itself is [`crate::reencrypt::run`].
 
 use sectorcrypt_cipher::CipherSpec;
 use sectorcrypt_luks::luks2::metadata::SegmentEntry;
-use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, Target};
+use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, Mode, State, Target};
 use sectorcrypt_luks::luks2::{random_bytes, Header as Luks2Header, Pbkdf};
 use sectorcrypt_luks::{FormatOptions, Header};
 use sectorcrypt_storage::{install_file, rename_durably, Directory, MemStorage, Storage};
 
 use crate::{datashift, Error};
+
+/// The checksum resilience (cryptsetup's) hashes the data in blocks of this size.
+const CHECKSUM_BLOCK: u64 = 4096;
+
+/// The largest `reduce` of a shifted encryption (twice the shift), as cryptsetup's 1 GiB limit.
+const MAX_REDUCE: u64 = 1 << 30;
+
+/// A `len`-byte `device` can be converted in place: its size splits into the 4 KiB blocks the
+/// checksums cover.
+///
+/// Errors: [`Error::WrongDevice`] otherwise.
+pub fn check_size(device: &str, len: u64) -> Result<(), Error> {
+    if len == 0 || !len.is_multiple_of(CHECKSUM_BLOCK) {
+        return Err(Error::WrongDevice(format!(
+            "{device} is {len} bytes; converting in place needs a size that is a non-zero \
+             multiple of {CHECKSUM_BLOCK} bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// The LUKS2 header on `dev` (in-place conversions record their state in LUKS2 metadata only).
+///
+/// Errors: [`Error::Luks`] if there is none; [`Error::Refused`] for LUKS1.
+pub fn read_luks2(dev: &dyn Storage) -> Result<Luks2Header, Error> {
+    match Header::read(dev)? {
+        Header::Luks2(h) => Ok(*h),
+        Header::Luks1(_) => Err(Error::Refused(
+            "LUKS1 has no in-place encryption metadata".into(),
+        )),
+    }
+}
+
+/// Whether the header `h` of `device` has a `mode` conversion to resume (`true`) or none in
+/// progress, so one may start (`false`).
+///
+/// Errors: [`Error::Refused`] when it records another kind of conversion, or when `resume_only`
+/// finds nothing to resume.
+pub fn resuming(
+    h: &Luks2Header,
+    device: &str,
+    mode: Mode,
+    resume_only: bool,
+) -> Result<bool, Error> {
+    let in_progress = reencrypt::state(h.metadata()) != State::None;
+    if resume_only || in_progress {
+        expect_in_progress(h, device, mode)?;
+    }
+    Ok(in_progress)
+}
+
+/// A new encryption of `data` with a detached header may start: neither `data` nor the file
+/// where the header goes (`header`, if it exists) holds a LUKS header.
+///
+/// Errors: [`Error::Exists`] naming which one does.
+pub fn check_new_encryption(data: &dyn Storage, header: Option<&dyn Storage>) -> Result<(), Error> {
+    if Header::read(data).is_ok() {
+        return Err(already_encrypted(&data.name()));
+    }
+    match header {
+        Some(file) if Header::read(file).is_ok() => Err(Error::Exists(format!(
+            "{} already holds a LUKS header (an encryption recorded there is resumed, not \
+             started again)",
+            file.name()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn already_encrypted(device: &str) -> Error {
+    Error::Exists(format!(
+        "{device} already has a LUKS header; it is encrypted already"
+    ))
+}
+
+/// What an encryption with the header on the device (data shifted) does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShiftedPlan {
+    /// The device records the encryption (its header is installed): resume it.
+    Resume,
+    /// Start one: the header takes the first `shift` bytes, the first `keep` bytes of plaintext
+    /// move `shift` bytes on.
+    Fresh {
+        /// The data shift, half of what the device is reduced by.
+        shift: u64,
+        /// The plaintext kept.
+        keep: u64,
+    },
+}
+
+/// Decide how to encrypt `dev` with the header at its start, the device reduced by `reduce`
+/// bytes (the shift is half of it; `None`: resume what the device records). A start cut short
+/// before its header was installed is finished first (no secret needed: the prepared header is
+/// complete), after which it is a resume.
+///
+/// Errors: [`Error::Refused`] for a `reduce` that is not a non-zero multiple of 8 KiB up to
+/// 1 GiB, or a conversion of another kind in progress; [`Error::WrongDevice`] for a device whose
+/// size does not fit ([`check_size`], less than three shifts) or, with `resume_only`, that has
+/// nothing to resume; [`Error::Exists`] for a device encrypted already; [`Error::Io`].
+pub fn plan_shifted_encryption(
+    dev: &dyn Storage,
+    reduce: Option<u64>,
+    resume_only: bool,
+) -> Result<ShiftedPlan, Error> {
+    let name = dev.name();
+    let len = dev.len()?;
+    check_size(&name, len)?;
+    let Some(reduce) = reduce else {
+        return resume_shifted(dev);
+    };
+    if reduce == 0 || reduce > MAX_REDUCE || !reduce.is_multiple_of(2 * CHECKSUM_BLOCK) {
+        return Err(Error::Refused(format!(
+            "reducing the device by {reduce} bytes: it must be a non-zero multiple of 8 KiB \
+             (the data moves by half of it, in whole 4 KiB blocks), at most 1 GiB"
+        )));
+    }
+    let shift = reduce / 2;
+    if datashift::header_in_place(dev, shift)? {
+        return resume_shifted(dev);
+    }
+    if resume_only {
+        return Err(Error::WrongDevice(format!(
+            "{name} has no encryption in progress to resume"
+        )));
+    }
+    let keep = datashift::encrypt_data_size(len, shift).ok_or_else(|| {
+        Error::WrongDevice(format!(
+            "{name} is {len} bytes, too small to be reduced by {reduce}: it needs at least three \
+             times the shift ({} bytes)",
+            3 * shift
+        ))
+    })?;
+    Ok(ShiftedPlan::Fresh { shift, keep })
+}
+
+/// The header installed on `dev` must record an encryption in progress.
+fn resume_shifted(dev: &dyn Storage) -> Result<ShiftedPlan, Error> {
+    let h = match Header::read(dev)? {
+        Header::Luks2(h) if reencrypt::state(h.metadata()) != State::None => h,
+        _ => return Err(already_encrypted(&dev.name())),
+    };
+    expect_in_progress(&h, &dev.name(), Mode::Encrypt)?;
+    Ok(ShiftedPlan::Resume)
+}
 
 /// Where a new encryption puts its header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,6 +249,28 @@ fn io_on(dir: &dyn Directory, name: &str, what: &str, e: std::io::Error) -> Erro
 /// covers is copied away ([`datashift::start_encrypt`], which a rerun finishes after a crash).
 pub fn start_shifted_encryption(dev: &dyn Storage, image: &[u8]) -> Result<(), Error> {
     datashift::start_encrypt(dev, image)
+}
+
+/// What a reencryption of the volume whose header is `h` converts to, from what was asked
+/// (`None`: keep the current cipher or sector size; the key length as [`new_key_len`] decides),
+/// with `old_len` the current volume key's length. Checked before anything is written.
+///
+/// Errors: [`Error::Refused`] as [`new_key_len`]; [`Error::Luks`] for a header with no data
+/// segment.
+pub fn plan_reencryption(
+    h: &Luks2Header,
+    cipher: Option<&str>,
+    key_bits: Option<usize>,
+    sector_size: Option<u32>,
+    old_len: usize,
+) -> Result<NewKey, Error> {
+    let segment = h.data_segment()?;
+    let target = Target {
+        cipher: cipher.unwrap_or(&segment.cipher).to_string(),
+        sector_size: sector_size.unwrap_or(segment.sector_size),
+    };
+    let len = new_key_len(&target.cipher, key_bits, old_len)?;
+    Ok(NewKey { len, target })
 }
 
 /// What a reencryption converts to.
@@ -246,6 +417,21 @@ pub fn start_exported_decryption(
     rename_durably(dir, &partial, name).map_err(|e| io_on(dir, &partial, "renaming", e))
 }
 
+/// The detached header `h` (in the file `header`) of `device` can start a decryption: it
+/// describes encrypted data that starts at the device's first byte.
+///
+/// Errors: [`Error::Refused`] otherwise.
+pub fn check_detached_decryption(h: &Luks2Header, header: &str, device: &str) -> Result<(), Error> {
+    check_encrypted(h, device)?;
+    let offset = h.data_segment()?.offset;
+    if offset != 0 {
+        return Err(Error::Refused(format!(
+            "the data of {header} starts at byte {offset} of {device}: not a detached-header volume"
+        )));
+    }
+    Ok(())
+}
+
 /// A header whose data segment is plaintext (`linear`) has nothing to decrypt.
 pub fn check_encrypted(h: &Luks2Header, device: &str) -> Result<(), Error> {
     if h.metadata()
@@ -337,5 +523,66 @@ pub fn expect_in_progress(
             "{device} has no {} in progress to resume",
             mode.as_str()
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn plaintext(len: u64) -> MemStorage {
+        MemStorage::new(vec![0x5a; len as usize])
+    }
+
+    #[test]
+    fn sizes_that_checksums_cannot_cover_are_refused() {
+        assert!(check_size("d", 8192).is_ok());
+        for len in [0, 4095, 4097, 8192 + 512] {
+            assert!(
+                matches!(check_size("d", len), Err(Error::WrongDevice(_))),
+                "{len}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_shifted_encryption_is_planned_from_the_device_alone() {
+        let dev = plaintext(12 * MIB);
+        assert_eq!(
+            plan_shifted_encryption(&dev, Some(8 * MIB), false).unwrap(),
+            ShiftedPlan::Fresh {
+                shift: 4 * MIB,
+                keep: 4 * MIB
+            }
+        );
+        for reduce in [0, 4096, 3 * 4096, 2 << 30] {
+            assert!(
+                matches!(
+                    plan_shifted_encryption(&dev, Some(reduce), false),
+                    Err(Error::Refused(_))
+                ),
+                "reduce {reduce}"
+            );
+        }
+        // Less than three shifts: the prepared header would overlap the copy.
+        assert!(matches!(
+            plan_shifted_encryption(&dev, Some(10 * MIB), false),
+            Err(Error::WrongDevice(_))
+        ));
+        assert!(matches!(
+            plan_shifted_encryption(&dev, Some(8 * MIB), true),
+            Err(Error::WrongDevice(_))
+        ));
+        // Nothing to resume on plaintext: no header at all.
+        assert!(matches!(
+            plan_shifted_encryption(&dev, None, false),
+            Err(Error::Luks(_))
+        ));
+        assert!(
+            dev.contents().iter().all(|&b| b == 0x5a),
+            "planning wrote nothing"
+        );
     }
 }

@@ -82,6 +82,12 @@ pub enum Error {
     /// The device's state does not allow what was asked (nothing to resume, nothing to
     /// decrypt...); the text says what.
     Refused(String),
+    /// The device cannot take what was asked (its size, or no conversion on it to resume); the
+    /// text says what.
+    WrongDevice(String),
+    /// A header is there already where a new one would go (the device is encrypted already, or
+    /// a header file exists); the text says what.
+    Exists(String),
     /// The cipher refused (bad key, spec or sector size).
     Cipher(sectorcrypt_cipher::Error),
 }
@@ -108,7 +114,7 @@ impl fmt::Display for Error {
                 "{device} records {} in progress; finish it first",
                 mode.as_str()
             ),
-            Error::Refused(why) => f.write_str(why),
+            Error::Refused(why) | Error::WrongDevice(why) | Error::Exists(why) => f.write_str(why),
             Error::Cipher(e) => write!(f, "cipher error: {e}"),
         }
     }
