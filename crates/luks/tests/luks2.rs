@@ -210,12 +210,7 @@ fn formats_open_and_read_like_cryptsetup() {
             assert_eq!((h.label(), h.subsystem()), ("", ""), "{name}");
         }
 
-        let cs_json: Value = serde_json::from_str(&cryptsetup_ok(&[
-            "luksDump",
-            "--dump-json-metadata",
-            path(&img),
-        ]))
-        .unwrap();
+        let cs_json = cryptsetup_json(&img);
         assert_eq!(h.metadata().to_json(), cs_json, "{name}: metadata");
         assert_eq!(
             h.metadata().to_json_text(),
@@ -868,13 +863,7 @@ fn json_area_damage_is_refused() {
 fn luks1_is_not_luks2() {
     let dir = scratch("luks1");
     let k = key_file(&dir, "k", "pass");
-    let img = format(
-        &dir,
-        "v1",
-        &k,
-        4 * MIB,
-        &["--type", "luks1", "--pbkdf-force-iterations", "1000"],
-    );
+    let img = format(&dir, "v1", &k, 4 * MIB, &sectorcrypt_testkit::FAST_LUKS1);
     assert!(matches!(
         Header::read(&open(&img)),
         Err(Error::NotLuks { .. })
@@ -936,12 +925,7 @@ fn unfinished_reencryption_reads_and_opens_like_cryptsetup() {
     let h = read(&img);
     assert_eq!(h.metadata().keyslots.get(2).unwrap().kind(), "reencrypt");
     assert_eq!(h.dump_text(), cryptsetup_ok(&["luksDump", path(&img)]));
-    let cs_json: Value = serde_json::from_str(&cryptsetup_ok(&[
-        "luksDump",
-        "--dump-json-metadata",
-        path(&img),
-    ]))
-    .unwrap();
+    let cs_json = cryptsetup_json(&img);
     assert_eq!(h.metadata().to_json(), cs_json);
     let u = h.unlock(&dev, b"reencrypt me", None).unwrap();
     assert_eq!(Some(u.slot), cryptsetup_slot(&img, &k, None));

@@ -64,21 +64,44 @@ impl Fixture {
         self.dir.join(name)
     }
 
+    /// `cryptsetup luksFormat --type luks2 EXTRA... DEV` holding the first volume key.
+    fn format(&self, dev: &Path, extra: &[&str]) {
+        let mut args = vec!["luksFormat", "--type", "luks2"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--volume-key-file", path(&self.vk1_file), path(dev)]);
+        self.cs(&args);
+    }
+
     /// `cryptsetup luksFormat` of `dev` with the data at `offset` (bytes) and `sector_size`,
     /// holding the first volume key.
     fn format_attached(&self, dev: &Path, offset: u64, sector_size: u32) {
-        self.cs(&[
-            "luksFormat",
-            "--type",
-            "luks2",
-            "--offset",
-            &(offset / 512).to_string(),
-            "--sector-size",
-            &sector_size.to_string(),
-            "--volume-key-file",
-            path(&self.vk1_file),
-            path(dev),
-        ]);
+        let offset = (offset / 512).to_string();
+        self.format(
+            dev,
+            &[
+                "--offset",
+                &offset,
+                "--sector-size",
+                &sector_size.to_string(),
+            ],
+        );
+    }
+
+    /// `cryptsetup reencrypt ARGS... --force-offline-reencrypt --init-only DEV`: the operation
+    /// recorded in the header, nothing converted.
+    fn init_only(&self, args: &[&str], dev: &Path) {
+        let mut all = vec!["reencrypt"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--force-offline-reencrypt", "--init-only", path(dev)]);
+        self.cs(&all);
+    }
+
+    /// [`Fixture::init_only`] of an encryption of `dev` to the first volume key.
+    fn init_encrypt(&self, extra: &[&str], dev: &Path) {
+        let mut args = vec!["--encrypt", "--type", "luks2"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--volume-key-file", path(&self.vk1_file)]);
+        self.init_only(&args, dev);
     }
 
     /// `cryptsetup ARGS... --batch-mode --key-file K` with the fast PBKDF2, insisting on success.
@@ -111,14 +134,17 @@ fn read_header(p: &Path) -> Header {
     Header::read(&FileStorage::open_read_only(p).unwrap()).unwrap()
 }
 
-/// The JSON metadata cryptsetup shows.
-fn cs_json(hdr: &Path) -> Value {
-    serde_json::from_str(&cryptsetup_ok(&[
-        "luksDump",
-        "--dump-json-metadata",
-        path(hdr),
-    ]))
-    .unwrap()
+/// The header at `p`, which must record no operation any more.
+fn finished(p: &Path) -> Header {
+    let h = read_header(p);
+    assert_eq!(reencrypt::state(h.metadata()), State::None);
+    h
+}
+
+/// The volume keys the reencryption header `h` (read from the file `p`) opens with [`PASS`].
+fn unlock_keys(h: &Header, p: &Path) -> reencrypt::VolumeKeys {
+    let dev = FileStorage::open_read_only(p).unwrap();
+    reencrypt::unlock_volume_keys(h, &dev, PASS.as_bytes()).unwrap()
 }
 
 /// Replace every salt and digest value (random) by a placeholder.
@@ -186,6 +212,15 @@ struct Expect {
     moved: bool,
 }
 
+/// What `reencrypt --encrypt --header` records: checksum resilience, forward.
+const DETACHED_ENCRYPTION: Expect = Expect {
+    mode: Mode::Encrypt,
+    direction: Direction::Forward,
+    area_type: "checksum",
+    version: 2,
+    moved: false,
+};
+
 fn check_parsed(h: &Header, e: &Expect) -> reencrypt::Reencryption {
     let r = reencrypt::parse(h.metadata())
         .unwrap()
@@ -229,6 +264,18 @@ fn reenc_slot(v: &Value) -> String {
         .find(|(_, k)| k["type"] == "reencrypt")
         .map(|(n, _)| n.clone())
         .unwrap()
+}
+
+/// `theirs` with the iterations of the reencryption digest set to the count the builders are
+/// given: cryptsetup benchmarks that digest.
+fn with_forced_digest_iterations(mut theirs: Value) -> Value {
+    let slot = reenc_slot(&theirs);
+    for d in theirs["digests"].as_object_mut().unwrap().values_mut() {
+        if d["keyslots"] == json!([slot]) {
+            d["iterations"] = json!(1000);
+        }
+    }
+    theirs
 }
 
 /// A change to the JSON metadata.
@@ -359,44 +406,12 @@ fn encrypt_detached_header() {
     // The header cryptsetup formats before the init, kept to build from (the same format as
     // the encrypt path: detached, sector size 512, the given volume key).
     let fresh = f.file("fresh.hdr");
-    f.cs(&[
-        "luksFormat",
-        "--type",
-        "luks2",
-        "--header",
-        path(&fresh),
-        "--sector-size",
-        "512",
-        "--volume-key-file",
-        path(&f.vk1_file),
-        path(&data),
-    ]);
+    f.format(&data, &["--header", path(&fresh), "--sector-size", "512"]);
     let hdr = f.file("cs.hdr");
-    f.cs(&[
-        "reencrypt",
-        "--encrypt",
-        "--type",
-        "luks2",
-        "--header",
-        path(&hdr),
-        "--force-offline-reencrypt",
-        "--init-only",
-        "--volume-key-file",
-        path(&f.vk1_file),
-        path(&data),
-    ]);
+    f.init_encrypt(&["--header", path(&hdr)], &data);
     let h = read_header(&hdr);
     assert_eq!(reencrypt::state(h.metadata()), State::Clean);
-    let r = check_parsed(
-        &h,
-        &Expect {
-            mode: Mode::Encrypt,
-            direction: Direction::Forward,
-            area_type: "checksum",
-            version: 2,
-            moved: false,
-        },
-    );
+    let r = check_parsed(&h, &DETACHED_ENCRYPTION);
     assert_eq!(
         r.keyslot.resilience,
         Resilience::Checksum {
@@ -411,12 +426,7 @@ fn encrypt_detached_header() {
     assert_eq!(r.segments.len(), 1);
     assert_eq!(r.segments[0].kind, SegmentKind::Linear);
     assert!(reencrypt::verify_reencrypt_digest(&h, None, Some(&f.vk1)).unwrap());
-    let keys = reencrypt::unlock_volume_keys(
-        &h,
-        &FileStorage::open_read_only(&hdr).unwrap(),
-        PASS.as_bytes(),
-    )
-    .unwrap();
+    let keys = unlock_keys(&h, &hdr);
     assert!(keys.old.is_none());
     assert_eq!(&keys.new.unwrap().volume_key[..], &f.vk1[..]);
     assert!(matches!(
@@ -433,7 +443,7 @@ fn encrypt_detached_header() {
     let base = read_header(&fresh);
     let md = reencrypt::init_encrypt(&base, &f.vk1, &fast_opts()).unwrap();
     assert!(reencrypt::verify_metadata_digest(&md, None, Some(&f.vk1)).unwrap());
-    assert_same_json(md.to_json(), cs_json(&hdr), "encrypt --header");
+    assert_same_json(md.to_json(), cryptsetup_json(&hdr), "encrypt --header");
 
     // Written with our writer, cryptsetup accepts it and finishes the encryption.
     let ours = f.file("ours.hdr");
@@ -442,8 +452,7 @@ fn encrypt_detached_header() {
     assert_eq!(reencrypt::state(written.metadata()), State::Clean);
     cryptsetup_accepts(&f, Some(&ours), &data);
     resume(&f, Some(&ours), &data, &["--resilience", "checksum"]);
-    let done = read_header(&ours);
-    assert_eq!(reencrypt::state(done.metadata()), State::None);
+    let done = finished(&ours);
     let seg = done.data_segment().unwrap();
     assert_eq!((seg.offset, seg.size, seg.sector_size), (0, None, 512));
     let mut buf = std::fs::read(&data).unwrap();
@@ -491,19 +500,7 @@ fn interrupted_and_crashed_encryption() {
     let data = f.file("data.img");
     std::fs::write(&data, &plain).unwrap();
     let init = f.file("init.hdr");
-    f.cs(&[
-        "reencrypt",
-        "--encrypt",
-        "--type",
-        "luks2",
-        "--header",
-        path(&init),
-        "--force-offline-reencrypt",
-        "--init-only",
-        "--volume-key-file",
-        path(&f.vk1_file),
-        path(&data),
-    ]);
+    f.init_encrypt(&["--header", path(&init)], &data);
     for (signal, want) in [("INT", State::Clean), ("KILL", State::Crash)] {
         let mut seen = false;
         for n in 16..=30 {
@@ -516,16 +513,7 @@ fn interrupted_and_crashed_encryption() {
             if st != want {
                 continue;
             }
-            let r = check_parsed(
-                &h,
-                &Expect {
-                    mode: Mode::Encrypt,
-                    direction: Direction::Forward,
-                    area_type: "checksum",
-                    version: 2,
-                    moved: false,
-                },
-            );
+            let r = check_parsed(&h, &DETACHED_ENCRYPTION);
             if want == State::Clean && r.segments.len() < 2 {
                 continue; // interrupted before the first step
             }
@@ -544,7 +532,7 @@ fn interrupted_and_crashed_encryption() {
             if reencrypt::state(read_header(&hdr).metadata()) != State::None {
                 resume(&f, Some(&hdr), &data, &["--resilience", "checksum"]);
             }
-            assert_eq!(reencrypt::state(read_header(&hdr).metadata()), State::None);
+            finished(&hdr);
             let mut buf = std::fs::read(&data).unwrap();
             crypt_data(&f.vk1, 512, &mut buf, 0, false);
             assert!(
@@ -575,19 +563,7 @@ fn encrypt_with_datashift() {
     let plain = pattern(size as usize, 3);
     let dev = f.file("dev.img");
     std::fs::write(&dev, &plain).unwrap();
-    f.cs(&[
-        "reencrypt",
-        "--encrypt",
-        "--type",
-        "luks2",
-        "--reduce-device-size",
-        "32M",
-        "--force-offline-reencrypt",
-        "--init-only",
-        "--volume-key-file",
-        path(&f.vk1_file),
-        path(&dev),
-    ]);
+    f.init_encrypt(&["--reduce-device-size", "32M"], &dev);
     let h = read_header(&dev);
     assert_eq!(reencrypt::state(h.metadata()), State::Clean);
     let r = check_parsed(
@@ -608,7 +584,7 @@ fn encrypt_with_datashift() {
     assert_eq!(r.backup_moved.as_ref().unwrap().offset, size - shift);
     assert!(reencrypt::verify_reencrypt_digest(&h, None, Some(&f.vk1)).unwrap());
     assert_tampering_detected(&dev, None, Some(&f.vk1));
-    let theirs = cs_json(&dev);
+    let theirs = cryptsetup_json(&dev);
 
     // Our side: plaintext, its first S bytes copied to D - S, a header with data offset S.
     let ours = f.file("ours.img");
@@ -622,8 +598,7 @@ fn encrypt_with_datashift() {
     write_built(&ours, &md);
     cryptsetup_accepts(&f, None, &ours);
     resume(&f, None, &ours, &[]);
-    let done = read_header(&ours);
-    assert_eq!(reencrypt::state(done.metadata()), State::None);
+    let done = finished(&ours);
     let seg = done.data_segment().unwrap();
     assert_eq!((seg.offset, seg.size), (shift, None));
     let logical = size - 2 * shift;
@@ -651,16 +626,7 @@ fn reencrypt_to_a_new_key() {
         .unwrap()
         .set_len(size)
         .unwrap();
-    f.cs(&[
-        "luksFormat",
-        "--type",
-        "luks2",
-        "--sector-size",
-        "4096",
-        "--volume-key-file",
-        path(&f.vk1_file),
-        path(&start),
-    ]);
+    f.format(&start, &["--sector-size", "4096"]);
     let plain = pattern((size - offset) as usize, 5);
     let mut ct = plain.clone();
     crypt_data(&f.vk1, 4096, &mut ct, 0, true);
@@ -670,14 +636,7 @@ fn reencrypt_to_a_new_key() {
 
     let cs_img = f.file("cs.img");
     std::fs::copy(&start, &cs_img).unwrap();
-    f.cs(&[
-        "reencrypt",
-        "--force-offline-reencrypt",
-        "--init-only",
-        "--volume-key-file",
-        path(&f.vk2_file),
-        path(&cs_img),
-    ]);
+    f.init_only(&["--volume-key-file", path(&f.vk2_file)], &cs_img);
     let h = read_header(&cs_img);
     let r = check_parsed(
         &h,
@@ -696,12 +655,7 @@ fn reencrypt_to_a_new_key() {
         reencrypt::verify_reencrypt_digest(&h, Some(&f.vk2), Some(&f.vk1)),
         Err(Error::WrongPassphrase)
     ));
-    let keys = reencrypt::unlock_volume_keys(
-        &h,
-        &FileStorage::open_read_only(&cs_img).unwrap(),
-        PASS.as_bytes(),
-    )
-    .unwrap();
+    let keys = unlock_keys(&h, &cs_img);
     assert_eq!(&keys.old.unwrap().volume_key[..], &f.vk1[..]);
     assert_eq!(&keys.new.unwrap().volume_key[..], &f.vk2[..]);
     assert_tampering_detected(&cs_img, Some(&f.vk1), Some(&f.vk2));
@@ -725,12 +679,11 @@ fn reencrypt_to_a_new_key() {
         sector_size: 4096,
     };
     let md = reencrypt::init_reencrypt(&base, &f.vk1, &f.vk2, &target, &fast_opts()).unwrap();
-    assert_same_json(md.to_json(), cs_json(&cs_img), "reencrypt");
+    assert_same_json(md.to_json(), cryptsetup_json(&cs_img), "reencrypt");
     write_built(&ours, &md);
     cryptsetup_accepts(&f, None, &ours);
     resume(&f, None, &ours, &["--resilience", "checksum"]);
-    let done = read_header(&ours);
-    assert_eq!(reencrypt::state(done.metadata()), State::None);
+    let done = finished(&ours);
     let u = done
         .unlock(
             &FileStorage::open_read_only(&ours).unwrap(),
@@ -757,33 +710,14 @@ fn decrypt_detached_header() {
     let data = f.file("data.img");
     std::fs::File::create(&data).unwrap().set_len(size).unwrap();
     let fresh = f.file("fresh.hdr");
-    f.cs(&[
-        "luksFormat",
-        "--type",
-        "luks2",
-        "--header",
-        path(&fresh),
-        "--sector-size",
-        "4096",
-        "--volume-key-file",
-        path(&f.vk1_file),
-        path(&data),
-    ]);
+    f.format(&data, &["--header", path(&fresh), "--sector-size", "4096"]);
     let mut ct = plain.clone();
     crypt_data(&f.vk1, 4096, &mut ct, 0, true);
     std::fs::write(&data, &ct).unwrap();
 
     let hdr = f.file("cs.hdr");
     std::fs::copy(&fresh, &hdr).unwrap();
-    f.cs(&[
-        "reencrypt",
-        "--decrypt",
-        "--header",
-        path(&hdr),
-        "--force-offline-reencrypt",
-        "--init-only",
-        path(&data),
-    ]);
+    f.init_only(&["--decrypt", "--header", path(&hdr)], &data);
     let h = read_header(&hdr);
     assert_eq!(reencrypt::state(h.metadata()), State::Clean);
     check_parsed(
@@ -797,26 +731,14 @@ fn decrypt_detached_header() {
         },
     );
     assert!(reencrypt::verify_reencrypt_digest(&h, Some(&f.vk1), None).unwrap());
-    let keys = reencrypt::unlock_volume_keys(
-        &h,
-        &FileStorage::open_read_only(&hdr).unwrap(),
-        PASS.as_bytes(),
-    )
-    .unwrap();
+    let keys = unlock_keys(&h, &hdr);
     assert_eq!(&keys.old.unwrap().volume_key[..], &f.vk1[..]);
     assert!(keys.new.is_none());
     assert_tampering_detected(&hdr, Some(&f.vk1), None);
 
     let base = read_header(&fresh);
     let md = reencrypt::init_decrypt(&base, &f.vk1, &fast_opts()).unwrap();
-    let mut theirs = cs_json(&hdr);
-    // cryptsetup benchmarks this digest here; ours uses the forced count.
-    let slot = reenc_slot(&theirs);
-    for d in theirs["digests"].as_object_mut().unwrap().values_mut() {
-        if d["keyslots"] == json!([slot]) {
-            d["iterations"] = json!(1000);
-        }
-    }
+    let theirs = with_forced_digest_iterations(cryptsetup_json(&hdr));
     assert_same_json(md.to_json(), theirs, "decrypt --header");
 
     let ours = f.file("ours.hdr");
@@ -824,8 +746,7 @@ fn decrypt_detached_header() {
     write_built(&ours, &md);
     cryptsetup_accepts(&f, Some(&ours), &data);
     resume(&f, Some(&ours), &data, &["--resilience", "checksum"]);
-    let done = read_header(&ours);
-    assert_eq!(reencrypt::state(done.metadata()), State::None);
+    let done = finished(&ours);
     assert!(done.metadata().keyslots.is_empty());
     assert!(
         std::fs::read(&data).unwrap() == plain,
@@ -861,15 +782,7 @@ fn decrypt_with_datashift() {
     let theirs_dev = f.file("theirs.img");
     std::fs::write(&theirs_dev, &image).unwrap();
     let hdr = f.file("theirs.hdr");
-    f.cs(&[
-        "reencrypt",
-        "--decrypt",
-        "--header",
-        path(&hdr),
-        "--force-offline-reencrypt",
-        "--init-only",
-        path(&theirs_dev),
-    ]);
+    f.init_only(&["--decrypt", "--header", path(&hdr)], &theirs_dev);
     let h = read_header(&hdr);
     let r = check_parsed(
         &h,
@@ -892,13 +805,7 @@ fn decrypt_with_datashift() {
     let base = read_header(&ours);
     let md =
         reencrypt::init_decrypt_datashift(&base, &f.vk1, size, 20 * MIB, &fast_opts()).unwrap();
-    let mut theirs = cs_json(&hdr);
-    let slot = reenc_slot(&theirs);
-    for d in theirs["digests"].as_object_mut().unwrap().values_mut() {
-        if d["keyslots"] == json!([slot]) {
-            d["iterations"] = json!(1000);
-        }
-    }
+    let theirs = with_forced_digest_iterations(cryptsetup_json(&hdr));
     assert_same_json(md.to_json(), theirs, "decrypt --header NEWFILE (v3)");
 
     // The step shapes of §6.D, scaled: S = M = 8 MiB, 32 MiB of data.

@@ -13,13 +13,20 @@ use sectorcrypt_luks::hash::Hash;
 use sectorcrypt_luks::kdf::{self, Argon2Variant};
 use sectorcrypt_luks::luks2::{self, FormatParams, Header, Pbkdf};
 use sectorcrypt_storage::{FileStorage, MemStorage};
-use serde_json::Value;
 use zeroize::Zeroizing;
 
 const MIB: u64 = 1 << 20;
 
 fn fast_pbkdf2() -> Pbkdf {
     Pbkdf::pbkdf2_forced(Hash::Sha256, 1000)
+}
+
+/// Format parameters with the defaults but a fast keyslot.
+fn fast_params() -> FormatParams {
+    FormatParams {
+        pbkdf: fast_pbkdf2(),
+        ..FormatParams::default()
+    }
 }
 
 fn fast_argon2id() -> Pbkdf {
@@ -147,12 +154,7 @@ fn formats_made_here_pass_cryptsetup() {
         assert_eq!(cryptsetup_volume_key(&img, &key), vk, "{}", c.name);
 
         // The metadata cryptsetup sees, and the layout it would have chosen.
-        let json: Value = serde_json::from_str(&cryptsetup_ok(&[
-            "luksDump",
-            "--dump-json-metadata",
-            path(&img),
-        ]))
-        .unwrap();
+        let json = cryptsetup_json(&img);
         let ks = &json["keyslots"][i.to_string()];
         assert_eq!(ks["area"]["offset"], "32768");
         assert_eq!(ks["area"]["size"], c.expect_area.to_string());
@@ -173,11 +175,7 @@ fn formats_made_here_pass_cryptsetup() {
 #[test]
 fn format_wipes_the_keyslots_area_only() {
     let dev = MemStorage::new(vec![0xAB; (17 * MIB) as usize]);
-    let params = FormatParams {
-        pbkdf: fast_pbkdf2(),
-        ..FormatParams::default()
-    };
-    luks2::format(&dev, &params, b"p").unwrap();
+    luks2::format(&dev, &fast_params(), b"p").unwrap();
     let bytes = dev.contents();
     let area = &bytes[32768 + 258048..(16 * MIB) as usize];
     assert!(area.chunks(4096).all(|c| c.iter().any(|&b| b != 0)));
@@ -195,11 +193,7 @@ fn keyslot_changes_interoperate() {
     let k1 = key_file(&dir, "k1", "one");
     let k2 = key_file(&dir, "k2", "two");
     let k3 = key_file(&dir, "k3", "three");
-    let params = FormatParams {
-        pbkdf: fast_pbkdf2(),
-        ..FormatParams::default()
-    };
-    let img = format_here(&dir, "v", 20 * MIB, &params, b"zero");
+    let img = format_here(&dir, "v", 20 * MIB, &fast_params(), b"zero");
     let vk = cryptsetup_volume_key(&img, &k0);
 
     // Added here (Argon2id) -> cryptsetup opens it.
@@ -212,12 +206,7 @@ fn keyslot_changes_interoperate() {
     assert_eq!(h.seqid(), 2);
     assert_eq!(cryptsetup_slot(&img, &k1, None), Some(1));
     assert_repair_is_a_no_op(&img);
-    let json: Value = serde_json::from_str(&cryptsetup_ok(&[
-        "luksDump",
-        "--dump-json-metadata",
-        path(&img),
-    ]))
-    .unwrap();
+    let json = cryptsetup_json(&img);
     assert_eq!(json["keyslots"]["1"]["area"]["offset"], "290816");
     assert_eq!(json["keyslots"]["1"]["kdf"]["type"], "argon2id");
     assert_eq!(
@@ -271,11 +260,7 @@ fn header_backup_and_restore_interoperate() {
     let dir = scratch("write-backup");
     let k0 = key_file(&dir, "k0", "zero");
     let k1 = key_file(&dir, "k1", "one");
-    let params = FormatParams {
-        pbkdf: fast_pbkdf2(),
-        ..FormatParams::default()
-    };
-    let img = format_here(&dir, "v", 20 * MIB, &params, b"zero");
+    let img = format_here(&dir, "v", 20 * MIB, &fast_params(), b"zero");
     let vk = cryptsetup_volume_key(&img, &k0);
     let dev = FileStorage::open(&img).unwrap();
 
@@ -348,7 +333,7 @@ fn header_backup_and_restore_interoperate() {
     assert!(Header::restore(&dev, &junk).is_err());
     assert!(header_bytes(&img) == before);
     // Another volume of the same layout: allowed, but reported.
-    let third = format_here(&dir, "third", 20 * MIB, &params, b"zero");
+    let third = format_here(&dir, "third", 20 * MIB, &fast_params(), b"zero");
     let third_backup =
         MemStorage::new(Header::backup(&FileStorage::open_read_only(&third).unwrap()).unwrap());
     assert!(
@@ -370,12 +355,7 @@ fn detached_header_format() {
         ..FormatParams::default()
     };
     let img = format_here(&dir, "hdr", 16 * MIB, &params, b"p");
-    let json: Value = serde_json::from_str(&cryptsetup_ok(&[
-        "luksDump",
-        "--dump-json-metadata",
-        path(&img),
-    ]))
-    .unwrap();
+    let json = cryptsetup_json(&img);
     assert_eq!(json["segments"]["0"]["offset"], "0");
     assert_eq!(json["segments"]["0"]["sector_size"], 4096);
     assert_eq!(cryptsetup_slot(&img, &key, None), Some(0));
@@ -459,12 +439,7 @@ fn calibration_is_sane_and_usable() {
     let img = format_here(&dir, "v", 17 * MIB, &params, b"calibrated");
     assert!(unlock_here(&img, b"calibrated").is_some());
     assert_eq!(cryptsetup_slot(&img, &key, None), Some(0));
-    let json: Value = serde_json::from_str(&cryptsetup_ok(&[
-        "luksDump",
-        "--dump-json-metadata",
-        path(&img),
-    ]))
-    .unwrap();
+    let json = cryptsetup_json(&img);
     let kdf = &json["keyslots"]["0"]["kdf"];
     assert_eq!(kdf["type"], "argon2id");
     assert!(kdf["time"].as_u64().unwrap() >= 4);

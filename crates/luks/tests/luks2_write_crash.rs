@@ -97,30 +97,16 @@ fn sweep_report(
     )
 }
 
-/// [`sweep_report`], which must find no loss; returns the number of cut points.
-fn sweep(
-    name: &str,
-    start: &[u8],
-    candidates: &[&[u8]],
-    old: &[usize],
-    new: &[usize],
-    key: &[u8],
-    op: impl Fn(&CrashingStorage) -> Result<(), Error>,
-) -> u64 {
-    let report = sweep_report(start, candidates, old, new, key, op);
-    report.assert_no_loss(name);
-    report.operations + 1
-}
-
 #[test]
 fn add_keyslot_survives_every_power_cut() {
     let (start, vk) = formatted(b"A");
     let cands: &[&[u8]] = &[b"A", b"B"];
-    let n = sweep("add_keyslot", &start, cands, &[0], &[0, 1], &vk, |dev| {
+    let report = sweep_report(&start, cands, &[0], &[0, 1], &vk, |dev| {
         let mut h = Header::read(dev)?;
         h.add_keyslot(dev, &vk, b"B", None, &pbkdf()).map(|_| ())
     });
-    assert!(n >= 9);
+    report.assert_no_loss("add_keyslot");
+    assert!(report.operations + 1 >= 9, "cut points");
 }
 
 #[test]
@@ -130,15 +116,10 @@ fn kill_keyslot_survives_every_power_cut() {
     let mut h = Header::read(&dev).unwrap();
     h.add_keyslot(&dev, &vk, b"B", None, &pbkdf()).unwrap();
     let cands: &[&[u8]] = &[b"A", b"B"];
-    sweep(
-        "kill_keyslot",
-        &dev.contents(),
-        cands,
-        &[0, 1],
-        &[1],
-        &vk,
-        |dev| Header::read(dev)?.kill_keyslot(dev, 0),
-    );
+    sweep_report(&dev.contents(), cands, &[0, 1], &[1], &vk, |dev| {
+        Header::read(dev)?.kill_keyslot(dev, 0)
+    })
+    .assert_no_loss("kill_keyslot");
 }
 
 #[test]
@@ -148,37 +129,22 @@ fn change_keyslot_survives_every_power_cut() {
     let mut h = Header::read(&dev).unwrap();
     h.add_keyslot(&dev, &vk, b"C", None, &pbkdf()).unwrap();
     let cands: &[&[u8]] = &[b"A", b"B", b"C"];
-    // A free slot number exists: the new keyslot takes it.
-    sweep(
-        "change_keyslot",
-        &dev.contents(),
-        cands,
-        &[0, 2],
-        &[1, 2],
-        &vk,
-        |dev| {
+    // Keyslot 0's passphrase changed to B, into keyslot `slot`.
+    let sweep_change = |name: &str, slot: usize| {
+        sweep_report(&dev.contents(), cands, &[0, 2], &[1, 2], &vk, |dev| {
             let mut h = Header::read(dev)?;
-            assert_eq!(h.change_keyslot(dev, 0, &vk, b"B", &pbkdf())?, 2);
+            assert_eq!(h.change_keyslot(dev, 0, &vk, b"B", &pbkdf())?, slot);
             Ok(())
-        },
-    );
+        })
+        .assert_no_loss(name);
+    };
+    // A free slot number exists: the new keyslot takes it.
+    sweep_change("change_keyslot", 2);
     // All 32 numbers taken: the keyslot keeps its number, with a new area.
     for _ in 2..32 {
         h.add_keyslot(&dev, &vk, b"C", None, &pbkdf()).unwrap();
     }
-    sweep(
-        "change_keyslot (same number)",
-        &dev.contents(),
-        cands,
-        &[0, 2],
-        &[1, 2],
-        &vk,
-        |dev| {
-            let mut h = Header::read(dev)?;
-            assert_eq!(h.change_keyslot(dev, 0, &vk, b"B", &pbkdf())?, 0);
-            Ok(())
-        },
-    );
+    sweep_change("change_keyslot (same number)", 0);
 }
 
 /// The restored backup's keyslot 0 area is the one the current keyslot 0 uses with other
@@ -195,9 +161,10 @@ fn restore_survives_every_power_cut() {
     h.kill_keyslot(&dev, 1).unwrap();
     let cands: &[&[u8]] = &[b"A", b"B", b"D"];
     let backup_dev = MemStorage::new(backup.clone());
-    sweep("restore", &dev.contents(), cands, &[2], &[0], &vk, |d| {
+    sweep_report(&dev.contents(), cands, &[2], &[0], &vk, |d| {
         Header::restore(d, &backup_dev).map(|_| ())
-    });
+    })
+    .assert_no_loss("restore");
     // And the end result is the backup, byte for byte.
     let d = MemStorage::new(dev.contents());
     Header::restore(&d, &backup_dev).unwrap();
@@ -268,16 +235,9 @@ fn an_update_over_a_torn_secondary_survives_every_power_cut() {
     let h = Header::read(&torn).unwrap();
     assert_eq!(h.binary().hdr_size, 0x4000, "the default metadata size");
     let cands: &[&[u8]] = &[b"A", b"B"];
-    sweep(
-        "add_keyslot over a torn secondary",
-        &start,
-        cands,
-        &[0],
-        &[0, 1],
-        &vk,
-        |dev| {
-            let mut h = Header::read(dev)?;
-            h.add_keyslot(dev, &vk, b"B", None, &pbkdf()).map(|_| ())
-        },
-    );
+    sweep_report(&start, cands, &[0], &[0, 1], &vk, |dev| {
+        let mut h = Header::read(dev)?;
+        h.add_keyslot(dev, &vk, b"B", None, &pbkdf()).map(|_| ())
+    })
+    .assert_no_loss("add_keyslot over a torn secondary");
 }

@@ -30,6 +30,24 @@ use std::process::{Command, Output, Stdio};
 /// for tests (as `sectorcrypt` or `cryptsetup` arguments).
 pub const FAST_PBKDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
 
+/// Argon2id at 4 iterations and 32 KiB: the cheapest memory-hard keyslots cryptsetup makes.
+pub const FAST_ARGON2ID: [&str; 6] = [
+    "--pbkdf",
+    "argon2id",
+    "--pbkdf-force-iterations",
+    "4",
+    "--pbkdf-memory",
+    "32",
+];
+
+/// A LUKS1 volume (always PBKDF2) at cryptsetup's minimum of 1000 iterations.
+pub const FAST_LUKS1: [&str; 4] = ["--type", "luks1", "--pbkdf-force-iterations", "1000"];
+
+/// `args` followed by [`FAST_PBKDF`], for a command that makes a keyslot.
+pub fn with_fast_pbkdf<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    [args, &FAST_PBKDF[..]].concat()
+}
+
 /// An empty folder for one test (`name` unique per test), under the system's temporary folder.
 pub fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("sectorcrypt-{name}-{}", std::process::id()));
@@ -73,6 +91,21 @@ pub fn ok(out: Output, what: &str) -> Output {
 /// `cryptsetup ARGS` (the real one, installed by the test set-up).
 pub fn cryptsetup(args: &[&str]) -> Output {
     output(Command::new("cryptsetup").args(args))
+}
+
+/// `cryptsetup luksFormat --type luks2 EXTRA...` of `img` holding the volume key in the file
+/// `volume_key`, with the passphrase in the file `key` and fast key derivation; it must succeed.
+pub fn cryptsetup_format_with_volume_key(
+    img: &Path,
+    key: &Path,
+    volume_key: &Path,
+    extra: &[&str],
+) {
+    let mut args = with_fast_pbkdf(&["luksFormat", "--type", "luks2"]);
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--volume-key-file", p(volume_key)]);
+    args.extend_from_slice(&["--batch-mode", "--key-file", p(key), p(img)]);
+    ok(cryptsetup(&args), "cryptsetup luksFormat");
 }
 
 /// The volume key `cryptsetup luksDump --dump-volume-key` reports for `img` (`extra`: e.g.

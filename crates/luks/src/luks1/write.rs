@@ -369,6 +369,40 @@ impl Header {
         Ok(())
     }
 
+    /// Keyslot `slot` must exist and be in use; `doing` (e.g. "removing") names the refused
+    /// action.
+    fn check_in_use(&self, slot: usize, doing: &str) -> Result<(), Error> {
+        if slot >= KEYSLOTS {
+            return Err(no_such_slot(slot));
+        }
+        if !self.keyslots[slot].active {
+            return Err(Error::Unsupported(format!(
+                "{doing} keyslot {slot}, which is not in use"
+            )));
+        }
+        Ok(())
+    }
+
+    /// What adding a keyslot for `volume_key` needs: this header on `dev` and the volume's key;
+    /// returns the PBKDF2 iterations for the new keyslot (`iterations`, or calibrated to
+    /// `iter_time_ms`).
+    fn check_new_keyslot(
+        &self,
+        dev: &dyn Storage,
+        volume_key: &[u8],
+        iterations: Option<u32>,
+        iter_time_ms: u32,
+    ) -> Result<u32, Error> {
+        self.check_on_disk(dev)?;
+        self.check_volume_key(volume_key)?;
+        keyslot_iterations(
+            self.hash()?,
+            self.key_bytes as usize,
+            iterations,
+            iter_time_ms,
+        )
+    }
+
     /// The volume key must be this volume's, or the new keyslot would never open.
     fn check_volume_key(&self, volume_key: &[u8]) -> Result<(), Error> {
         let matches = volume_key.len() == self.key_bytes as usize
@@ -471,14 +505,7 @@ impl Header {
                 Error::Unsupported("adding a key: all eight LUKS1 keyslots are in use".into())
             })?,
         };
-        self.check_on_disk(dev)?;
-        self.check_volume_key(volume_key)?;
-        let iterations = keyslot_iterations(
-            self.hash()?,
-            self.key_bytes as usize,
-            iterations,
-            iter_time_ms,
-        )?;
+        let iterations = self.check_new_keyslot(dev, volume_key, iterations, iter_time_ms)?;
         self.install_keyslot(dev, volume_key, passphrase, slot, iterations, None)?;
         Ok(slot)
     }
@@ -490,14 +517,7 @@ impl Header {
     /// Errors: [`Error::Unsupported`] for a slot number above 7, a disabled slot, or a header that
     /// differs from the one on `dev`; [`Error::Io`].
     pub fn kill_keyslot(&mut self, dev: &dyn Storage, slot: usize) -> Result<(), Error> {
-        if slot >= KEYSLOTS {
-            return Err(no_such_slot(slot));
-        }
-        if !self.keyslots[slot].active {
-            return Err(Error::Unsupported(format!(
-                "removing keyslot {slot}, which is not in use"
-            )));
-        }
+        self.check_in_use(slot, "removing")?;
         self.check_on_disk(dev)?;
         let mut next = self.clone();
         next.disable(slot);
@@ -524,22 +544,8 @@ impl Header {
         iterations: Option<u32>,
         iter_time_ms: u32,
     ) -> Result<usize, Error> {
-        if old_slot >= KEYSLOTS {
-            return Err(no_such_slot(old_slot));
-        }
-        if !self.keyslots[old_slot].active {
-            return Err(Error::Unsupported(format!(
-                "changing keyslot {old_slot}, which is not in use"
-            )));
-        }
-        self.check_on_disk(dev)?;
-        self.check_volume_key(volume_key)?;
-        let iterations = keyslot_iterations(
-            self.hash()?,
-            self.key_bytes as usize,
-            iterations,
-            iter_time_ms,
-        )?;
+        self.check_in_use(old_slot, "changing")?;
+        let iterations = self.check_new_keyslot(dev, volume_key, iterations, iter_time_ms)?;
         match self.free_keyslot() {
             Some(new_slot) => {
                 self.install_keyslot(

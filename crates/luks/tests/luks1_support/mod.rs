@@ -6,6 +6,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub(crate) use sectorcrypt_testkit::cryptsetup_volume_key;
+
 /// An empty folder for `test` of test file `group`.
 pub(crate) fn scratch(group: &str, test: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
@@ -32,27 +34,6 @@ pub(crate) fn key_file(dir: &Path, name: &str, passphrase: &[u8]) -> PathBuf {
     let path = dir.join(name);
     fs::write(&path, passphrase).unwrap();
     path
-}
-
-/// The volume key `cryptsetup luksDump --dump-volume-key` reports (`extra`: e.g. `--header`).
-pub(crate) fn cryptsetup_volume_key(file: &Path, key: &Path, extra: &[&str]) -> Vec<u8> {
-    let out = run(Command::new("cryptsetup")
-        .args(["luksDump", "--dump-volume-key", "-q", "--key-file"])
-        .arg(key)
-        .args(extra)
-        .arg(file));
-    let text = String::from_utf8(out.stdout).unwrap();
-    let mut lines = text.lines().skip_while(|l| !l.starts_with("MK dump:"));
-    let first = lines
-        .next()
-        .unwrap_or_else(|| panic!("no 'MK dump:' in cryptsetup output:\n{text}"));
-    let mut hex = first["MK dump:".len()..].to_string();
-    for l in lines.take_while(|l| l.starts_with(char::is_whitespace)) {
-        hex += l;
-    }
-    let key = hex::decode(hex.split_whitespace().collect::<String>()).unwrap();
-    assert!(!key.is_empty(), "empty volume key in:\n{text}");
-    key
 }
 
 /// `cryptsetup luksDump` output without its first two lines (`LUKS header information for

@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -23,15 +23,9 @@ pub(crate) fn path(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-fn run(cmd: &mut Command) -> Output {
-    cmd.stdin(Stdio::null()).output().unwrap_or_else(|e| {
-        panic!("cannot run {cmd:?}: {e} (scripts/install-test-deps.sh installs cryptsetup-bin)")
-    })
-}
-
 /// Run cryptsetup; passphrases only ever reach it through key files.
 pub(crate) fn cryptsetup(args: &[&str]) -> Output {
-    run(Command::new("cryptsetup").args(args))
+    sectorcrypt_testkit::cryptsetup(args)
 }
 
 /// Run cryptsetup and insist that it succeeds; its stdout.
@@ -43,6 +37,16 @@ pub(crate) fn cryptsetup_ok(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()
+}
+
+/// The JSON metadata `cryptsetup luksDump --dump-json-metadata` shows for `img`.
+pub(crate) fn cryptsetup_json(img: &Path) -> Value {
+    serde_json::from_str(&cryptsetup_ok(&[
+        "luksDump",
+        "--dump-json-metadata",
+        path(img),
+    ]))
+    .unwrap()
 }
 
 /// Write a key file holding `passphrase`.
@@ -73,15 +77,8 @@ pub(crate) fn format(dir: &Path, name: &str, key: &Path, size: u64, extra: &[&st
 }
 
 /// Fast KDF options for formats and added keys.
-pub(crate) const FAST_PBKDF2: &[&str] = &["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
-pub(crate) const FAST_ARGON2ID: &[&str] = &[
-    "--pbkdf",
-    "argon2id",
-    "--pbkdf-force-iterations",
-    "4",
-    "--pbkdf-memory",
-    "32",
-];
+pub(crate) const FAST_PBKDF2: &[&str] = &sectorcrypt_testkit::FAST_PBKDF;
+pub(crate) const FAST_ARGON2ID: &[&str] = &sectorcrypt_testkit::FAST_ARGON2ID;
 pub(crate) const FAST_ARGON2I: &[&str] = &[
     "--pbkdf",
     "argon2i",
@@ -108,20 +105,7 @@ pub(crate) fn add_key(img: &Path, old: &Path, new: &Path, extra: &[&str]) {
 
 /// The volume key as `cryptsetup luksDump --dump-volume-key` prints it ("MK dump" lines).
 pub(crate) fn cryptsetup_volume_key(img: &Path, key: &Path) -> Vec<u8> {
-    let text = cryptsetup_ok(&[
-        "luksDump",
-        "--dump-volume-key",
-        "-q",
-        "--key-file",
-        path(key),
-        path(img),
-    ]);
-    let start = text.find("MK dump:").expect("an MK dump line") + "MK dump:".len();
-    let hex: String = text[start..]
-        .split_whitespace()
-        .take_while(|w| w.len() == 2 && w.chars().all(|c| c.is_ascii_hexdigit()))
-        .collect();
-    hex::decode(hex).unwrap()
+    sectorcrypt_testkit::cryptsetup_volume_key(img, key, &[])
 }
 
 /// The keyslot `cryptsetup open --test-passphrase` opens with `key` ("Key slot N unlocked."),

@@ -4,12 +4,15 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+/// sectorcrypt with `args`, its backend chosen by itself (unless the caller sets one).
+fn sectorcrypt_cmd(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sectorcrypt"));
+    cmd.args(args).env_remove("SECTORCRYPT_BACKEND");
+    cmd
+}
+
 fn sectorcrypt(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sectorcrypt"))
-        .args(args)
-        .env_remove("SECTORCRYPT_BACKEND")
-        .output()
-        .expect("run sectorcrypt")
+    sectorcrypt_cmd(args).output().expect("run sectorcrypt")
 }
 
 fn json_lines(out: &Output) -> Vec<Value> {
@@ -87,29 +90,24 @@ fn json_lines_have_the_documented_fields() {
 
 #[test]
 fn backend_can_be_forced_by_flag_or_environment() {
-    let out = sectorcrypt(&[
-        "benchmark",
-        "--json",
-        "--seconds",
-        "0.02",
-        "-c",
-        "lea-xts-plain64",
-        "--backend",
-        "portable",
-    ]);
+    // A short JSON benchmark of `cipher` with `extra` options.
+    let quick = |cipher: &str, extra: &[&str]| {
+        sectorcrypt_cmd(
+            &[
+                &["benchmark", "--json", "--seconds", "0.02", "-c", cipher][..],
+                extra,
+            ]
+            .concat(),
+        )
+    };
+    let out = quick("lea-xts-plain64", &["--backend", "portable"])
+        .output()
+        .unwrap();
     for l in json_lines(&out) {
         assert_eq!(l["backend"], "portable");
         assert_eq!(l["key_bits"], 512);
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_sectorcrypt"))
-        .args([
-            "benchmark",
-            "--json",
-            "--seconds",
-            "0.02",
-            "-c",
-            "aes-cbc-essiv:sha256",
-        ])
+    let out = quick("aes-cbc-essiv:sha256", &[])
         .env("SECTORCRYPT_BACKEND", "portable")
         .output()
         .unwrap();
@@ -117,14 +115,7 @@ fn backend_can_be_forced_by_flag_or_environment() {
         assert_eq!(l["backend"], "portable");
         assert_eq!(l["key_bits"], 256);
     }
-    let out = sectorcrypt(&[
-        "benchmark",
-        "--json",
-        "--seconds",
-        "0.02",
-        "-c",
-        "cipher_null-ecb",
-    ]);
+    let out = quick("cipher_null-ecb", &[]).output().unwrap();
     for l in json_lines(&out) {
         assert_eq!(l["backend"], "null");
     }

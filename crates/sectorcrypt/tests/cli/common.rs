@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-pub(crate) use sectorcrypt_testkit::{ok, p, python, scratch, FAST_PBKDF};
+pub(crate) use sectorcrypt_testkit::{ok, p, python, scratch, with_fast_pbkdf, FAST_PBKDF};
 
 /// Run with no standard input (so nothing can wait for a terminal).
 pub(crate) fn run(cmd: &mut Command) -> Output {
@@ -28,10 +28,18 @@ pub(crate) fn cryptsetup_volume_key(img: &Path, key: &Path) -> String {
 
 /// sectorcrypt with `args` and fast key derivation ([`FAST_PBKDF`]).
 pub(crate) fn sc_fast(args: &[&str]) -> Output {
-    sc(&[args, &FAST_PBKDF[..]].concat())
+    sc(&with_fast_pbkdf(args))
 }
 
 /// cryptsetup with `args` and fast key derivation ([`FAST_PBKDF`]).
 pub(crate) fn cs_fast(args: &[&str]) -> Output {
-    cs(&[args, &FAST_PBKDF[..]].concat())
+    cs(&with_fast_pbkdf(args))
+}
+
+/// sectorcrypt with `args`, which must exit with `code`; its standard error.
+pub(crate) fn sc_exits(args: &[&str], code: i32) -> String {
+    let out = sc(args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+    err
 }

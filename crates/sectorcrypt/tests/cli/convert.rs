@@ -18,6 +18,9 @@ use crate::common::{cs, ok, p, sc, scratch, FAST_PBKDF};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 use sectorcrypt_testkit::fault;
+use sectorcrypt_testkit::{
+    cryptsetup_format_with_volume_key, cryptsetup_volume_key, with_fast_pbkdf,
+};
 
 const MIB: usize = 1 << 20;
 
@@ -41,27 +44,52 @@ fn workspace(name: &str) -> (PathBuf, PathBuf, PathBuf) {
     (dir, key, data)
 }
 
-fn random_file(path: &Path, len: usize, seed: u64) -> Vec<u8> {
+/// `len` seeded random bytes.
+fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
     let mut v = vec![0u8; len];
     StdRng::seed_from_u64(seed).fill_bytes(&mut v);
+    v
+}
+
+fn random_file(path: &Path, len: usize, seed: u64) -> Vec<u8> {
+    let v = random_bytes(len, seed);
     std::fs::write(path, &v).unwrap();
     v
 }
 
+/// `cryptsetup reencrypt ARGS... --force-offline-reencrypt --batch-mode --key-file KEY DATA`,
+/// which must succeed (`what` names it in the failure).
+fn cryptsetup_reencrypt(args: &[&str], key: &Path, data: &Path, what: &str) {
+    let mut all = vec!["reencrypt"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--force-offline-reencrypt", "--batch-mode"]);
+    all.extend_from_slice(&["--key-file", p(key), p(data)]);
+    ok(cs(&all), what);
+}
+
+/// [`cryptsetup_reencrypt`] `--encrypt --type luks2 EXTRA...` with fast key derivation.
+fn cryptsetup_encrypts(extra: &[&str], key: &Path, data: &Path, what: &str) {
+    let mut args = with_fast_pbkdf(&["--encrypt", "--type", "luks2"]);
+    args.extend_from_slice(extra);
+    cryptsetup_reencrypt(&args, key, data, what);
+}
+
+/// The JSON metadata `cryptsetup luksDump` shows for the header at `hdr`.
+fn cryptsetup_json(hdr: &Path) -> serde_json::Value {
+    let json = ok(
+        cs(&["luksDump", "--dump-json-metadata", p(hdr)]),
+        "luksDump",
+    )
+    .stdout;
+    serde_json::from_slice(&json).unwrap()
+}
+
 /// cryptsetup decrypts DATA in place with header HDR; DATA must then equal `plain`.
 fn cryptsetup_decrypts_to(hdr: &Path, data: &Path, key: &Path, plain: &[u8]) {
-    ok(
-        cs(&[
-            "reencrypt",
-            "--decrypt",
-            "--force-offline-reencrypt",
-            "--header",
-            p(hdr),
-            "--batch-mode",
-            "--key-file",
-            p(key),
-            p(data),
-        ]),
+    cryptsetup_reencrypt(
+        &["--decrypt", "--header", p(hdr)],
+        key,
+        data,
         "cryptsetup reencrypt --decrypt",
     );
     assert!(
@@ -246,13 +274,7 @@ fn sigint_pauses_at_a_safe_point_and_resume_finishes() {
         err.contains("at a safe point") && err.contains("--resume-only"),
         "{err}"
     );
-    let json = ok(
-        cs(&["luksDump", "--dump-json-metadata", p(&hdr)]),
-        "luksDump",
-    )
-    .stdout;
-    let md: serde_json::Value = serde_json::from_slice(&json).unwrap();
-    let segments = md["segments"].to_string();
+    let segments = cryptsetup_json(&hdr)["segments"].to_string();
     assert!(
         segments.contains("backup-final") && !segments.contains("in-reencryption"),
         "a SIGINT must leave a clean, resumable state: {segments}"
@@ -406,24 +428,10 @@ fn decrypts_what_cryptsetup_encrypted_and_what_we_encrypted() {
     let (dir, key, data) = workspace("encrypt_cli-decrypt");
     let hdr = dir.join("hdr.img");
     let plain = random_file(&data, 24 << 20, 11);
-    ok(
-        cs(&[
-            "reencrypt",
-            "--encrypt",
-            "--type",
-            "luks2",
-            "--header",
-            p(&hdr),
-            "--force-offline-reencrypt",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--batch-mode",
-            "--key-file",
-            p(&key),
-            p(&data),
-        ]),
+    cryptsetup_encrypts(
+        &["--header", p(&hdr)],
+        &key,
+        &data,
         "cryptsetup reencrypt --encrypt",
     );
     let encrypted = std::fs::read(&data).unwrap();
@@ -502,14 +510,6 @@ fn decryption_killed_at_random_moments_then_resumed_loses_nothing_full_size() {
     decryption_killed_then_resumed(256 * MIB, "8388608");
 }
 
-/// The volume key cryptsetup reads from `img` (or its detached header).
-fn cryptsetup_key(img: &Path, key: &Path) -> Vec<u8> {
-    let hex = crate::common::cryptsetup_volume_key(img, key);
-    (0..hex.len() / 2)
-        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
-        .collect()
-}
-
 /// `plain` as aes-xts-plain64 with `key` and `sector` bytes per sector, IVs in 512-byte units.
 fn xts(key: &[u8], sector: usize, plain: &[u8]) -> Vec<u8> {
     let c = sectorcrypt_cipher::SectorCipher::new(
@@ -534,39 +534,12 @@ fn reencrypt_killed_then_resumed(payload: usize, hotzone: &str) {
     let key = dir.join("pass");
     std::fs::write(&key, "passphrase").unwrap();
     let vk_file = dir.join("vk");
-    let old = {
-        let mut v = vec![0u8; 64];
-        StdRng::seed_from_u64(21).fill_bytes(&mut v);
-        v
-    };
+    let old = random_bytes(64, 21);
     std::fs::write(&vk_file, &old).unwrap();
     let img = dir.join("img");
     std::fs::write(&img, vec![0u8; (16 << 20) + payload]).unwrap();
-    ok(
-        cs(&[
-            "luksFormat",
-            "--type",
-            "luks2",
-            "--sector-size",
-            "512",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--volume-key-file",
-            p(&vk_file),
-            "--batch-mode",
-            "--key-file",
-            p(&key),
-            p(&img),
-        ]),
-        "cryptsetup luksFormat",
-    );
-    let plain = {
-        let mut v = vec![0u8; payload];
-        StdRng::seed_from_u64(22).fill_bytes(&mut v);
-        v
-    };
+    cryptsetup_format_with_volume_key(&img, &key, &vk_file, &["--sector-size", "512"]);
+    let plain = random_bytes(payload, 22);
     let mut image = std::fs::read(&img).unwrap();
     image[16 << 20..].copy_from_slice(&xts(&old, 512, &plain));
     std::fs::write(&img, &image).unwrap();
@@ -586,17 +559,11 @@ fn reencrypt_killed_then_resumed(payload: usize, hotzone: &str) {
     kill_runs(writes, 3, &mut rng, |_| args.clone());
     ok(sc(&args), "reencrypt (resumed)");
     // The passphrase opens the new key in cryptsetup, and that key decrypts the payload.
-    let new = cryptsetup_key(&img, &key);
+    let new = cryptsetup_volume_key(&img, &key, &[]);
     assert_ne!(new, old, "the volume key did not change");
-    let sector = {
-        let json = ok(
-            cs(&["luksDump", "--dump-json-metadata", p(&img)]),
-            "luksDump",
-        )
-        .stdout;
-        let md: serde_json::Value = serde_json::from_slice(&json).unwrap();
-        md["segments"]["0"]["sector_size"].as_u64().unwrap() as usize
-    };
+    let sector = cryptsetup_json(&img)["segments"]["0"]["sector_size"]
+        .as_u64()
+        .unwrap() as usize;
     let stored = std::fs::read(&img).unwrap()[16 << 20..].to_vec();
     assert!(
         stored == xts(&new, sector, &plain),
@@ -622,7 +589,7 @@ fn encrypt_reencrypt_decrypt_comes_back_to_the_original() {
     let hdr = dir.join("hdr.img");
     let plain = random_file(&data, 32 << 20, 31);
     ok(sc(&encrypt_args(&data, &hdr, &key, &[])), "encrypt");
-    let first = cryptsetup_key(&hdr, &key);
+    let first = cryptsetup_volume_key(&hdr, &key, &[]);
     let mut re = vec![
         "reencrypt",
         p(&data),
@@ -648,7 +615,7 @@ fn encrypt_reencrypt_decrypt_comes_back_to_the_original() {
         "512",
     ]);
     ok(sc(&re), "reencrypt");
-    let second = cryptsetup_key(&hdr, &key);
+    let second = cryptsetup_volume_key(&hdr, &key, &[]);
     assert_eq!(second.len(), 32, "the new key is 256 bits");
     assert_ne!(first[..32], second[..], "the volume key did not change");
     assert!(std::fs::read(&data).unwrap() == xts(&second, 512, &plain));
@@ -660,19 +627,6 @@ fn encrypt_reencrypt_decrypt_comes_back_to_the_original() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `sectorcrypt decrypt DEVICE --header NEWFILE` as a list of arguments.
-fn decrypt_export_args<'a>(data: &'a Path, hdr: &'a Path, key: &'a Path) -> Vec<&'a str> {
-    vec![
-        "decrypt",
-        p(data),
-        "--header",
-        p(hdr),
-        "--key-file",
-        p(key),
-        "-q",
-    ]
-}
-
 /// The interop test: a file encrypted in place by cryptsetup with
 /// `--reduce-device-size` (header on the device, data shifted) is decrypted in place here, the
 /// header exported to a new file, back to the original at offset 0.
@@ -681,24 +635,10 @@ fn decrypts_in_place_what_cryptsetup_encrypted_with_reduce_device_size() {
     let (dir, key, data) = workspace("encrypt_cli-shift-theirs");
     let plain = random_file(&data, 64 * MIB, 41);
     let kept = 48 * MIB; // 64 MiB less --reduce-device-size 16M
-    ok(
-        cs(&[
-            "reencrypt",
-            "--encrypt",
-            "--type",
-            "luks2",
-            "--reduce-device-size",
-            "16M",
-            "--force-offline-reencrypt",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--batch-mode",
-            "--key-file",
-            p(&key),
-            p(&data),
-        ]),
+    cryptsetup_encrypts(
+        &["--reduce-device-size", "16M"],
+        &key,
+        &data,
         "cryptsetup reencrypt --encrypt --reduce-device-size",
     );
     let encrypted = std::fs::read(&data).unwrap();
@@ -710,7 +650,7 @@ fn decrypts_in_place_what_cryptsetup_encrypted_with_reduce_device_size() {
     let wrong = dir.join("wrong");
     std::fs::write(&wrong, "not it").unwrap();
     assert_eq!(
-        sc(&decrypt_export_args(&data, &hdr, &wrong)).status.code(),
+        sc(&decrypt_args(&data, &hdr, &wrong, &[])).status.code(),
         Some(2)
     );
     assert!(
@@ -720,19 +660,14 @@ fn decrypts_in_place_what_cryptsetup_encrypted_with_reduce_device_size() {
     assert!(!hdr.exists() && !dir.join("exported.hdr.partial").exists());
 
     ok(
-        sc(&decrypt_export_args(&data, &hdr, &key)),
+        sc(&decrypt_args(&data, &hdr, &key, &[])),
         "decrypt --header NEWFILE",
     );
     let now = std::fs::read(&data).unwrap();
     assert!(now[..kept] == plain[..kept], "not the original at offset 0");
     assert!(!dir.join("exported.hdr.partial").exists());
     // The exported header is spent: no keyslots, plaintext segment, no requirement.
-    let json = ok(
-        cs(&["luksDump", "--dump-json-metadata", p(&hdr)]),
-        "luksDump",
-    )
-    .stdout;
-    let md: serde_json::Value = serde_json::from_slice(&json).unwrap();
+    let md = cryptsetup_json(&hdr);
     assert_eq!(md["keyslots"], serde_json::json!({}));
     assert_eq!(md["segments"]["0"]["type"], "linear");
     assert!(md["config"].get("requirements").is_none());
@@ -773,7 +708,7 @@ fn shifted_killed_then_resumed(len: usize, reduce_mib: usize) {
     // renaming it to NAME (its second rename; the first installs NAME.partial), which a rerun
     // must carry on from; then twice among its first writes, then during the steps.
     let hdr = dir.join("exported.hdr");
-    let dec = decrypt_export_args(&data, &hdr, &key);
+    let dec = decrypt_args(&data, &hdr, &key, &[]);
     let writes = writes_of(&dec, &[&data, &hdr]);
     let out = fault::signal_at(&sc_cmd(&dec), "rename", 2, "KILL");
     assert_eq!(
@@ -805,18 +740,10 @@ fn shifted_killed_then_resumed(len: usize, reduce_mib: usize) {
     // And cryptsetup's decryption of the same encryption gives the same.
     std::fs::write(&data, &encrypted).unwrap();
     let hdr2 = dir.join("theirs.hdr");
-    ok(
-        cs(&[
-            "reencrypt",
-            "--decrypt",
-            "--header",
-            p(&hdr2),
-            "--force-offline-reencrypt",
-            "--batch-mode",
-            "--key-file",
-            p(&key),
-            p(&data),
-        ]),
+    cryptsetup_reencrypt(
+        &["--decrypt", "--header", p(&hdr2)],
+        &key,
+        &data,
         "cryptsetup reencrypt --decrypt --header NEWFILE",
     );
     assert!(std::fs::read(&data).unwrap()[..kept] == plain[..kept]);

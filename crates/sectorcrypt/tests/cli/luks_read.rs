@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::common::{cryptsetup_volume_key, p, run, sc, scratch};
+use crate::common::{cryptsetup_volume_key, cs, ok, p, sc, sc_exits, scratch, with_fast_pbkdf};
+use sectorcrypt_testkit::{FAST_ARGON2ID, FAST_LUKS1};
 
 /// A volume made by cryptsetup with a fast PBKDF, and its passphrase file.
 fn cryptsetup_volume(dir: &Path, name: &str, extra: &[&str]) -> (PathBuf, PathBuf) {
@@ -13,94 +14,56 @@ fn cryptsetup_volume(dir: &Path, name: &str, extra: &[&str]) -> (PathBuf, PathBu
     std::fs::write(&key, format!("passphrase of {name}\n")).unwrap();
     let f = std::fs::File::create(&img).unwrap();
     f.set_len(32 << 20).unwrap();
-    let out = run(Command::new("cryptsetup")
-        .args(["luksFormat", "-q", "--key-file", p(&key)])
-        .args(extra)
-        .arg(&img));
-    assert!(
-        out.status.success(),
-        "cryptsetup luksFormat {extra:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut args = vec!["luksFormat", "-q", "--key-file", p(&key)];
+    args.extend_from_slice(extra);
+    args.push(p(&img));
+    ok(cs(&args), "cryptsetup luksFormat");
     (img, key)
 }
 
 #[test]
 fn volume_keys_match_cryptsetup_for_luks1_and_luks2() {
     let dir = scratch("luks_cli-keys");
-    let cases: [(&str, &[&str]); 6] = [
-        (
-            "l2-pbkdf2",
-            &[
-                "--type",
-                "luks2",
-                "--pbkdf",
-                "pbkdf2",
-                "--pbkdf-force-iterations",
-                "1000",
-            ],
-        ),
+    let cases: [(&str, Vec<&str>); 6] = [
+        ("l2-pbkdf2", with_fast_pbkdf(&["--type", "luks2"])),
         (
             "l2-argon2id",
-            &[
-                "--type",
-                "luks2",
-                "--pbkdf",
-                "argon2id",
-                "--pbkdf-force-iterations",
-                "4",
-                "--pbkdf-memory",
-                "32",
-            ],
+            [&["--type", "luks2"][..], &FAST_ARGON2ID].concat(),
         ),
         (
             "l2-512",
-            &[
+            with_fast_pbkdf(&[
                 "--type",
                 "luks2",
-                "--pbkdf",
-                "pbkdf2",
-                "--pbkdf-force-iterations",
-                "1000",
                 "--sector-size",
                 "512",
                 "--key-size",
                 "256",
-            ],
+            ]),
         ),
-        (
-            "l1-sha256",
-            &["--type", "luks1", "--pbkdf-force-iterations", "1000"],
-        ),
+        ("l1-sha256", FAST_LUKS1.to_vec()),
         (
             "l1-sha1",
-            &[
-                "--type",
-                "luks1",
-                "--pbkdf-force-iterations",
-                "1000",
-                "--hash",
-                "sha1",
-                "--cipher",
-                "aes-cbc-essiv:sha256",
-                "--key-size",
-                "256",
-            ],
+            [
+                &FAST_LUKS1[..],
+                &[
+                    "--hash",
+                    "sha1",
+                    "--cipher",
+                    "aes-cbc-essiv:sha256",
+                    "--key-size",
+                    "256",
+                ],
+            ]
+            .concat(),
         ),
         (
             "l1-sha512",
-            &[
-                "--type",
-                "luks1",
-                "--pbkdf-force-iterations",
-                "1000",
-                "--hash",
-                "sha512",
-            ],
+            [&FAST_LUKS1[..], &["--hash", "sha512"]].concat(),
         ),
     ];
     for (name, extra) in cases {
-        let (img, key) = cryptsetup_volume(&dir, name, extra);
+        let (img, key) = cryptsetup_volume(&dir, name, &extra);
         let want = cryptsetup_volume_key(&img, &key);
         let out = sc(&[
             "dump",
@@ -142,7 +105,7 @@ fn volume_keys_match_cryptsetup_for_luks1_and_luks2() {
             "{name}"
         );
         // UUID as cryptsetup luksUUID.
-        let theirs = run(Command::new("cryptsetup").args(["luksUUID", p(&img)]));
+        let theirs = cs(&["luksUUID", p(&img)]);
         let ours = sc(&["luksUUID", p(&img)]);
         assert_eq!(ours.stdout, theirs.stdout, "{name}");
         // test-passphrase: right 0, wrong 2.
@@ -182,58 +145,31 @@ fn key_file_offset_size_and_stdin_work_like_cryptsetup() {
         .unwrap()
         .set_len(32 << 20)
         .unwrap();
-    let out = run(Command::new("cryptsetup")
-        .args([
-            "luksFormat",
-            "-q",
-            "--type",
-            "luks2",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-        ])
-        .args([
+    // `--key-file BIG --keyfile-offset OFFSET --keyfile-size 20`.
+    let key_part = |offset| {
+        [
             "--key-file",
             p(&big),
             "--keyfile-offset",
-            "5",
+            offset,
             "--keyfile-size",
             "20",
-        ])
-        .arg(&img));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let ok = sc(&[
-        "test-passphrase",
-        "--key-file",
-        p(&big),
-        "--keyfile-offset",
-        "5",
-        "--keyfile-size",
-        "20",
-        p(&img),
-    ]);
+        ]
+    };
+    let mut format = with_fast_pbkdf(&["luksFormat", "-q", "--type", "luks2"]);
+    format.extend_from_slice(&key_part("5"));
+    format.push(p(&img));
+    ok(cs(&format), "cryptsetup luksFormat");
+    let test_passphrase =
+        |offset| sc(&[&["test-passphrase"][..], &key_part(offset), &[p(&img)]].concat());
+    let right = test_passphrase("5");
     assert_eq!(
-        ok.status.code(),
+        right.status.code(),
         Some(0),
         "{}",
-        String::from_utf8_lossy(&ok.stderr)
+        String::from_utf8_lossy(&right.stderr)
     );
-    let off = sc(&[
-        "test-passphrase",
-        "--key-file",
-        p(&big),
-        "--keyfile-offset",
-        "6",
-        "--keyfile-size",
-        "20",
-        p(&img),
-    ]);
-    assert_eq!(off.status.code(), Some(2));
+    assert_eq!(test_passphrase("6").status.code(), Some(2));
     // The same 20 bytes through standard input.
     let mut child = Command::new(env!("CARGO_BIN_EXE_sectorcrypt"))
         .args(["test-passphrase", "--key-file", "-", p(&img)])
@@ -256,17 +192,7 @@ fn key_file_offset_size_and_stdin_work_like_cryptsetup() {
         Some(2)
     );
     // Asking for more bytes than the file has is an error, not a shorter passphrase.
-    let short = sc(&[
-        "test-passphrase",
-        "--key-file",
-        p(&big),
-        "--keyfile-offset",
-        "90",
-        "--keyfile-size",
-        "20",
-        p(&img),
-    ]);
-    assert_eq!(short.status.code(), Some(1));
+    assert_eq!(test_passphrase("90").status.code(), Some(1));
 }
 
 #[test]
@@ -289,34 +215,14 @@ fn bad_devices_get_the_documented_exit_codes() {
         (vec!["luksUUID", p(&zero)], 4),
         (vec!["uuid", p(&tiny)], 4),
     ] {
-        let out = sc(&args);
-        assert_eq!(
-            out.status.code(),
-            Some(code),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            String::from_utf8_lossy(&out.stderr).lines().count() <= 1,
-            "{args:?}"
-        );
+        let err = sc_exits(&args, code);
+        assert!(err.lines().count() <= 1, "{args:?}");
     }
     // is-luks is quiet unless asked.
     assert!(sc(&["is-luks", p(&zero)]).stderr.is_empty());
     assert!(!sc(&["is-luks", "-v", p(&zero)]).stderr.is_empty());
     // No key file and no terminal: refuse to prompt (exit 1), never hang.
-    let (img, _) = cryptsetup_volume(
-        &dir,
-        "prompt",
-        &[
-            "--type",
-            "luks2",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-        ],
-    );
+    let (img, _) = cryptsetup_volume(&dir, "prompt", &with_fast_pbkdf(&["--type", "luks2"]));
     let out = sc(&["test-passphrase", p(&img)]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a terminal"));

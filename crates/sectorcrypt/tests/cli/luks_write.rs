@@ -4,7 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::common::{cryptsetup_volume_key, cs, cs_fast, ok, p, sc, sc_fast, scratch, FAST_PBKDF};
+use crate::common::{
+    cryptsetup_volume_key, cs, cs_fast, ok, p, sc, sc_exits, sc_fast, scratch, with_fast_pbkdf,
+    FAST_PBKDF,
+};
+use sectorcrypt_testkit::FAST_LUKS1;
 
 fn key(dir: &Path, name: &str) -> PathBuf {
     let k = dir.join(format!("{name}.key"));
@@ -19,6 +23,15 @@ fn image(dir: &Path, name: &str, mib: u64) -> PathBuf {
         .set_len(mib << 20)
         .unwrap();
     img
+}
+
+/// `sectorcrypt format` of `img` with the passphrase in `key`, fast key derivation and `extra`
+/// options; it must succeed.
+fn format_here(img: &Path, key: &Path, extra: &[&str]) {
+    let mut args = vec!["format", "-q", "--key-file", p(key)];
+    args.extend_from_slice(extra);
+    args.push(p(img));
+    ok(sc_fast(&args), "format");
 }
 
 fn opens_in_cryptsetup(img: &Path, key: &Path) -> bool {
@@ -57,10 +70,7 @@ fn formats_cryptsetup_accepts_with_the_given_volume_key() {
     let vk = dir.join("vk.bin");
     std::fs::write(&vk, hex::decode(vk_hex).unwrap()).unwrap();
     let cases: [(&str, Vec<&str>); 5] = [
-        (
-            "l2-pbkdf2",
-            [&["--type", "luks2"][..], &FAST_PBKDF[..]].concat(),
-        ),
+        ("l2-pbkdf2", with_fast_pbkdf(&["--type", "luks2"])),
         (
             "l2-argon2id",
             vec![
@@ -79,20 +89,10 @@ fn formats_cryptsetup_accepts_with_the_given_volume_key() {
             ],
         ),
         ("l2-default-type", FAST_PBKDF.to_vec()),
-        (
-            "l1",
-            vec!["--type", "luks1", "--pbkdf-force-iterations", "1000"],
-        ),
+        ("l1", FAST_LUKS1.to_vec()),
         (
             "l1-sha512",
-            vec![
-                "--type",
-                "luks1",
-                "--pbkdf-force-iterations",
-                "1000",
-                "--hash",
-                "sha512",
-            ],
+            [&FAST_LUKS1[..], &["--hash", "sha512"]].concat(),
         ),
     ];
     for (name, extra) in cases {
@@ -139,18 +139,7 @@ fn keyslots_added_and_removed_here_are_seen_by_cryptsetup_and_back() {
             key(&dir, "d"),
         );
         let img = image(&dir, version, 32);
-        ok(
-            sc_fast(&[
-                "format",
-                "-q",
-                "--type",
-                version,
-                "--key-file",
-                p(&a),
-                p(&img),
-            ]),
-            "format",
-        );
+        format_here(&img, &a, &["--type", version]);
         let vk = volume_key_here(&img, &a);
         // Added here, opens in cryptsetup.
         ok(
@@ -202,18 +191,7 @@ fn header_backups_restore_across_tools() {
     let (a, b) = (key(&dir, "a"), key(&dir, "b"));
     for version in ["luks2", "luks1"] {
         let img = image(&dir, version, 32);
-        ok(
-            sc_fast(&[
-                "format",
-                "-q",
-                "--type",
-                version,
-                "--key-file",
-                p(&a),
-                p(&img),
-            ]),
-            "format",
-        );
+        format_here(&img, &a, &["--type", version]);
         let ours = dir.join(format!("{version}-ours.backup"));
         ok(
             sc(&["header-backup", p(&img), "--header-backup-file", p(&ours)]),
@@ -276,11 +254,11 @@ fn refused_commands_change_nothing() {
     let dir = scratch("luks_write-refused");
     let (a, wrong, new) = (key(&dir, "a"), key(&dir, "wrong"), key(&dir, "new"));
     let img = image(&dir, "v", 32);
-    ok(
-        sc_fast(&["format", "-q", "--key-file", p(&a), p(&img)]),
-        "format",
-    );
+    format_here(&img, &a, &[]);
     let before = std::fs::read(&img).unwrap();
+    // `format` with one bad option.
+    let bad_format =
+        |option, value| vec!["format", "-q", "--key-file", p(&a), option, value, p(&img)];
     for (args, code) in [
         (
             vec!["add-key", "--key-file", p(&wrong), p(&img), p(&new)],
@@ -300,54 +278,10 @@ fn refused_commands_change_nothing() {
             vec!["add-key", "--key-file", p(&a), "-S", "99", p(&img), p(&new)],
             1,
         ),
-        (
-            vec![
-                "format",
-                "-q",
-                "--key-file",
-                p(&a),
-                "--cipher",
-                "aes-xts-plain65",
-                p(&img),
-            ],
-            1,
-        ),
-        (
-            vec![
-                "format",
-                "-q",
-                "--key-file",
-                p(&a),
-                "--key-size",
-                "100",
-                p(&img),
-            ],
-            1,
-        ),
-        (
-            vec![
-                "format",
-                "-q",
-                "--key-file",
-                p(&a),
-                "--type",
-                "luks3",
-                p(&img),
-            ],
-            1,
-        ),
-        (
-            vec![
-                "format",
-                "-q",
-                "--key-file",
-                p(&a),
-                "--pbkdf",
-                "scrypt",
-                p(&img),
-            ],
-            1,
-        ),
+        (bad_format("--cipher", "aes-xts-plain65"), 1),
+        (bad_format("--key-size", "100"), 1),
+        (bad_format("--type", "luks3"), 1),
+        (bad_format("--pbkdf", "scrypt"), 1),
         (
             vec![
                 "header-restore",
@@ -359,21 +293,8 @@ fn refused_commands_change_nothing() {
             1,
         ),
     ] {
-        let out = sc(&args);
-        assert_eq!(
-            out.status.code(),
-            Some(code),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert_eq!(
-            String::from_utf8_lossy(&out.stderr)
-                .trim_end()
-                .lines()
-                .count(),
-            1,
-            "{args:?}"
-        );
+        let err = sc_exits(&args, code);
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}");
         assert!(
             std::fs::read(&img).unwrap() == before,
             "{args:?} changed the device"
@@ -426,31 +347,11 @@ fn requirements_and_damage_are_refused_without_writing() {
     );
     let before = std::fs::read(&img).unwrap();
     for args in [
-        vec![
-            "add-key",
-            "--key-file",
-            p(&a),
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            p(&img),
-            p(&new),
-        ],
+        with_fast_pbkdf(&["add-key", "--key-file", p(&a), p(&img), p(&new)]),
         vec!["kill-slot", "-q", p(&img), "0"],
     ] {
-        let out = sc(&args);
-        assert_eq!(
-            out.status.code(),
-            Some(1),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            String::from_utf8_lossy(&out.stderr).contains("requirement"),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let err = sc_exits(&args, 1);
+        assert!(err.contains("requirement"), "{err}");
         assert!(
             std::fs::read(&img).unwrap() == before,
             "{args:?} changed the device"
@@ -459,10 +360,7 @@ fn requirements_and_damage_are_refused_without_writing() {
 
     // Both checksums broken: no copy is usable.
     let img = image(&dir, "damaged", 32);
-    ok(
-        sc_fast(&["format", "-q", "--key-file", p(&a), p(&img)]),
-        "format",
-    );
+    format_here(&img, &a, &[]);
     let mut bytes = std::fs::read(&img).unwrap();
     let csum = 0x1c0; // the checksum field of a LUKS2 binary header
     bytes[csum] ^= 0xff;
@@ -473,21 +371,9 @@ fn requirements_and_damage_are_refused_without_writing() {
         vec!["test-passphrase", "--key-file", p(&a), p(&img)],
         vec!["add-key", "--key-file", p(&a), p(&img), p(&new)],
     ] {
-        let out = sc(&args);
-        assert_eq!(
-            out.status.code(),
-            Some(1),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert_eq!(
-            String::from_utf8_lossy(&out.stderr)
-                .trim_end()
-                .lines()
-                .count(),
-            1
-        );
-        assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+        let err = sc_exits(&args, 1);
+        assert_eq!(err.trim_end().lines().count(), 1);
+        assert!(!err.contains("panicked"));
     }
     assert_eq!(sc(&["is-luks", p(&img)]).status.code(), Some(1));
     assert!(

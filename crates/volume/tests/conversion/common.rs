@@ -2,7 +2,6 @@
 //! encryption, and cryptsetup invocations.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use rand::{RngCore, SeedableRng};
 use sectorcrypt_cipher::{CipherSpec, SectorCipher, SectorOptions};
@@ -11,7 +10,10 @@ use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, ResilienceKind, Stat
 use sectorcrypt_luks::luks2::Header as Luks2Header;
 use sectorcrypt_luks::PbkdfOptions;
 use sectorcrypt_storage::{FileStorage, Storage};
+use sectorcrypt_testkit::{ok, scratch};
 use sectorcrypt_volume::reencrypt::{run, Options, Outcome};
+
+pub(crate) use sectorcrypt_testkit::{cryptsetup_format_with_volume_key, p, with_fast_pbkdf};
 
 pub(crate) const PASS: &[u8] = b"in place";
 pub(crate) const HEADER_LEN: u64 = 16 << 20;
@@ -59,16 +61,17 @@ pub(crate) fn state_of(header_dev: &dyn Storage) -> State {
     reencrypt::state(Luks2Header::read(header_dev).unwrap().metadata())
 }
 
+/// The data sector size the LUKS2 header on `header_dev` records.
+pub(crate) fn sector_size_of(header_dev: &dyn Storage) -> usize {
+    let h = Luks2Header::read(header_dev).unwrap();
+    h.data_segment().unwrap().sector_size as usize
+}
+
+/// `cryptsetup ARGS...`, which must succeed.
 pub(crate) fn cryptsetup(args: &[&str]) {
-    let out = Command::new("cryptsetup")
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run cryptsetup: {e} (scripts/install-test-deps.sh)"));
-    assert!(
-        out.status.success(),
-        "cryptsetup {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    ok(
+        sectorcrypt_testkit::cryptsetup(args),
+        &format!("cryptsetup {args:?}"),
     );
 }
 
@@ -85,15 +88,12 @@ pub(crate) fn cryptsetup_reencrypt(extra: &[&str], hdr: Option<&Path>, key: &Pat
     cryptsetup(&args);
 }
 
-pub(crate) fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sectorcrypt-reenc-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-pub(crate) fn p(path: &Path) -> &str {
-    path.to_str().unwrap()
+/// A scratch folder for an interop test and the key file holding [`PASS`] in it.
+pub(crate) fn interop_dir(name: &str) -> (PathBuf, PathBuf) {
+    let dir = scratch(&format!("reenc-{name}"));
+    let key_file = dir.join("pass");
+    std::fs::write(&key_file, PASS).unwrap();
+    (dir, key_file)
 }
 
 /// Run the conversion recorded in the header file `hdr` over the data file `data` (the same

@@ -333,9 +333,7 @@ fn a_device_too_small_or_a_wrong_passphrase_changes_nothing() {
 
 #[test]
 fn shifted_encryption_interop_with_cryptsetup() {
-    let dir = scratch("shift-encrypt");
-    let key_file = dir.join("pass");
-    std::fs::write(&key_file, PASS).unwrap();
+    let (dir, key_file) = interop_dir("shift-encrypt");
     let device_len: u64 = 6 << 20;
     let data_len = device_len - 2 * SHIFT;
     let plain = pattern(device_len as usize, 14);
@@ -364,7 +362,7 @@ fn shifted_encryption_interop_with_cryptsetup() {
     std::fs::write(&vk_file, &vk).unwrap();
     std::fs::write(&img, &plain).unwrap();
     cryptsetup_reencrypt(
-        &[
+        &with_fast_pbkdf(&[
             "--encrypt",
             "--type",
             "luks2",
@@ -373,13 +371,9 @@ fn shifted_encryption_interop_with_cryptsetup() {
             "--sector-size",
             "4096",
             "--init-only",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
             "--volume-key-file",
             p(&vk_file),
-        ],
+        ]),
         None,
         &key_file,
         &img,
@@ -403,9 +397,7 @@ fn shifted_encryption_interop_with_cryptsetup() {
 
 #[test]
 fn shifted_decryption_interop_with_cryptsetup() {
-    let dir = scratch("shift-decrypt");
-    let key_file = dir.join("pass");
-    std::fs::write(&key_file, PASS).unwrap();
+    let (dir, key_file) = interop_dir("shift-decrypt");
     let device_len: u64 = SHIFT + (5 << 20);
     let data_len = device_len - SHIFT;
     let plain = pattern(data_len as usize, 16);

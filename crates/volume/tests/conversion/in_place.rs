@@ -2,7 +2,6 @@
 //! every write and sync of the run and resumes, and interop with cryptsetup in both directions
 //! (it resumes what we started; we resume what it started).
 
-use std::process::Command;
 use std::sync::Arc;
 
 use sectorcrypt_luks::luks2::reencrypt::{self, State};
@@ -12,6 +11,7 @@ use sectorcrypt_storage::crash;
 use sectorcrypt_storage::{
     CrashingDirectory, CrashingStorage, Directory, FileStorage, MemStorage, Power, Storage, Window,
 };
+use sectorcrypt_testkit::cryptsetup_volume_key;
 use sectorcrypt_testkit::sweep::{sweep, sweep_with_atoms, ForgetsSync, Report};
 use sectorcrypt_volume::convert::{self, NewKey, Placement};
 use sectorcrypt_volume::reencrypt::{run, Options, Outcome, Progress};
@@ -321,9 +321,7 @@ fn decryption_ends_with_plaintext_and_no_keys() {
 
 #[test]
 fn cryptsetup_resumes_ours_and_we_resume_cryptsetups() {
-    let dir = scratch("interop");
-    let key_file = dir.join("pass");
-    std::fs::write(&key_file, PASS).unwrap();
+    let (dir, key_file) = interop_dir("interop");
     let data_len = 8usize << 20;
     let plain = pattern(data_len, 3);
 
@@ -348,18 +346,14 @@ fn cryptsetup_resumes_ours_and_we_resume_cryptsetups() {
     std::fs::write(&vk_file, &vk).unwrap();
     std::fs::write(&data, &plain).unwrap();
     cryptsetup_reencrypt(
-        &[
+        &with_fast_pbkdf(&[
             "--encrypt",
             "--type",
             "luks2",
             "--init-only",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
             "--volume-key-file",
             p(&vk_file),
-        ],
+        ]),
         Some(&hdr),
         &key_file,
         &data,
@@ -376,11 +370,7 @@ fn cryptsetup_resumes_ours_and_we_resume_cryptsetups() {
         p(&key_file),
         p(&data),
     ]);
-    let Header::Luks2(h) = Header::read(&FileStorage::open_read_only(&hdr).unwrap()).unwrap()
-    else {
-        panic!("not LUKS2")
-    };
-    let sector = h.data_segment().unwrap().sector_size as usize;
+    let sector = sector_size_of(&FileStorage::open_read_only(&hdr).unwrap());
     assert_eq!(
         std::fs::read(&data).unwrap(),
         expected_ciphertext(&vk, sector, &plain)
@@ -395,9 +385,7 @@ fn cryptsetup_resumes_ours_and_we_resume_cryptsetups() {
 
 #[test]
 fn decryption_interop_with_cryptsetup() {
-    let dir = scratch("interop-decrypt");
-    let key_file = dir.join("pass");
-    std::fs::write(&key_file, PASS).unwrap();
+    let (dir, key_file) = interop_dir("interop-decrypt");
     let data_len = 8usize << 20;
     let plain = pattern(data_len, 6);
 
@@ -406,15 +394,7 @@ fn decryption_interop_with_cryptsetup() {
     let data = dir.join("theirs.img");
     std::fs::write(&data, &plain).unwrap();
     cryptsetup_reencrypt(
-        &[
-            "--encrypt",
-            "--type",
-            "luks2",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-        ],
+        &with_fast_pbkdf(&["--encrypt", "--type", "luks2"]),
         Some(&hdr),
         &key_file,
         &data,
@@ -443,9 +423,7 @@ fn decryption_interop_with_cryptsetup() {
 
 #[test]
 fn reencryption_interop_with_cryptsetup() {
-    let dir = scratch("interop-reencrypt");
-    let key_file = dir.join("pass");
-    std::fs::write(&key_file, PASS).unwrap();
+    let (dir, key_file) = interop_dir("interop-reencrypt");
     let data_len = 8usize << 20;
     let plain = pattern(data_len, 8);
 
@@ -466,68 +444,17 @@ fn reencryption_interop_with_cryptsetup() {
     let vk_file = dir.join("vk");
     std::fs::write(&vk_file, &old).unwrap();
     std::fs::write(&img, vec![0u8; (16 << 20) + data_len]).unwrap();
-    cryptsetup(&[
-        "luksFormat",
-        "--type",
-        "luks2",
-        "--sector-size",
-        "512",
-        "--pbkdf",
-        "pbkdf2",
-        "--pbkdf-force-iterations",
-        "1000",
-        "--volume-key-file",
-        p(&vk_file),
-        "--batch-mode",
-        "--key-file",
-        p(&key_file),
-        p(&img),
-    ]);
+    cryptsetup_format_with_volume_key(&img, &key_file, &vk_file, &["--sector-size", "512"]);
     let mut image = std::fs::read(&img).unwrap();
     image[16 << 20..].copy_from_slice(&expected_ciphertext(&old, 512, &plain));
     std::fs::write(&img, &image).unwrap();
-    cryptsetup_reencrypt(
-        &[
-            "--init-only",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-        ],
-        None,
-        &key_file,
-        &img,
-    );
+    cryptsetup_reencrypt(&with_fast_pbkdf(&["--init-only"]), None, &key_file, &img);
     run_to_end(&img, &img);
     let dev = FileStorage::open(&img).unwrap();
     // The new key, as cryptsetup sees it, decrypts the payload to the plaintext.
-    let dump = Command::new("cryptsetup")
-        .args([
-            "luksDump",
-            "--dump-volume-key",
-            "-q",
-            "--key-file",
-            p(&key_file),
-            p(&img),
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&dump.stdout).to_string();
-    let hex: String = text
-        .split("MK dump:")
-        .nth(1)
-        .expect("a volume key dump")
-        .split_whitespace()
-        .filter(|w| w.len() == 2 && w.chars().all(|c| c.is_ascii_hexdigit()))
-        .collect();
-    let new_key: Vec<u8> = (0..hex.len() / 2)
-        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
-        .collect();
+    let new_key = cryptsetup_volume_key(&img, &key_file, &[]);
     assert_ne!(new_key, old, "the volume key did not change");
-    let Header::Luks2(h) = Header::read(&dev).unwrap() else {
-        panic!("not LUKS2")
-    };
-    let sector = h.data_segment().unwrap().sector_size as usize;
+    let sector = sector_size_of(&dev);
     let payload = std::fs::read(&img).unwrap()[16 << 20..].to_vec();
     assert!(payload == expected_ciphertext(&new_key, sector, &plain));
     std::fs::remove_dir_all(&dir).unwrap();
