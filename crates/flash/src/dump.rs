@@ -104,22 +104,6 @@ impl DumpFlash {
             + u64::from(offset % g.page_size)
     }
 
-    /// The pieces of `offset .. offset + len` of a block that lie in one page each:
-    /// (offset in the block, length).
-    fn page_pieces(&self, offset: u32, len: usize) -> impl Iterator<Item = (u32, usize)> {
-        let page = self.geometry.page_size;
-        let end = offset as usize + len;
-        let mut at = offset as usize;
-        std::iter::from_fn(move || {
-            (at < end).then(|| {
-                let n = (page as usize - at % page as usize).min(end - at);
-                let piece = (at as u32, n);
-                at += n;
-                piece
-            })
-        })
-    }
-
     fn oob_at(&self, peb: u32, page: u32) -> Result<u64, Error> {
         if self.layout == Layout::DataOnly {
             return Err(Error::Format(
@@ -139,7 +123,7 @@ impl Flash for DumpFlash {
     fn read(&self, peb: u32, offset: u32, buf: &mut [u8]) -> Result<ReadStatus, Error> {
         self.geometry.check_range(peb, offset, buf.len())?;
         let mut done = 0;
-        for (at, n) in self.page_pieces(offset, buf.len()) {
+        for (at, n) in self.geometry.page_pieces(offset, buf.len()) {
             self.storage
                 .read_at(&mut buf[done..done + n], self.data_at(peb, at))
                 .map_err(io)?;
@@ -149,20 +133,12 @@ impl Flash for DumpFlash {
     }
 
     fn program(&self, peb: u32, offset: u32, data: &[u8]) -> Result<(), Error> {
-        let g = &self.geometry;
-        g.check_range(peb, offset, data.len())?;
-        let sub = g.sub_page_size as usize;
-        if !(offset as usize).is_multiple_of(sub) || !data.len().is_multiple_of(sub) {
-            return Err(Error::Unaligned(format!(
-                "a program of {} bytes at offset {offset} is not in whole {sub}-byte sub-pages",
-                data.len()
-            )));
-        }
+        self.geometry.check_program(peb, offset, data.len())?;
         if self.is_bad(peb)? {
             return Err(Error::BadBlock(peb));
         }
         let mut done = 0;
-        for (at, n) in self.page_pieces(offset, data.len()) {
+        for (at, n) in self.geometry.page_pieces(offset, data.len()) {
             let pos = self.data_at(peb, at);
             let mut cells = vec![0u8; n];
             self.storage.read_at(&mut cells, pos).map_err(io)?;
@@ -188,14 +164,7 @@ impl Flash for DumpFlash {
     }
 
     fn read_oob(&self, peb: u32, page: u32, buf: &mut [u8]) -> Result<(), Error> {
-        let g = &self.geometry;
-        g.check_range(peb, 0, 0)?;
-        if page >= g.pages_per_peb() || buf.len() > g.oob_size as usize {
-            return Err(Error::OutOfRange(format!(
-                "{} spare bytes of page {page} of eraseblock {peb}",
-                buf.len()
-            )));
-        }
+        self.geometry.check_oob(peb, page, buf.len())?;
         let at = self.oob_at(peb, page)?;
         self.storage.read_at(buf, at).map_err(io)
     }

@@ -112,6 +112,47 @@ impl Geometry {
         }
         Ok(())
     }
+
+    /// Check a program of `len` bytes at `offset` of eraseblock `peb`: inside the chip and in
+    /// whole sub-pages, the unit every backend (and MTD) programs in.
+    pub fn check_program(&self, peb: u32, offset: u32, len: usize) -> Result<(), Error> {
+        self.check_range(peb, offset, len)?;
+        let sub = self.sub_page_size as usize;
+        if !(offset as usize).is_multiple_of(sub) || !len.is_multiple_of(sub) {
+            return Err(Error::Unaligned(format!(
+                "a program of {len} bytes at offset {offset} is not in whole {sub}-byte sub-pages"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Check a read of `len` spare bytes of page `page` of eraseblock `peb`: the page exists and
+    /// `len` is at most the spare size.
+    pub fn check_oob(&self, peb: u32, page: u32, len: usize) -> Result<(), Error> {
+        self.check_range(peb, 0, 0)?;
+        if page >= self.pages_per_peb() || len > self.oob_size as usize {
+            return Err(Error::OutOfRange(format!(
+                "{len} spare bytes of page {page} of eraseblock {peb}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The pieces of `offset .. offset + len` of an eraseblock that lie in one page each, in
+    /// order: (offset in the block, length). NAND reads, programs and reports errors per page.
+    pub fn page_pieces(&self, offset: u32, len: usize) -> impl Iterator<Item = (u32, usize)> {
+        let page = self.page_size as usize;
+        let end = offset as usize + len;
+        let mut at = offset as usize;
+        std::iter::from_fn(move || {
+            (at < end).then(|| {
+                let n = (page - at % page).min(end - at);
+                let piece = (at as u32, n);
+                at += n;
+                piece
+            })
+        })
+    }
 }
 
 #[cfg(test)]
@@ -164,5 +205,35 @@ mod tests {
         assert!(g.check_range(511, 126 * 1024, 2048).is_ok());
         assert!(g.check_range(512, 0, 1).is_err());
         assert!(g.check_range(0, 128 * 1024 - 1, 2).is_err());
+    }
+
+    #[test]
+    fn programs_are_whole_sub_pages_and_spare_reads_fit_the_spare_area() {
+        let g = Geometry::default();
+        assert!(g.check_program(3, 1536, 1024).is_ok());
+        assert!(matches!(
+            g.check_program(3, 100, 512),
+            Err(Error::Unaligned(_))
+        ));
+        assert!(matches!(
+            g.check_program(3, 512, 100),
+            Err(Error::Unaligned(_))
+        ));
+        assert!(matches!(
+            g.check_program(512, 0, 512),
+            Err(Error::OutOfRange(_))
+        ));
+        assert!(g.check_oob(3, 63, 64).is_ok());
+        assert!(g.check_oob(3, 64, 1).is_err());
+        assert!(g.check_oob(3, 0, 65).is_err());
+        assert!(g.check_oob(512, 0, 1).is_err());
+    }
+
+    #[test]
+    fn page_pieces_split_at_page_boundaries() {
+        let g = Geometry::default();
+        let pieces: Vec<_> = g.page_pieces(1000, 5000).collect();
+        assert_eq!(pieces, [(1000, 1048), (2048, 2048), (4096, 1904)]);
+        assert_eq!(g.page_pieces(0, 0).count(), 0);
     }
 }

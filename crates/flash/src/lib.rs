@@ -14,6 +14,8 @@
 //!   per-page program counts as ground truth, nandsim-like fault injection and power cuts.
 //! - [`dump::DumpFlash`]: a raw dump in `nanddump`'s layout (data only, or with spare areas), for
 //!   exchange with mtd-utils, ubi_reader and the kernel.
+//! - [`mtd::MtdFlash`] (Linux): a real NAND chip through its MTD character device (`/dev/mtdN`),
+//!   with the kernel's ECC reports, erases and bad-block table.
 //!
 //! On top of any of them, [`crypt::CryptFlash`] is the encryption layer at the thesis' cut point (a
 //! `Flash` storing only ciphertext on another), [`area::BlockArea`] turns a run of eraseblocks into a small rewritable
@@ -28,6 +30,11 @@ pub mod crypt;
 pub mod dump;
 mod error;
 mod geometry;
+// The crate's one module with `unsafe` (its ioctl calls, each with a SAFETY comment): MTD is
+// driven through ioctls that no safe wrapper offers.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+pub mod mtd;
 pub mod part;
 pub mod sim;
 

@@ -391,16 +391,7 @@ impl Flash for SimNand {
 
     fn program(&self, peb: u32, offset: u32, data: &[u8]) -> Result<(), Error> {
         let g = self.geometry;
-        g.check_range(peb, offset, data.len())?;
-        if !offset.is_multiple_of(g.sub_page_size)
-            || !data.len().is_multiple_of(g.sub_page_size as usize)
-        {
-            return Err(Error::Unaligned(format!(
-                "a program of {} bytes at offset {offset} is not aligned to the {}-byte sub-page",
-                data.len(),
-                g.sub_page_size
-            )));
-        }
+        g.check_program(peb, offset, data.len())?;
         if data.is_empty() {
             return Ok(());
         }
@@ -527,13 +518,7 @@ impl Flash for SimNand {
 
     fn read_oob(&self, peb: u32, page: u32, buf: &mut [u8]) -> Result<(), Error> {
         let g = self.geometry;
-        g.check_range(peb, page.saturating_mul(g.page_size), 0)?;
-        if page >= g.pages_per_peb() || buf.len() > g.oob_size as usize {
-            return Err(Error::OutOfRange(format!(
-                "{} spare bytes of page {page} of eraseblock {peb}",
-                buf.len()
-            )));
-        }
+        g.check_oob(peb, page, buf.len())?;
         if self.state().off {
             return Err(Error::PowerCut);
         }

@@ -1,9 +1,12 @@
 //! The flash crate's tests, one binary: the simulated chip (`sim`), the encryption layer on it
-//! (`crypt`), dumps in nanddump's layout (`dump`) and the header area (`area`).
+//! (`crypt`), dumps in nanddump's layout (`dump`), the header area (`area`) and Linux MTD
+//! devices (`mtd`).
 
 mod area;
 mod crypt;
 mod dump;
+#[cfg(target_os = "linux")]
+mod mtd;
 mod sim;
 
 use sectorcrypt_flash::Geometry;
