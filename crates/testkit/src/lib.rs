@@ -18,6 +18,7 @@
 //! cryptsetup with fast key derivation, data patterns.
 
 pub mod fault;
+pub mod openssl;
 pub mod sweep;
 pub mod tools;
 pub mod vectors;

@@ -1,7 +1,6 @@
 //! The encryption layer: NAND behaviour above it, only ciphertext below it, the documented IV
 //! rule checked with OpenSSL, and what each policy costs the chip.
 
-use std::process::Command;
 use std::sync::Arc;
 
 use sectorcrypt_cipher::{BackendChoice, CipherSpec, SectorOptions};
@@ -9,7 +8,7 @@ use sectorcrypt_flash::crypt::{CryptFlash, Policy};
 use sectorcrypt_flash::sim::SimNand;
 use sectorcrypt_flash::{Flash, Geometry};
 use sectorcrypt_storage::MemStorage;
-use sectorcrypt_testkit::{ok, p, pattern, python, scratch};
+use sectorcrypt_testkit::{openssl, pattern, scratch};
 
 use crate::small;
 
@@ -151,44 +150,6 @@ fn under_the_thesis_policy_the_chip_holds_nothing_but_ciphertext() {
     assert_eq!(read(c.as_ref(), 1, 0, 16384), vec![0xFF; 16384]);
 }
 
-/// Decrypt `units` units of `unit` bytes in `file` with OpenSSL (Python `cryptography`), the
-/// first being unit number `first`, by the documented rule: `plain64` IV = unit number.
-fn openssl_decrypt(
-    file: &std::path::Path,
-    spec: &str,
-    key: &[u8],
-    unit: usize,
-    first: u64,
-) -> Vec<u8> {
-    const SCRIPT: &str = r#"
-import hashlib, sys
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-path, spec, key, unit, first = sys.argv[1], sys.argv[2], bytes.fromhex(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-data = open(path, "rb").read()
-out = bytearray()
-for i in range(len(data) // unit):
-    iv = (first + i).to_bytes(16, "little")
-    if spec == "aes-xts-plain64":
-        c = Cipher(algorithms.AES(key), modes.XTS(iv))
-    else:
-        salt = hashlib.sha256(key).digest()
-        e = Cipher(algorithms.AES(salt), modes.ECB()).encryptor()
-        c = Cipher(algorithms.AES(key), modes.CBC(e.update(iv) + e.finalize()))
-    d = c.decryptor()
-    out += d.update(data[i * unit:(i + 1) * unit]) + d.finalize()
-open(path + ".plain", "wb").write(out)
-"#;
-    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-    let out = Command::new(python())
-        .args(["-c", SCRIPT, p(file), spec, &hex])
-        .arg(unit.to_string())
-        .arg(first.to_string())
-        .output()
-        .expect("python3 runs");
-    ok(out, "python3 cryptography");
-    std::fs::read(format!("{}.plain", p(file))).unwrap()
-}
-
 #[test]
 fn the_ciphertext_decrypts_with_openssl_by_the_documented_iv_rule() {
     let dir = scratch("flash-crypt-openssl");
@@ -208,12 +169,13 @@ fn the_ciphertext_decrypts_with_openssl_by_the_documented_iv_rule() {
             let unit = g.sub_page_size as usize;
             let first = f.unit_number(peb, 2048);
             assert_eq!(first, 5 * 32 + 4);
-            let plain = openssl_decrypt(&file, spec, &key, unit, first);
+            let plain = openssl::decrypt_units(&file, spec, &key, unit, first);
             assert_eq!(plain, data, "{spec} {policy:?}");
             if policy == Policy::Thesis {
                 // Free space is encrypted 0xFF under the same rule.
                 std::fs::write(&file, read(c.as_ref(), peb, 8192, 8192)).unwrap();
-                let plain = openssl_decrypt(&file, spec, &key, unit, f.unit_number(peb, 8192));
+                let plain =
+                    openssl::decrypt_units(&file, spec, &key, unit, f.unit_number(peb, 8192));
                 assert_eq!(plain, vec![0xFF; 8192], "{spec}: encrypted free space");
             }
         }

@@ -19,12 +19,14 @@ mod dump;
 pub mod limits;
 pub mod metadata;
 pub mod reencrypt;
+mod token;
 mod unlock;
 pub mod validate;
 pub(crate) mod write;
 
 pub use backup::RestorePlan;
 pub use limits::KEYSLOTS_MAX;
+pub use token::TOKENS_MAX;
 pub use write::{format, keyslot_area_size, random_bytes, FormatParams, Pbkdf, PbkdfKind};
 
 use sectorcrypt_storage::Storage;

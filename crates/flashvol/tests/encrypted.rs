@@ -1,0 +1,323 @@
+//! An encrypted flash end to end: the header read by cryptsetup from a dump of its eraseblocks,
+//! the chip holding ciphertext only, OpenSSL decrypting it from the volume key cryptsetup finds
+//! and the header's data segment, a `ubinize` image imported and read back by ubi_reader from the
+//! decrypted export, and the key commands on the header area.
+
+use std::process::Command;
+use std::sync::Arc;
+
+use sectorcrypt_flash::crypt::Policy;
+use sectorcrypt_flash::sim::SimNand;
+use sectorcrypt_flash::{Flash, Geometry};
+use sectorcrypt_flashvol::{format, read_header, unlock, Error, NewFlash};
+use sectorcrypt_luks::{FormatOptions, PbkdfChoice, PbkdfOptions};
+use sectorcrypt_storage::MemStorage;
+use sectorcrypt_testkit::{
+    cryptsetup, cryptsetup_volume_key, ok, openssl, output, p, pattern, scratch,
+};
+use sectorcrypt_ubi::media::{EC_HDR_MAGIC, VID_HDR_MAGIC};
+use sectorcrypt_ubi::{flash_image, AttachOptions};
+
+const PASS: &[u8] = b"flash passphrase";
+
+/// The default SLC chip (128 KiB eraseblocks, 2 KiB pages, 512-byte sub-pages), 64 blocks.
+fn geometry() -> Geometry {
+    Geometry {
+        peb_count: 64,
+        ..Geometry::default()
+    }
+}
+
+fn chip() -> Arc<SimNand> {
+    let g = geometry();
+    let mem = MemStorage::new(vec![0; SimNand::image_len(&g) as usize]);
+    Arc::new(SimNand::create(mem, g, &[3]).unwrap())
+}
+
+fn new_flash(policy: Policy, cipher: &str) -> NewFlash {
+    NewFlash {
+        luks: FormatOptions {
+            version: 2,
+            cipher: Some(cipher.into()),
+            pbkdf: PbkdfOptions {
+                kind: Some(PbkdfChoice::Pbkdf2),
+                force_iterations: Some(1000),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        policy,
+        keyslots: None,
+    }
+}
+
+/// The data of eraseblocks `blocks`, concatenated.
+fn blocks(flash: &dyn Flash, blocks: impl IntoIterator<Item = u32>) -> Vec<u8> {
+    let size = flash.geometry().peb_size as usize;
+    let mut out = Vec::new();
+    for b in blocks {
+        let mut buf = vec![0u8; size];
+        flash.read(b, 0, &mut buf).unwrap();
+        out.extend_from_slice(&buf);
+    }
+    out
+}
+
+#[test]
+fn cryptsetup_reads_the_header_and_openssl_decrypts_the_chip() {
+    let dir = scratch("flashvol-cryptsetup");
+    for (policy, cipher) in [
+        (Policy::Thesis, "aes-xts-plain64"),
+        (Policy::Visible, "aes-cbc-essiv:sha256"),
+    ] {
+        let raw = chip();
+        let flash = raw.clone() as Arc<dyn Flash>;
+        let opened = format(Arc::clone(&flash), &new_flash(policy, cipher), PASS).unwrap();
+        let area = &opened.header.area;
+        assert!(
+            !area.blocks().contains(&3),
+            "the factory bad block is skipped"
+        );
+        let hdr = dir.join(format!("{}.hdr", policy.name()));
+        std::fs::write(&hdr, blocks(&*flash, area.blocks().iter().copied())).unwrap();
+        let key = dir.join("pass");
+        std::fs::write(&key, PASS).unwrap();
+        let dump = ok(cryptsetup(&["luksDump", p(&hdr)]), "cryptsetup luksDump");
+        let text = String::from_utf8_lossy(&dump.stdout);
+        assert!(
+            text.contains("sectorcrypt-flash"),
+            "the token is listed:\n{text}"
+        );
+        assert!(text.contains(cipher), "{text}");
+        ok(
+            cryptsetup(&["open", "--test-passphrase", "--key-file", p(&key), p(&hdr)]),
+            "cryptsetup open --test-passphrase",
+        );
+        let vk = cryptsetup_volume_key(&hdr, &key, &[]);
+
+        // Some data in UBI, then the chip's bytes of one data block decrypted by OpenSSL from
+        // cryptsetup's volume key by the data segment's rule: sectors of one sub-page counted
+        // from the segment's start.
+        let ubi = opened.attach(&AttachOptions::default()).unwrap();
+        let id = ubi
+            .create_volume(&sectorcrypt_ubi::NewVolume {
+                id: None,
+                name: "v".into(),
+                lebs: 4,
+                vol_type: sectorcrypt_ubi::media::VolType::Dynamic,
+                alignment: 1,
+                autoresize: false,
+            })
+            .unwrap();
+        let data = pattern(126 * 1024, 9);
+        ubi.write(id, 0, 0, &data).unwrap();
+        drop(ubi);
+        let first = opened.header.params.data_first;
+        let g = geometry();
+        let units = u64::from(g.peb_size / g.sub_page_size);
+        for peb in [0u32, 1, 7] {
+            let file = dir.join(format!("{}-{peb}.bin", policy.name()));
+            std::fs::write(&file, blocks(&*flash, [first + peb])).unwrap();
+            let plain = openssl::decrypt_units(
+                &file,
+                cipher,
+                &vk,
+                g.sub_page_size as usize,
+                u64::from(peb) * units,
+            );
+            let mut ours = vec![0u8; g.peb_size as usize];
+            opened.crypt.read(peb, 0, &mut ours).unwrap();
+            match policy {
+                Policy::Thesis => assert!(
+                    plain == ours,
+                    "{cipher}: PEB {peb} decrypts to what UBI reads"
+                ),
+                // Units left erased are not ciphertext: compare the programmed ones.
+                _ => {
+                    let raw_block = std::fs::read(&file).unwrap();
+                    for (i, unit) in raw_block.chunks(512).enumerate() {
+                        if unit.iter().any(|&b| b != 0xFF) {
+                            assert_eq!(plain[i * 512..(i + 1) * 512], ours[i * 512..(i + 1) * 512]);
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            opened.crypt.read(0, 0, &mut [0u8; 4]).is_ok(),
+            "reads go on after the checks"
+        );
+    }
+}
+
+#[test]
+fn under_the_thesis_policy_the_chip_holds_only_ciphertext() {
+    let raw = chip();
+    let flash = raw.clone() as Arc<dyn Flash>;
+    let opened = format(
+        Arc::clone(&flash),
+        &new_flash(Policy::Thesis, "aes-xts-plain64"),
+        PASS,
+    )
+    .unwrap();
+    let ubi = opened.attach(&AttachOptions::default()).unwrap();
+    let id = ubi
+        .create_volume(&sectorcrypt_ubi::NewVolume {
+            id: None,
+            name: "secret-volume-name".into(),
+            lebs: 8,
+            vol_type: sectorcrypt_ubi::media::VolType::Dynamic,
+            alignment: 1,
+            autoresize: false,
+        })
+        .unwrap();
+    let marker = b"PLAINTEXT-MARKER".repeat(128);
+    ubi.write(id, 2, 0, &marker).unwrap();
+    drop(ubi);
+    let first = opened.header.params.data_first;
+    let g = geometry();
+    let bytes = blocks(&*flash, (first..g.peb_count).filter(|&b| b != 3));
+    let find = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+    assert!(
+        !find(&EC_HDR_MAGIC.to_be_bytes()) && !find(&VID_HDR_MAGIC.to_be_bytes()),
+        "no UBI magic"
+    );
+    assert!(
+        !find(b"PLAINTEXT-MARKER") && !find(b"secret-volume-name"),
+        "no plaintext"
+    );
+    assert!(!find(&[0xFF; 32]), "no erased run: free space is hidden");
+    let mut histogram = [0u64; 256];
+    bytes.iter().for_each(|&b| histogram[b as usize] += 1);
+    let expected = bytes.len() as f64 / 256.0;
+    let chi2: f64 = histogram
+        .iter()
+        .map(|&n| (n as f64 - expected).powi(2) / expected)
+        .sum();
+    // 255 degrees of freedom: chi2 above 400 has a probability below 1e-8 for random bytes.
+    assert!(chi2 < 400.0, "byte histogram chi-square {chi2}");
+}
+
+#[test]
+fn a_ubinize_image_imported_and_exported_reads_the_same_in_ubi_reader() {
+    let dir = scratch("flashvol-import");
+    let d = pattern(300_000, 1);
+    let s = pattern(70_000, 2);
+    std::fs::write(dir.join("d.bin"), &d).unwrap();
+    std::fs::write(dir.join("s.bin"), &s).unwrap();
+    std::fs::write(
+        dir.join("u.cfg"),
+        "[d]\nmode=ubi\nimage=d.bin\nvol_id=0\nvol_size=1MiB\nvol_type=dynamic\nvol_name=data\n\
+         [s]\nmode=ubi\nimage=s.bin\nvol_id=1\nvol_type=static\nvol_name=cfg\n\
+         [a]\nmode=ubi\nvol_id=2\nvol_size=512KiB\nvol_type=dynamic\nvol_name=rest\nvol_flags=autoresize\n",
+    )
+    .unwrap();
+    ok(
+        output(Command::new("ubinize").current_dir(&dir).args([
+            "-o", "img.ubi", "-p", "128KiB", "-m", "2048", "-s", "512", "u.cfg",
+        ])),
+        "ubinize",
+    );
+    let img = std::fs::read(dir.join("img.ubi")).unwrap();
+    let raw = chip();
+    let flash = raw.clone() as Arc<dyn Flash>;
+    let opened = format(
+        Arc::clone(&flash),
+        &new_flash(Policy::Thesis, "aes-xts-plain64"),
+        PASS,
+    )
+    .unwrap();
+    flash_image(&*opened.crypt, &img, None).unwrap();
+    drop(opened);
+
+    let opened = unlock(Arc::clone(&flash), PASS, None).unwrap();
+    let ubi = opened.attach(&AttachOptions::default()).unwrap();
+    let names: Vec<String> = ubi.info().volumes.into_iter().map(|v| v.name).collect();
+    assert_eq!(names, ["data", "cfg", "rest"]);
+    drop(ubi);
+    // The decrypted export: what UBI sees, block by block, as a nanddump without spare areas.
+    let crypt = &opened.crypt;
+    let export = dir.join("export.bin");
+    std::fs::write(&export, blocks(&**crypt, 0..crypt.geometry().peb_count)).unwrap();
+    ok(
+        output(
+            Command::new("ubireader_extract_images")
+                .current_dir(&dir)
+                .args(["-o", "out", "export.bin"]),
+        ),
+        "ubireader_extract_images",
+    );
+    let out = dir.join("out").join("export.bin");
+    let image = |name: &str| {
+        let path = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.to_string_lossy().ends_with(&format!("vol-{name}.ubifs")))
+            .unwrap_or_else(|| panic!("no volume {name} extracted"));
+        std::fs::read(path).unwrap()
+    };
+    assert_eq!(&image("data")[..d.len()], &d[..]);
+    assert_eq!(image("cfg"), s, "the static volume, exactly");
+}
+
+#[test]
+fn key_commands_work_on_the_header_area_and_a_wrong_passphrase_changes_nothing() {
+    let raw = chip();
+    let flash = raw.clone() as Arc<dyn Flash>;
+    format(
+        Arc::clone(&flash),
+        &new_flash(Policy::Thesis, "aes-xts-plain64"),
+        PASS,
+    )
+    .unwrap();
+    let before = blocks(&*flash, 0..64);
+    assert!(matches!(
+        unlock(Arc::clone(&flash), b"wrong", None),
+        Err(Error::Luks(sectorcrypt_luks::Error::WrongPassphrase))
+    ));
+    assert!(
+        blocks(&*flash, 0..64) == before,
+        "a wrong passphrase wrote nothing"
+    );
+    let mut h = read_header(Arc::clone(&flash)).unwrap();
+    let vk = sectorcrypt_flashvol::volume_key(&h, PASS, None).unwrap();
+    let pbkdf =
+        sectorcrypt_luks::luks2::Pbkdf::pbkdf2_forced(sectorcrypt_luks::hash::Hash::Sha256, 1000);
+    h.header
+        .add_keyslot(&h.area, &vk, b"second", Some(3), &pbkdf)
+        .unwrap();
+    let second = unlock(Arc::clone(&flash), b"second", None).unwrap();
+    assert_eq!(second.keyslot, 3);
+    let mut h = read_header(Arc::clone(&flash)).unwrap().header;
+    let area = read_header(Arc::clone(&flash)).unwrap().area;
+    h.kill_keyslot(&area, 0).unwrap();
+    assert!(unlock(Arc::clone(&flash), PASS, None).is_err());
+    assert!(unlock(Arc::clone(&flash), b"second", None).is_ok());
+}
+
+#[test]
+fn a_plain_chip_or_a_luks_volume_is_not_an_encrypted_flash() {
+    let raw = chip();
+    let flash = raw.clone() as Arc<dyn Flash>;
+    let Err(Error::NotEncrypted(why)) = read_header(Arc::clone(&flash)) else {
+        panic!("an erased chip read as an encrypted flash")
+    };
+    assert!(why.contains("no LUKS2 header"), "{why}");
+    // A LUKS2 header without the flash token (a disk's header copied onto the chip).
+    let area = sectorcrypt_flash::area::BlockArea::open(Arc::clone(&flash), 0, 3).unwrap();
+    let options = FormatOptions {
+        detached_header: true,
+        metadata_size: Some(16 << 10),
+        keyslots_size: Some(3 * (128 << 10) - (32 << 10)),
+        ..new_flash(Policy::Thesis, "aes-xts-plain64").luks
+    };
+    sectorcrypt_luks::format(&area, 1 << 20, &options, PASS).unwrap();
+    let Err(Error::NotEncrypted(why)) = read_header(Arc::clone(&flash)) else {
+        panic!("a LUKS volume read as an encrypted flash")
+    };
+    assert!(why.contains("token"), "{why}");
+    assert!(matches!(
+        unlock(flash, PASS, None),
+        Err(Error::NotEncrypted(_))
+    ));
+}
