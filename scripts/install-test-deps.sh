@@ -3,7 +3,7 @@
 # or with sudo available): the Rust toolchain's components, the independent implementations the
 # tests cross-check against (OpenSSL through Python's `cryptography`, Crypto++), the real clients
 # and peers of the NBD and FUSE exports (qemu-img, libnbd's nbdcopy/nbdinfo, fio, nbdkit with its
-# luks filter, fuse3, e2fsprogs and fuse2fs), mtd-utils and ubi_reader for raw flash (ubinize,
+# luks filter, fuse3, e2fsprogs and fuse2fs), mtd-utils, squashfs-tools and ubi_reader for raw flash (ubinize,
 # mkfs.ubifs and the readers that check exported images), and openssl(1) for the peer benchmarks. Two tools
 # keep the suite independent of the host's speed: qemu-user runs qemu-img emulated when the CPU is
 # too fast for qemu's PBKDF2 calibration, and strace stops processes at an exact write (the
@@ -15,7 +15,8 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
 debs=(g++ libcrypto++-dev libcrypto++-utils openssl python3 cryptsetup-bin qemu-utils
-  qemu-user strace nbdkit libnbd-bin fio fuse3 e2fsprogs fuse2fs util-linux mount mtd-utils)
+  qemu-user strace nbdkit libnbd-bin fio fuse3 e2fsprogs fuse2fs util-linux mount mtd-utils
+  squashfs-tools)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -179,6 +179,15 @@ impl SimNand {
         Ok(sim)
     }
 
+    /// Whether `storage` holds a simulated chip (its magic; the rest is checked by
+    /// [`SimNand::open`]).
+    pub fn is_image(storage: &dyn Storage) -> bool {
+        let mut magic = [0u8; 8];
+        storage.len().is_ok_and(|len| len >= HEADER_LEN)
+            && storage.read_at(&mut magic, 0).is_ok()
+            && &magic == MAGIC
+    }
+
     /// Open the chip kept in `storage`.
     pub fn open(storage: impl Storage + 'static) -> Result<SimNand, Error> {
         let name = storage.name();

@@ -120,7 +120,7 @@ impl From<VolumeError> for CliError {
 }
 
 /// `e` and each of its sources that adds something, joined by ": ".
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut next = e.source();
     while let Some(cause) = next {

@@ -5,8 +5,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use sectorcrypt_luks::Header;
-use sectorcrypt_storage::FileStorage;
+use sectorcrypt_storage::Storage;
 
+use crate::chip::open_header;
 use crate::exit::{CliError, Code};
 use crate::keyfile::KeyArgs;
 use crate::keyslots::confirm;
@@ -14,7 +15,7 @@ use crate::keyslots::confirm;
 /// A device, or a detached header beside it.
 #[derive(clap::Args, Debug)]
 pub(crate) struct DeviceArgs {
-    /// The LUKS device or image file.
+    /// The LUKS device or image file, or an encrypted flash.
     #[arg(value_name = "DEVICE")]
     device: PathBuf,
     /// Read the header from this detached header file instead of DEVICE.
@@ -28,20 +29,11 @@ impl DeviceArgs {
     }
 
     /// Open the header device read-only and read its header.
-    fn read(&self) -> Result<(FileStorage, Header), CliError> {
-        let path = self.header_path();
-        let dev = open_device(path)?;
-        let header = Header::read(&dev)?;
+    fn read(&self) -> Result<(Box<dyn Storage>, Header), CliError> {
+        let dev = open_header(self.header_path(), true)?;
+        let header = Header::read(&*dev)?;
         Ok((dev, header))
     }
-}
-
-/// Open `path` read-only: exit 4 if it is missing or unreadable, as cryptsetup does.
-fn open_device(path: &Path) -> Result<FileStorage, CliError> {
-    FileStorage::open_read_only(path).map_err(|_| CliError {
-        code: Code::Device,
-        message: format!("Device {} does not exist or access denied.", path.display()),
-    })
 }
 
 #[derive(clap::Args, Debug)]
@@ -78,7 +70,7 @@ pub(crate) fn dump(args: DumpArgs) -> Result<(), CliError> {
             "Enter passphrase for {}: ",
             args.target.device.display()
         ))?;
-        let unlocked = header.unlock(&dev, &pass, args.key_slot)?;
+        let unlocked = header.unlock(&*dev, &pass, args.key_slot)?;
         let key_hex = hex::encode(&unlocked.volume_key[..]);
         if args.json {
             let v = serde_json::json!({
@@ -123,20 +115,22 @@ pub(crate) fn dump(args: DumpArgs) -> Result<(), CliError> {
 /// `is-luks`: exit 0 for a LUKS header, 1 for anything else, 4 for a missing device (as
 /// cryptsetup isLuks; a yes/no question, so "not LUKS" is the answer 1, not an error 4).
 pub(crate) fn is_luks(args: DeviceArgs, verbose: bool) -> Result<(), CliError> {
-    let dev = open_device(args.header_path())?;
-    match Header::read(&dev) {
+    let path = args.header_path();
+    let not_luks = |e: CliError| {
+        Err(CliError {
+            code: Code::Usage,
+            message: if verbose { e.message } else { String::new() },
+        })
+    };
+    let dev = match open_header(path, true) {
+        Ok(dev) => dev,
+        // A flash device without an encrypted-flash header is an answer, not an error.
+        Err(e) if e.code == Code::Device && path.exists() => return not_luks(e),
+        Err(e) => return Err(e),
+    };
+    match Header::read(&*dev) {
         Ok(_) => Ok(()),
-        Err(e) => {
-            let message = if verbose {
-                CliError::from(e).message
-            } else {
-                String::new()
-            };
-            Err(CliError {
-                code: Code::Usage,
-                message,
-            })
-        }
+        Err(e) => not_luks(e.into()),
     }
 }
 
@@ -164,7 +158,7 @@ pub(crate) fn test_passphrase(args: TestArgs) -> Result<(), CliError> {
         "Enter passphrase for {}: ",
         args.target.device.display()
     ))?;
-    let unlocked = header.unlock(&dev, &pass, args.key_slot)?;
+    let unlocked = header.unlock(&*dev, &pass, args.key_slot)?;
     eprintln!("Key slot {} unlocked.", unlocked.slot);
     Ok(())
 }

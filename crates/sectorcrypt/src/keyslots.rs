@@ -15,6 +15,7 @@ use sectorcrypt_luks::{FormatOptions, Header, PbkdfOptions};
 use sectorcrypt_storage::{FileStorage, Storage};
 use zeroize::Zeroizing;
 
+use crate::chip::open_header;
 use crate::exit::{CliError, Code};
 use crate::keyfile::KeyArgs;
 use crate::pbkdf_args::{CipherArgs, NewKeyArgs, PbkdfArgs};
@@ -249,9 +250,9 @@ pub(crate) struct SlotArgs {
 }
 
 impl SlotArgs {
-    fn open(&self) -> Result<(FileStorage, Header), CliError> {
-        let dev = open_rw(self.header.as_deref().unwrap_or(&self.device))?;
-        let header = Header::read(&dev)?;
+    fn open(&self) -> Result<(Box<dyn Storage>, Header), CliError> {
+        let dev = open_header(self.header.as_deref().unwrap_or(&self.device), false)?;
+        let header = Header::read(&*dev)?;
         Ok((dev, header))
     }
 }
@@ -269,24 +270,24 @@ pub(crate) fn add_key(args: AddKeyArgs) -> Result<(), CliError> {
     let (dev, mut header) = s.open()?;
     let pbkdf = pbkdf_options(&s.pbkdf)?;
     let existing = s.key.read("Enter any existing passphrase: ")?;
-    let unlocked = header.unlock(&dev, &existing, None)?;
+    let unlocked = header.unlock(&*dev, &existing, None)?;
     let new = new_passphrase(
         args.new.new_key_file.as_ref(),
         &KeyArgs::default(),
         "Enter new passphrase for key slot: ",
     )?;
-    header.add_keyslot(&dev, &unlocked.volume_key, &new, s.key_slot, &pbkdf)?;
+    header.add_keyslot(&*dev, &unlocked.volume_key, &new, s.key_slot, &pbkdf)?;
     Ok(())
 }
 
 pub(crate) fn remove_key(args: SlotArgs) -> Result<(), CliError> {
     let (dev, mut header) = args.open()?;
     let pass = args.key.read("Enter passphrase to be deleted: ")?;
-    let unlocked = header.unlock(&dev, &pass, args.key_slot)?;
+    let unlocked = header.unlock(&*dev, &pass, args.key_slot)?;
     if header.active_keyslots().len() == 1 {
         confirm(args.batch, "WARNING!\n========\nThis is the last keyslot. The device will become unusable after purging this key.")?;
     }
-    header.kill_keyslot(&dev, unlocked.slot)?;
+    header.kill_keyslot(&*dev, unlocked.slot)?;
     Ok(())
 }
 
@@ -303,13 +304,13 @@ pub(crate) fn change_key(args: ChangeKeyArgs) -> Result<(), CliError> {
     let (dev, mut header) = s.open()?;
     let pbkdf = pbkdf_options(&s.pbkdf)?;
     let old = s.key.read("Enter passphrase to be changed: ")?;
-    let unlocked = header.unlock(&dev, &old, s.key_slot)?;
+    let unlocked = header.unlock(&*dev, &old, s.key_slot)?;
     let new = new_passphrase(
         args.new.new_key_file.as_ref(),
         &KeyArgs::default(),
         "Enter new passphrase: ",
     )?;
-    header.change_keyslot(&dev, unlocked.slot, &unlocked.volume_key, &new, &pbkdf)?;
+    header.change_keyslot(&*dev, unlocked.slot, &unlocked.volume_key, &new, &pbkdf)?;
     Ok(())
 }
 
@@ -332,8 +333,9 @@ pub(crate) struct KillSlotArgs {
 }
 
 pub(crate) fn kill_slot(args: KillSlotArgs) -> Result<(), CliError> {
-    let dev = open_rw(args.header.as_deref().unwrap_or(&args.device))?;
-    let mut header = Header::read(&dev)?;
+    let dev = open_header(args.header.as_deref().unwrap_or(&args.device), false)?;
+    let dev = &*dev;
+    let mut header = Header::read(dev)?;
     let active = header.active_keyslots();
     if !active.contains(&args.slot) {
         return Err(CliError::usage(format!(
@@ -344,12 +346,12 @@ pub(crate) fn kill_slot(args: KillSlotArgs) -> Result<(), CliError> {
     // As cryptsetup: prove knowledge of a passphrase unless in batch mode without a key file.
     if !args.batch || args.key.key_file.is_some() {
         let pass = args.key.read("Enter any remaining passphrase: ")?;
-        header.unlock(&dev, &pass, None)?;
+        header.unlock(dev, &pass, None)?;
     }
     if active.len() == 1 {
         confirm(args.batch, "WARNING!\n========\nThis is the last keyslot. The device will become unusable after purging this key.")?;
     }
-    header.kill_keyslot(&dev, args.slot)?;
+    header.kill_keyslot(dev, args.slot)?;
     Ok(())
 }
 
@@ -370,16 +372,8 @@ pub(crate) struct BackupArgs {
 }
 
 pub(crate) fn header_backup(args: BackupArgs) -> Result<(), CliError> {
-    let dev = FileStorage::open_read_only(args.header.as_deref().unwrap_or(&args.device)).map_err(
-        |_| CliError {
-            code: Code::Device,
-            message: format!(
-                "Device {} does not exist or access denied.",
-                args.device.display()
-            ),
-        },
-    )?;
-    let bytes = Header::backup(&dev)?;
+    let dev = open_header(args.header.as_deref().unwrap_or(&args.device), true)?;
+    let bytes = Header::backup(&*dev)?;
     // Never overwrite: a backup file is the last copy of a header someone may need.
     let mut f = OpenOptions::new()
         .write(true)
@@ -412,7 +406,7 @@ pub(crate) fn header_restore(args: BackupArgs) -> Result<(), CliError> {
         code: Code::Device,
         message: format!("cannot open backup file {}: {e}", args.file.display()),
     })?;
-    let dev = open_rw(args.header.as_deref().unwrap_or(&args.device))?;
+    let dev = open_header(args.header.as_deref().unwrap_or(&args.device), false)?;
     // The backup is checked in full before anything is asked or written.
     Header::read(&backup).map_err(|e| match e {
         sectorcrypt_luks::Error::NotLuks { .. } => CliError::usage(format!(
@@ -429,6 +423,6 @@ pub(crate) fn header_restore(args: BackupArgs) -> Result<(), CliError> {
             args.file.display()
         ),
     )?;
-    Header::restore(&dev, &backup)?;
+    Header::restore(&*dev, &backup)?;
     Ok(())
 }

@@ -2,8 +2,10 @@
 //! errors to cryptsetup's exit codes (`../shared/design/CLI.md`); nothing else lives here.
 
 mod benchmark;
+mod chip;
 mod convert;
 mod exit;
+mod flash;
 mod header;
 mod keyfile;
 mod keyslots;
@@ -81,6 +83,9 @@ enum Command {
     Serve(Box<serve::ServeArgs>),
     /// Unlock DEVICE and expose the decrypted volume as MOUNTPOINT/volume via FUSE until unmounted.
     Mount(Box<mount::MountArgs>),
+    /// Encrypted raw NAND flash with UBI inside: format, info, volumes, import, export.
+    #[command(subcommand)]
+    Flash(flash::Command),
 }
 
 fn main() -> ExitCode {
@@ -106,9 +111,22 @@ fn main() -> ExitCode {
         Command::Decrypt(args) => convert::decrypt(*args),
         Command::Reencrypt(args) => convert::reencrypt(*args),
         Command::Mount(args) => mount::run(*args),
+        Command::Flash(command) => flash::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => e.report(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every command's options are consistent (unique short and long names...): clap checks it
+    /// only when a command is parsed, so check them all here.
+    #[test]
+    fn the_command_line_is_consistent() {
+        super::Cli::command().debug_assert();
     }
 }

@@ -5,6 +5,7 @@
 mod basics;
 mod common;
 mod convert;
+mod flash;
 mod fuse;
 mod luks_read;
 mod luks_write;

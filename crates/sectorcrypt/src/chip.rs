@@ -1,0 +1,124 @@
+//! Which devices are raw flash: a simulated NAND image (recognised by its magic) or a Linux MTD
+//! character device (`/dev/mtdN`). On such a device the LUKS commands work on the encrypted
+//! flash's header area, the same code as on a file.
+
+use std::os::unix::fs::FileTypeExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use sectorcrypt_flash::mtd::MtdFlash;
+use sectorcrypt_flash::sim::SimNand;
+use sectorcrypt_flash::Flash;
+use sectorcrypt_flashvol::Error as FlashVolError;
+use sectorcrypt_storage::{FileStorage, Storage};
+
+use crate::exit::{CliError, Code};
+
+/// The device at `path`: exit 4 if it is missing or cannot be opened as asked.
+fn missing(path: &Path, e: impl std::fmt::Display) -> CliError {
+    CliError {
+        code: Code::Device,
+        message: format!(
+            "Device {} does not exist or access denied ({e}).",
+            path.display()
+        ),
+    }
+}
+
+/// `path` as a file (read-only or writable).
+pub(crate) fn open_file(path: &Path, read_only: bool) -> Result<FileStorage, CliError> {
+    let opened = if read_only {
+        FileStorage::open_read_only(path)
+    } else {
+        FileStorage::open(path)
+    };
+    opened.map_err(|e| missing(path, e))
+}
+
+/// A raw flash device.
+pub(crate) enum Chip {
+    /// A simulated NAND image (it knows its true erase counts).
+    Sim(Arc<SimNand>),
+    /// A Linux MTD character device.
+    Mtd(Arc<MtdFlash>),
+}
+
+impl Chip {
+    /// The device as a chip.
+    pub(crate) fn flash(&self) -> Arc<dyn Flash> {
+        match self {
+            Chip::Sim(s) => Arc::clone(s) as Arc<dyn Flash>,
+            Chip::Mtd(m) => Arc::clone(m) as Arc<dyn Flash>,
+        }
+    }
+
+    /// The chip's own erase count of every eraseblock, where it keeps one.
+    pub(crate) fn erase_counts(&self) -> Option<Vec<u32>> {
+        match self {
+            Chip::Sim(s) => Some(s.erase_counts()),
+            Chip::Mtd(_) => None,
+        }
+    }
+}
+
+fn chip_error(path: &Path, e: sectorcrypt_flash::Error) -> CliError {
+    CliError {
+        code: Code::Device,
+        message: format!("{}: {e}", path.display()),
+    }
+}
+
+/// The raw flash at `path`, if it is one (`None`: an ordinary file or block device).
+pub(crate) fn open_chip(path: &Path, read_only: bool) -> Result<Option<Chip>, CliError> {
+    let meta = std::fs::metadata(path).map_err(|e| missing(path, e))?;
+    if meta.file_type().is_char_device() {
+        let mtd = MtdFlash::open(path, read_only).map_err(|e| chip_error(path, e))?;
+        return Ok(Some(Chip::Mtd(Arc::new(mtd))));
+    }
+    let file = open_file(path, read_only)?;
+    if !SimNand::is_image(&file) {
+        return Ok(None);
+    }
+    let sim = SimNand::open(file).map_err(|e| chip_error(path, e))?;
+    Ok(Some(Chip::Sim(Arc::new(sim))))
+}
+
+/// The raw flash at `path`, if it is one.
+pub(crate) fn open_flash(path: &Path, read_only: bool) -> Result<Option<Arc<dyn Flash>>, CliError> {
+    Ok(open_chip(path, read_only)?.map(|c| c.flash()))
+}
+
+/// The raw flash at `path`, which must be one.
+pub(crate) fn require_chip(path: &Path, read_only: bool) -> Result<Chip, CliError> {
+    open_chip(path, read_only)?.ok_or_else(|| CliError {
+        code: Code::Device,
+        message: format!(
+            "{} is not a flash device (a NAND image made by 'sectorcrypt flash format' or \
+             /dev/mtdN)",
+            path.display()
+        ),
+    })
+}
+
+/// Where the LUKS header of `path` is: the header area of an encrypted flash, or the file.
+pub(crate) fn open_header(path: &Path, read_only: bool) -> Result<Box<dyn Storage>, CliError> {
+    match open_flash(path, read_only)? {
+        Some(flash) => Ok(Box::new(sectorcrypt_flashvol::read_header(flash)?.area)),
+        None => Ok(Box::new(open_file(path, read_only)?)),
+    }
+}
+
+/// An encrypted-flash error as the user sees it: no such header is a wrong device (4), a wrong
+/// passphrase is 2 (through the LUKS error), the rest 1.
+impl From<FlashVolError> for CliError {
+    fn from(e: FlashVolError) -> Self {
+        match e {
+            FlashVolError::Luks(l) => l.into(),
+            FlashVolError::NotEncrypted(_) | FlashVolError::Geometry(_) => CliError {
+                code: Code::Device,
+                message: e.to_string(),
+            },
+            other => CliError::usage(crate::exit::chain(&other)),
+        }
+    }
+}

@@ -1,0 +1,712 @@
+//! `sectorcrypt flash ...`: encrypted raw NAND flash with UBI inside, with ubi-utils' habits
+//! (`ubimkvol`'s `--name`/`--vol-id`/`--type`, `ubinize`'s geometry names) and cryptsetup's for
+//! keys. DEVICE is a simulated NAND image (made by `flash format` when it does not exist yet) or
+//! a Linux MTD character device; the key commands (`add-key`, `dump`, ...) take it too.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use sectorcrypt_flash::crypt::Policy;
+use sectorcrypt_flash::sim::SimNand;
+use sectorcrypt_flash::{Flash, Geometry};
+use sectorcrypt_flashvol::{EncryptedFlash, NewFlash};
+use sectorcrypt_luks::FormatOptions;
+use sectorcrypt_storage::FileStorage;
+use sectorcrypt_ubi::media::VolType;
+use sectorcrypt_ubi::{AttachOptions, Info, NewVolume, Ubi, VolumeInfo};
+use serde_json::{json, Value};
+
+use crate::chip::{require_chip, Chip};
+use crate::exit::{CliError, Code};
+use crate::keyfile::KeyArgs;
+use crate::keyslots::{confirm, new_passphrase, pbkdf_options};
+use crate::pbkdf_args::{CipherArgs, PbkdfArgs};
+use crate::units::parse_size;
+
+#[derive(clap::Subcommand, Debug)]
+pub(crate) enum Command {
+    /// Make DEVICE an encrypted flash: LUKS2 header, every block erased through the
+    /// encryption layer, an empty UBI (a new NAND image file of the given geometry if DEVICE
+    /// does not exist).
+    Format(Box<FormatArgs>),
+    /// Print the geometry, the header and, with a passphrase, UBI's volumes and erase counters.
+    Info(InfoArgs),
+    /// Create a UBI volume (ubimkvol).
+    Mkvol(MkvolArgs),
+    /// Remove a UBI volume (ubirmvol).
+    Rmvol(VolArgs),
+    /// Resize a UBI volume (ubirsvol).
+    Rsvol(RsvolArgs),
+    /// Replace a volume's contents with a file (ubiupdatevol).
+    Update(UpdateArgs),
+    /// Write a volume's contents to a file (a static volume's data, a dynamic volume whole).
+    Read(ReadArgs),
+    /// Write a UBI image made by ubinize onto the encrypted flash, keeping erase counters
+    /// (ubiformat -f).
+    Import(ImportArgs),
+    /// Write the decrypted flash, as UBI sees it, to a raw dump (nanddump layout, data only) for
+    /// ubi_reader, nandwrite or a kernel.
+    Export(ExportArgs),
+}
+
+pub(crate) fn run(command: Command) -> Result<(), CliError> {
+    match command {
+        Command::Format(args) => format(*args),
+        Command::Info(args) => info(args),
+        Command::Mkvol(args) => mkvol(args),
+        Command::Rmvol(args) => with_ubi(&args.open, |ubi| Ok(ubi.remove_volume(args.id(ubi)?)?)),
+        Command::Rsvol(args) => rsvol(args),
+        Command::Update(args) => update(args),
+        Command::Read(args) => read(args),
+        Command::Import(args) => import(args),
+        Command::Export(args) => export(args),
+    }
+}
+
+/// The shape of a new NAND image, with mtd-utils' option names; the defaults are a common SLC
+/// chip (128 KiB eraseblocks, 2 KiB pages, 512-byte sub-pages, 64 spare bytes, NOP 4), 64 MiB.
+#[derive(clap::Args, Debug)]
+pub(crate) struct GeometryArgs {
+    /// Eraseblock (PEB) size.
+    #[arg(short = 'p', long = "peb-size", value_name = "BYTES", value_parser = parse_size)]
+    peb_size: Option<u64>,
+    /// Page size, the minimum I/O unit.
+    #[arg(short = 'm', long = "min-io-size", value_name = "BYTES", value_parser = parse_size)]
+    min_io_size: Option<u64>,
+    /// Sub-page size (the page size on chips without sub-pages).
+    #[arg(long = "sub-page-size", value_name = "BYTES", value_parser = parse_size)]
+    sub_page_size: Option<u64>,
+    /// Spare (OOB) bytes per page.
+    #[arg(long = "oob-size", value_name = "BYTES", value_parser = parse_size)]
+    oob_size: Option<u64>,
+    /// How often a page may be programmed between erases (1 for MLC-like chips).
+    #[arg(long, value_name = "N")]
+    nop: Option<u8>,
+    /// The chip's size.
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    size: Option<u64>,
+}
+
+impl GeometryArgs {
+    fn given(&self) -> bool {
+        self.peb_size.is_some()
+            || self.min_io_size.is_some()
+            || self.sub_page_size.is_some()
+            || self.oob_size.is_some()
+            || self.nop.is_some()
+            || self.size.is_some()
+    }
+
+    fn geometry(&self) -> Result<Geometry, CliError> {
+        let d = Geometry::default();
+        let small = |v: Option<u64>, default: u32, what: &str| {
+            v.map_or(Ok(default), |v| {
+                u32::try_from(v).map_err(|_| CliError::usage(format!("{what} {v} is too large")))
+            })
+        };
+        let peb_size = small(self.peb_size, d.peb_size, "--peb-size")?;
+        let page_size = small(self.min_io_size, d.page_size, "--min-io-size")?;
+        let sub_page_size = small(
+            self.sub_page_size,
+            d.sub_page_size.min(page_size),
+            "--sub-page-size",
+        )?;
+        let size = self.size.unwrap_or(d.size());
+        if peb_size == 0 || !size.is_multiple_of(u64::from(peb_size)) {
+            return Err(CliError::usage(format!(
+                "--size {size} is not a whole number of {peb_size}-byte eraseblocks"
+            )));
+        }
+        let g = Geometry {
+            peb_size,
+            page_size,
+            sub_page_size,
+            oob_size: small(self.oob_size, d.oob_size, "--oob-size")?,
+            peb_count: small(Some(size / u64::from(peb_size)), 0, "--size")?,
+            nop: self.nop.unwrap_or((page_size / sub_page_size).max(1) as u8),
+        };
+        g.validate().map_err(|e| CliError::usage(e.to_string()))?;
+        Ok(g)
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct FormatArgs {
+    /// The NAND image file (created if it does not exist) or /dev/mtdN.
+    #[arg(value_name = "DEVICE")]
+    device: PathBuf,
+    #[command(flatten)]
+    geometry: GeometryArgs,
+    #[command(flatten)]
+    segment: CipherArgs,
+    #[command(flatten)]
+    pbkdf: PbkdfArgs,
+    #[command(flatten)]
+    key: KeyArgs,
+    /// How erased space is stored: thesis (encrypted, the chip shows no free space; every
+    /// program rewrites its eraseblock) or visible (left erased).
+    #[arg(long, value_name = "POLICY", default_value = "thesis", value_parser = parse_policy)]
+    policy: Policy,
+    /// LUKS2 label.
+    #[arg(long, value_name = "TEXT")]
+    label: Option<String>,
+    /// Use this UUID instead of a random one.
+    #[arg(long, value_name = "UUID")]
+    uuid: Option<String>,
+    /// Do not ask for confirmation.
+    #[arg(short = 'q', long = "batch-mode")]
+    batch: bool,
+}
+
+fn parse_policy(name: &str) -> Result<Policy, String> {
+    Policy::from_name(name).ok_or_else(|| format!("unknown policy '{name}' (thesis or visible)"))
+}
+
+fn format(args: FormatArgs) -> Result<(), CliError> {
+    if args.segment.sector_size.is_some() {
+        return Err(CliError::usage(
+            "--sector-size: an encrypted flash encrypts sub-pages (set --sub-page-size when \
+             making the image)",
+        ));
+    }
+    let luks = FormatOptions {
+        version: 2,
+        cipher: args.segment.cipher.clone(),
+        key_bits: args.segment.key_size,
+        pbkdf: pbkdf_options(&args.pbkdf)?,
+        label: args.label.clone(),
+        uuid: args.uuid.clone(),
+        ..Default::default()
+    };
+    luks.check()?;
+    let new = NewFlash {
+        luks,
+        policy: args.policy,
+        keyslots: None,
+    };
+    let created = !args.device.exists();
+    let chip = if created {
+        create_image(&args.device, &args.geometry.geometry()?)?
+    } else {
+        if args.geometry.given() {
+            return Err(CliError {
+                code: Code::Busy,
+                message: format!(
+                    "{} exists: its geometry is its own (the geometry options make a new image)",
+                    args.device.display()
+                ),
+            });
+        }
+        let chip = require_chip(&args.device, false)?;
+        confirm(
+            args.batch,
+            &format!(
+                "WARNING!\n========\nThis will erase everything on {} irrevocably.",
+                args.device.display()
+            ),
+        )?;
+        chip
+    };
+    let result = new_passphrase(
+        None,
+        &args.key,
+        &format!("Enter passphrase for {}: ", args.device.display()),
+    )
+    .and_then(|pass| Ok(sectorcrypt_flashvol::format(chip.flash(), &new, &pass)?));
+    if result.is_err() && created {
+        // A half-made image is no one's data.
+        let _ = std::fs::remove_file(&args.device);
+    }
+    result.map(drop)
+}
+
+/// A new, erased NAND image file of geometry `g` at `path`.
+fn create_image(path: &Path, g: &Geometry) -> Result<Chip, CliError> {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .and_then(|f| f.set_len(SimNand::image_len(g)))
+        .map_err(|e| CliError::io(format!("cannot create {}", path.display()), e));
+    file?;
+    let storage = FileStorage::open(path)
+        .map_err(|e| CliError::io(format!("cannot open {}", path.display()), e))?;
+    let sim = SimNand::create(storage, *g, &[])
+        .map_err(|e| CliError::usage(format!("{}: {e}", path.display())))?;
+    Ok(Chip::Sim(Arc::new(sim)))
+}
+
+/// A device and its passphrase: what every command on the UBI inside needs.
+#[derive(clap::Args, Debug)]
+pub(crate) struct OpenArgs {
+    /// The encrypted flash (a NAND image file or /dev/mtdN).
+    #[arg(value_name = "DEVICE")]
+    device: PathBuf,
+    #[command(flatten)]
+    key: KeyArgs,
+    /// Only try this keyslot (no short form here: `-S` is a volume's size in LEBs, as
+    /// ubimkvol has it).
+    #[arg(long = "key-slot", value_name = "N")]
+    key_slot: Option<usize>,
+}
+
+impl OpenArgs {
+    fn unlock(&self, read_only: bool) -> Result<(Chip, EncryptedFlash), CliError> {
+        let chip = require_chip(&self.device, read_only)?;
+        let header = sectorcrypt_flashvol::read_header(chip.flash())?;
+        let pass = self
+            .key
+            .read(&format!("Enter passphrase for {}: ", self.device.display()))?;
+        drop(header);
+        let opened = sectorcrypt_flashvol::unlock(chip.flash(), &pass, self.key_slot)?;
+        Ok((chip, opened))
+    }
+}
+
+/// Unlock, attach UBI, run `f` on it, make what it wrote durable.
+fn with_ubi(open: &OpenArgs, f: impl FnOnce(&Ubi) -> Result<(), CliError>) -> Result<(), CliError> {
+    let (_, opened) = open.unlock(false)?;
+    let ubi = opened.attach(&AttachOptions::default())?;
+    f(&ubi)?;
+    Ok(ubi.sync()?)
+}
+
+/// A UBI error: "no such volume" and friends are usage errors (1), as ubi-utils report them.
+impl From<sectorcrypt_ubi::Error> for CliError {
+    fn from(e: sectorcrypt_ubi::Error) -> Self {
+        CliError::usage(crate::exit::chain(&e))
+    }
+}
+
+/// Which volume: by name (`-N`) or by ID (`-n`), as ubi-utils take them.
+#[derive(clap::Args, Debug)]
+pub(crate) struct WhichVolume {
+    /// The volume's name.
+    #[arg(
+        short = 'N',
+        long = "name",
+        value_name = "NAME",
+        conflicts_with = "vol_id"
+    )]
+    name: Option<String>,
+    /// The volume's ID.
+    #[arg(short = 'n', long = "vol-id", value_name = "ID")]
+    vol_id: Option<u32>,
+}
+
+impl WhichVolume {
+    fn find(&self, ubi: &Ubi) -> Result<VolumeInfo, CliError> {
+        let volumes = ubi.info().volumes;
+        let found = match (&self.name, self.vol_id) {
+            (Some(name), _) => volumes.into_iter().find(|v| &v.name == name),
+            (None, Some(id)) => volumes.into_iter().find(|v| v.id == id),
+            (None, None) => {
+                return Err(CliError::usage(
+                    "name the volume: --name NAME or --vol-id ID",
+                ))
+            }
+        };
+        found.ok_or_else(|| CliError::usage(format!("no volume {}", self.describe())))
+    }
+
+    fn describe(&self) -> String {
+        match (&self.name, self.vol_id) {
+            (Some(n), _) => format!("named {n:?}"),
+            (None, Some(id)) => format!("with ID {id}"),
+            _ => String::new(),
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct VolArgs {
+    #[command(flatten)]
+    open: OpenArgs,
+    #[command(flatten)]
+    which: WhichVolume,
+}
+
+impl VolArgs {
+    fn id(&self, ubi: &Ubi) -> Result<u32, CliError> {
+        Ok(self.which.find(ubi)?.id)
+    }
+}
+
+/// A volume size: bytes (`-s`, rounded up to whole LEBs) or LEBs (`-S`), as ubimkvol takes it.
+#[derive(clap::Args, Debug)]
+pub(crate) struct SizeArgs {
+    /// Size in bytes (rounded up to whole LEBs).
+    #[arg(short = 's', long = "size", value_name = "BYTES", value_parser = parse_size, conflicts_with = "lebs")]
+    size: Option<u64>,
+    /// Size in LEBs.
+    #[arg(short = 'S', long = "lebs", value_name = "N")]
+    lebs: Option<u32>,
+    /// All the space left.
+    #[arg(short = 'm', long = "maxavsize", conflicts_with_all = ["size", "lebs"])]
+    max: bool,
+}
+
+impl SizeArgs {
+    /// The size in LEBs for a volume of `usable`-byte LEBs, `now` LEBs already (for a resize).
+    fn lebs(&self, info: &Info, usable: u32, now: u32) -> Result<u32, CliError> {
+        match (self.size, self.lebs, self.max) {
+            (Some(bytes), _, _) => u32::try_from(bytes.div_ceil(u64::from(usable)))
+                .map_err(|_| CliError::usage(format!("--size {bytes} is too large"))),
+            (None, Some(n), _) => Ok(n),
+            (None, None, true) => Ok(now + info.available_pebs),
+            (None, None, false) => Err(CliError::usage(
+                "give the size: --size BYTES, --lebs N or --maxavsize",
+            )),
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct MkvolArgs {
+    #[command(flatten)]
+    open: OpenArgs,
+    /// The new volume's name.
+    #[arg(short = 'N', long = "name", value_name = "NAME")]
+    name: String,
+    /// Its ID (default: the first free).
+    #[arg(short = 'n', long = "vol-id", value_name = "ID")]
+    vol_id: Option<u32>,
+    #[command(flatten)]
+    size: SizeArgs,
+    /// dynamic (read-write) or static (written whole, CRC-checked).
+    #[arg(short = 't', long = "type", value_name = "TYPE", default_value = "dynamic", value_parser = parse_vol_type)]
+    vol_type: VolType,
+    /// LEB alignment.
+    #[arg(
+        short = 'a',
+        long = "alignment",
+        value_name = "BYTES",
+        default_value_t = 1
+    )]
+    alignment: u32,
+    /// Grow over all free space at the next attach.
+    #[arg(long)]
+    autoresize: bool,
+}
+
+fn parse_vol_type(name: &str) -> Result<VolType, String> {
+    match name {
+        "dynamic" => Ok(VolType::Dynamic),
+        "static" => Ok(VolType::Static),
+        other => Err(format!("unknown volume type '{other}' (dynamic or static)")),
+    }
+}
+
+fn mkvol(args: MkvolArgs) -> Result<(), CliError> {
+    with_ubi(&args.open, |ubi| {
+        let info = ubi.info();
+        let usable = info.layout.leb_size - info.layout.leb_size % args.alignment.max(1);
+        let lebs = args.size.lebs(&info, usable, 0)?;
+        let id = ubi.create_volume(&NewVolume {
+            id: args.vol_id,
+            name: args.name.clone(),
+            lebs,
+            vol_type: args.vol_type,
+            alignment: args.alignment,
+            autoresize: args.autoresize,
+        })?;
+        println!(
+            "Volume ID {id}, size {lebs} LEBs ({} bytes), name \"{}\"",
+            u64::from(lebs) * u64::from(usable),
+            args.name
+        );
+        Ok(())
+    })
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct RsvolArgs {
+    #[command(flatten)]
+    vol: VolArgs,
+    #[command(flatten)]
+    size: SizeArgs,
+}
+
+fn rsvol(args: RsvolArgs) -> Result<(), CliError> {
+    with_ubi(&args.vol.open, |ubi| {
+        let v = args.vol.which.find(ubi)?;
+        let lebs = args.size.lebs(&ubi.info(), v.usable_leb_size, v.lebs)?;
+        Ok(ubi.resize_volume(v.id, lebs)?)
+    })
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct UpdateArgs {
+    #[command(flatten)]
+    vol: VolArgs,
+    /// The new contents.
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+}
+
+fn update(args: UpdateArgs) -> Result<(), CliError> {
+    let data = std::fs::read(&args.file)
+        .map_err(|e| CliError::io(format!("cannot read {}", args.file.display()), e))?;
+    with_ubi(&args.vol.open, |ubi| {
+        let v = args.vol.which.find(ubi)?;
+        Ok(ubi.update_volume(v.id, &data)?)
+    })
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct ReadArgs {
+    #[command(flatten)]
+    vol: VolArgs,
+    /// Where to write the contents ('-' = standard output).
+    #[arg(value_name = "FILE")]
+    out: PathBuf,
+}
+
+fn read(args: ReadArgs) -> Result<(), CliError> {
+    let (_, opened) = args.vol.open.unlock(true)?;
+    let ubi = opened.attach(&AttachOptions::default())?;
+    let v = args.vol.which.find(&ubi)?;
+    let usable = v.usable_leb_size as usize;
+    let mut data = vec![0u8; v.data_bytes as usize];
+    for (lnum, chunk) in data.chunks_mut(usable).enumerate() {
+        ubi.read(v.id, lnum as u32, 0, chunk)?;
+    }
+    write_out(&args.out, &data)
+}
+
+/// Write `data` to `path` ('-': standard output).
+fn write_out(path: &Path, data: &[u8]) -> Result<(), CliError> {
+    let written = if path == Path::new("-") {
+        std::io::stdout().lock().write_all(data)
+    } else {
+        std::fs::write(path, data)
+    };
+    written.map_err(|e| CliError::io(format!("cannot write {}", path.display()), e))
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct ImportArgs {
+    #[command(flatten)]
+    open: OpenArgs,
+    /// The UBI image (from ubinize, made for this flash's geometry).
+    #[arg(value_name = "IMAGE")]
+    image: PathBuf,
+    /// The VID header offset the image was made with (ubinize -O).
+    #[arg(short = 'O', long = "vid-hdr-offset", value_name = "BYTES")]
+    vid_hdr_offset: Option<u32>,
+    /// Do not ask for confirmation.
+    #[arg(short = 'q', long = "batch-mode")]
+    batch: bool,
+}
+
+fn import(args: ImportArgs) -> Result<(), CliError> {
+    let image = std::fs::read(&args.image)
+        .map_err(|e| CliError::io(format!("cannot read {}", args.image.display()), e))?;
+    let (_, opened) = args.open.unlock(false)?;
+    confirm(
+        args.batch,
+        &format!(
+            "WARNING!\n========\nThis will replace the UBI on {} (every volume) with {}.",
+            args.open.device.display(),
+            args.image.display()
+        ),
+    )?;
+    let done = sectorcrypt_ubi::flash_image(&*opened.crypt, &image, args.vid_hdr_offset)?;
+    // Attach once, as the kernel would at first boot: auto-resize, volume table checks.
+    opened.attach(&AttachOptions {
+        vid_hdr_offset: args.vid_hdr_offset,
+        ..AttachOptions::default()
+    })?;
+    eprintln!(
+        "{} eraseblocks of the image written, {} more formatted, {} bad",
+        done.image_pebs, done.formatted_pebs, done.bad_pebs
+    );
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct ExportArgs {
+    #[command(flatten)]
+    open: OpenArgs,
+    /// The dump to write.
+    #[arg(value_name = "FILE")]
+    out: PathBuf,
+}
+
+fn export(args: ExportArgs) -> Result<(), CliError> {
+    let (_, opened) = args.open.unlock(true)?;
+    let crypt = &opened.crypt;
+    let g = crypt.geometry();
+    let mut dump = vec![0xFFu8; g.size() as usize];
+    for (peb, block) in dump.chunks_mut(g.peb_size as usize).enumerate() {
+        let peb = peb as u32;
+        if !crypt.is_bad(peb)? {
+            match crypt.read(peb, 0, block) {
+                Ok(_) | Err(sectorcrypt_flash::Error::Uncorrectable { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    write_out(&args.out, &dump)
+}
+
+/// A flash error (the chip failed): exit 1 with what failed.
+impl From<sectorcrypt_flash::Error> for CliError {
+    fn from(e: sectorcrypt_flash::Error) -> Self {
+        CliError::usage(crate::exit::chain(&e))
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct InfoArgs {
+    /// The flash (a NAND image file or /dev/mtdN).
+    #[arg(value_name = "DEVICE")]
+    device: PathBuf,
+    /// Also unlock it and show UBI (the passphrase from this file; '-' = standard input).
+    #[arg(short = 'd', long = "key-file", value_name = "FILE")]
+    key_file: Option<PathBuf>,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+fn info(args: InfoArgs) -> Result<(), CliError> {
+    let chip = require_chip(&args.device, true)?;
+    let g = chip.flash().geometry();
+    let mut out = json!({
+        "device": args.device.display().to_string(),
+        "geometry": {
+            "peb_size": g.peb_size, "page_size": g.page_size, "sub_page_size": g.sub_page_size,
+            "oob_size": g.oob_size, "peb_count": g.peb_count, "nop": g.nop,
+        },
+    });
+    if let Some(counts) = chip.erase_counts() {
+        out["chip_erase_counts"] = stats(counts.iter().map(|&c| u64::from(c)));
+    }
+    let header = sectorcrypt_flashvol::read_header(chip.flash())?;
+    let h = &header.header;
+    let segment = h.data_segment()?;
+    out["header"] = json!({
+        "uuid": h.uuid(),
+        "label": h.label(),
+        "cipher": segment.cipher,
+        "policy": header.params.policy.name(),
+        "keyslots": h.metadata().keyslots.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        "header_blocks": header.area.blocks(),
+        "ubi_first_block": header.params.data_first,
+    });
+    drop(header);
+    if let Some(file) = &args.key_file {
+        let key = KeyArgs {
+            key_file: Some(file.clone()),
+            ..KeyArgs::default()
+        };
+        let pass = key.read("")?;
+        let opened = sectorcrypt_flashvol::unlock(chip.flash(), &pass, None)?;
+        let ubi = opened.attach(&AttachOptions::default())?;
+        out["ubi"] = ubi_json(&ubi);
+        let crypt = opened.crypt.stats();
+        out["encryption_layer"] =
+            json!({"chip_erases": crypt.chip_erases, "rewrites": crypt.rewrites});
+    }
+    let text = if args.json {
+        format!("{out}\n")
+    } else {
+        info_text(&out)
+    };
+    std::io::stdout()
+        .lock()
+        .write_all(text.as_bytes())
+        .map_err(|e| CliError::io("cannot write the output", e))
+}
+
+/// min / mean / max of `values`.
+fn stats(values: impl Iterator<Item = u64>) -> Value {
+    let v: Vec<u64> = values.collect();
+    let (min, max) = (
+        v.iter().min().copied().unwrap_or(0),
+        v.iter().max().copied().unwrap_or(0),
+    );
+    let mean = if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<u64>() as f64 / v.len() as f64
+    };
+    json!({"min": min, "mean": mean, "max": max})
+}
+
+fn ubi_json(ubi: &Ubi) -> Value {
+    let i = ubi.info();
+    let (min, mean, max) = i.erase_counters;
+    json!({
+        "image_seq": i.image_seq,
+        "leb_size": i.layout.leb_size,
+        "pebs": i.pebs,
+        "bad_pebs": i.bad_pebs,
+        "corrupted_pebs": i.corrupted_pebs,
+        "available_pebs": i.available_pebs,
+        "reserved_for_bad": i.reserved_for_bad,
+        "max_sqnum": i.max_sqnum,
+        "erase_counters": {"min": min, "mean": mean, "max": max},
+        "read_only": i.read_only,
+        "volumes": i.volumes.iter().map(|v| json!({
+            "id": v.id, "name": v.name,
+            "type": match v.vol_type { VolType::Dynamic => "dynamic", VolType::Static => "static" },
+            "lebs": v.lebs, "usable_leb_size": v.usable_leb_size, "alignment": v.alignment,
+            "data_bytes": v.data_bytes, "mapped_lebs": v.mapped_lebs, "corrupted": v.corrupted,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// The `info` report as text, from its JSON form (one source for both).
+fn info_text(v: &Value) -> String {
+    let g = &v["geometry"];
+    let h = &v["header"];
+    let mut s = format!(
+        "Flash:       {}\nGeometry:    {} eraseblocks of {} bytes, pages of {}, sub-pages of {}, {} spare bytes, NOP {}\n",
+        v["device"].as_str().unwrap_or(""),
+        g["peb_count"], g["peb_size"], g["page_size"], g["sub_page_size"], g["oob_size"], g["nop"]
+    );
+    if let Some(c) = v.get("chip_erase_counts") {
+        s += &format!(
+            "Chip erases: min {} mean {:.2} max {} per eraseblock\n",
+            c["min"],
+            c["mean"].as_f64().unwrap_or(0.0),
+            c["max"]
+        );
+    }
+    s += &format!(
+        "Header:      LUKS2, UUID {}, cipher {}, erased space {}, keyslots {}\n             eraseblocks {}, UBI from eraseblock {}\n",
+        h["uuid"].as_str().unwrap_or(""),
+        h["cipher"].as_str().unwrap_or(""),
+        h["policy"].as_str().unwrap_or(""),
+        h["keyslots"],
+        h["header_blocks"],
+        h["ubi_first_block"]
+    );
+    if let Some(u) = v.get("ubi") {
+        let ec = &u["erase_counters"];
+        s += &format!(
+            "UBI:         image sequence {:#x}, {} PEBs ({} bad, {} corrupted), LEBs of {} bytes, {} available, {} reserved for bad blocks\n             erase counters min {} mean {} max {}\n",
+            u["image_seq"].as_u64().unwrap_or(0), u["pebs"], u["bad_pebs"], u["corrupted_pebs"],
+            u["leb_size"], u["available_pebs"], u["reserved_for_bad"], ec["min"], ec["mean"], ec["max"]
+        );
+        for vol in u["volumes"].as_array().into_iter().flatten() {
+            s += &format!(
+                "Volume {}:    {:?} {} {} LEBs, {} bytes of data{}\n",
+                vol["id"],
+                vol["name"].as_str().unwrap_or(""),
+                vol["type"].as_str().unwrap_or(""),
+                vol["lebs"],
+                vol["data_bytes"],
+                if vol["corrupted"] == true {
+                    " (corrupted)"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
+    s
+}

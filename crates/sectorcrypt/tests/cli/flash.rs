@@ -1,0 +1,359 @@
+//! `sectorcrypt flash ...` and the key commands on an encrypted flash, as a user runs them:
+//! against cryptsetup (the header blocks), ubinize and ubi_reader (images in and out), and
+//! squashfs-tools (a file system in a static volume).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::common::{cs, ok, p, run, sc, sc_exits, sc_fast, scratch};
+
+/// A new 16 MiB encrypted flash image in `dir` with the passphrase in `dir/key`.
+fn new_flash(dir: &Path, extra: &[&str]) -> (PathBuf, PathBuf) {
+    let img = dir.join("chip.img");
+    let key = dir.join("key");
+    std::fs::write(&key, b"flash pass").unwrap();
+    let _ = std::fs::remove_file(&img);
+    let mut args = vec![
+        "flash",
+        "format",
+        p(&img),
+        "--size",
+        "16MiB",
+        "--key-file",
+        p(&key),
+        "-q",
+    ];
+    args.extend_from_slice(extra);
+    ok(sc_fast(&args), "flash format");
+    (img, key)
+}
+
+/// `args` followed by `--key-file KEY`.
+fn keyed<'a>(key: &'a Path, args: &[&'a str]) -> Vec<&'a str> {
+    [args, &["--key-file", p(key)][..]].concat()
+}
+
+fn info(img: &Path, key: &Path) -> Value {
+    let out = ok(
+        sc(&["flash", "info", p(img), "--key-file", p(key), "--json"]),
+        "flash info",
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn format_volumes_and_contents_round_trip() {
+    let dir = scratch("cli-flash-volumes");
+    let (img, key) = new_flash(&dir, &[]);
+    let v = info(&img, &key);
+    assert_eq!(v["geometry"]["peb_count"], 128);
+    assert_eq!(v["header"]["policy"], "thesis");
+    assert_eq!(v["header"]["cipher"], "aes-xts-plain64");
+    assert_eq!(v["ubi"]["volumes"].as_array().unwrap().len(), 0);
+    ok(
+        sc(&keyed(
+            &key,
+            &["flash", "mkvol", p(&img), "-N", "data", "-s", "1MiB"],
+        )),
+        "mkvol",
+    );
+    ok(
+        sc(&keyed(
+            &key,
+            &[
+                "flash",
+                "mkvol",
+                p(&img),
+                "-N",
+                "cfg",
+                "-S",
+                "3",
+                "-t",
+                "static",
+            ],
+        )),
+        "mkvol static",
+    );
+    let blob = sectorcrypt_testkit::pattern(300_000, 4);
+    std::fs::write(dir.join("blob"), &blob).unwrap();
+    ok(
+        sc(&keyed(
+            &key,
+            &[
+                "flash",
+                "update",
+                p(&img),
+                "-N",
+                "cfg",
+                p(&dir.join("blob")),
+            ],
+        )),
+        "update",
+    );
+    ok(
+        sc(&keyed(
+            &key,
+            &["flash", "read", p(&img), "-N", "cfg", p(&dir.join("back"))],
+        )),
+        "read",
+    );
+    assert!(std::fs::read(dir.join("back")).unwrap() == blob);
+    ok(
+        sc(&keyed(
+            &key,
+            &["flash", "rsvol", p(&img), "-N", "data", "-S", "4"],
+        )),
+        "rsvol",
+    );
+    ok(
+        sc(&keyed(&key, &["flash", "rmvol", p(&img), "--vol-id", "1"])),
+        "rmvol",
+    );
+    let v = info(&img, &key);
+    let vols = v["ubi"]["volumes"].as_array().unwrap();
+    assert_eq!(vols.len(), 1);
+    assert_eq!(
+        (vols[0]["name"].as_str(), vols[0]["lebs"].as_u64()),
+        (Some("data"), Some(4))
+    );
+    // Refusals: exit codes as CLI.md says, nothing changed.
+    let before = std::fs::read(&img).unwrap();
+    sc_exits(
+        &keyed(&key, &["flash", "mkvol", p(&img), "-N", "data", "-S", "1"]),
+        1,
+    );
+    sc_exits(
+        &keyed(
+            &key,
+            &["flash", "mkvol", p(&img), "-N", "huge", "-S", "100000"],
+        ),
+        1,
+    );
+    sc_exits(
+        &keyed(&key, &["flash", "rmvol", p(&img), "-N", "nothing"]),
+        1,
+    );
+    std::fs::write(dir.join("wrong"), b"wrong").unwrap();
+    sc_exits(
+        &[
+            "flash",
+            "info",
+            p(&img),
+            "--key-file",
+            p(&dir.join("wrong")),
+        ],
+        2,
+    );
+    sc_exits(
+        &[
+            "flash",
+            "format",
+            p(&img),
+            "--size",
+            "32MiB",
+            "--key-file",
+            p(&key),
+            "-q",
+        ],
+        5,
+    );
+    assert!(
+        std::fs::read(&img).unwrap() == before,
+        "refused commands changed the chip"
+    );
+    std::fs::write(dir.join("plain.img"), vec![0u8; 1 << 20]).unwrap();
+    sc_exits(&["flash", "info", p(&dir.join("plain.img"))], 4);
+    sc_exits(&["flash", "info", p(&dir.join("missing.img"))], 4);
+    let err = sc_exits(
+        &[
+            "flash",
+            "format",
+            p(&dir.join("odd.img")),
+            "--size",
+            "1000",
+            "-q",
+        ],
+        1,
+    );
+    assert!(err.contains("eraseblocks"), "{err}");
+    assert!(
+        !dir.join("odd.img").exists(),
+        "a refused format leaves no file"
+    );
+}
+
+#[test]
+fn key_commands_work_on_an_encrypted_flash_and_cryptsetup_reads_its_header() {
+    let dir = scratch("cli-flash-keys");
+    let (img, key) = new_flash(&dir, &["--label", "board-7"]);
+    let second = dir.join("second");
+    std::fs::write(&second, b"second pass").unwrap();
+    ok(
+        sc_fast(&["add-key", p(&img), "--key-file", p(&key), p(&second)]),
+        "add-key",
+    );
+    ok(
+        sc(&["test-passphrase", p(&img), "--key-file", p(&second)]),
+        "test-passphrase",
+    );
+    let dump = ok(sc(&["dump", p(&img)]), "dump");
+    let text = String::from_utf8_lossy(&dump.stdout).into_owned();
+    assert!(
+        text.contains("board-7") && text.contains("sectorcrypt-flash"),
+        "{text}"
+    );
+    ok(sc(&["is-luks", p(&img)]), "is-luks");
+    let backup = dir.join("header.bak");
+    ok(
+        sc(&["header-backup", p(&img), "--header-backup-file", p(&backup)]),
+        "header-backup",
+    );
+    // cryptsetup reads the backup of a flash header as any LUKS2 header file.
+    let theirs = ok(cs(&["luksDump", p(&backup)]), "cryptsetup luksDump");
+    let theirs = String::from_utf8_lossy(&theirs.stdout).into_owned();
+    assert!(
+        theirs.contains("board-7") && theirs.contains("Keyslots:"),
+        "{theirs}"
+    );
+    for k in [&key, &second] {
+        ok(
+            cs(&["open", "--test-passphrase", "--key-file", p(k), p(&backup)]),
+            "cryptsetup test-passphrase",
+        );
+    }
+    ok(
+        sc(&["remove-key", p(&img), "--key-file", p(&key), "-q"]),
+        "remove-key",
+    );
+    sc_exits(&["test-passphrase", p(&img), "--key-file", p(&key)], 2);
+    ok(
+        sc(&[
+            "header-restore",
+            p(&img),
+            "--header-backup-file",
+            p(&backup),
+            "-q",
+        ]),
+        "header-restore",
+    );
+    ok(
+        sc(&["test-passphrase", p(&img), "--key-file", p(&key)]),
+        "the restored keyslot opens again",
+    );
+    let v = info(&img, &second);
+    assert_eq!(v["header"]["keyslots"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn ubinize_images_and_squashfs_go_in_and_come_out_for_the_standard_tools() {
+    let dir = scratch("cli-flash-import");
+    let (img, key) = new_flash(&dir, &["--policy", "visible"]);
+    // A squashfs in a static volume, a dynamic volume with data, an auto-resize volume.
+    let tree = dir.join("tree");
+    std::fs::create_dir_all(tree.join("etc")).unwrap();
+    std::fs::write(tree.join("etc/hostname"), b"board-7\n").unwrap();
+    std::fs::write(
+        tree.join("firmware.bin"),
+        sectorcrypt_testkit::pattern(200_000, 5),
+    )
+    .unwrap();
+    let sqfs = dir.join("root.sqfs");
+    let _ = std::fs::remove_file(&sqfs);
+    ok(
+        run(Command::new("mksquashfs").args([p(&tree), p(&sqfs), "-noappend", "-quiet"])),
+        "mksquashfs",
+    );
+    let data = sectorcrypt_testkit::pattern(150_000, 6);
+    std::fs::write(dir.join("data.bin"), &data).unwrap();
+    std::fs::write(
+        dir.join("u.cfg"),
+        "[root]\nmode=ubi\nimage=root.sqfs\nvol_id=0\nvol_type=static\nvol_name=rootfs\n\
+         [data]\nmode=ubi\nimage=data.bin\nvol_id=1\nvol_size=1MiB\nvol_type=dynamic\nvol_name=data\n\
+         [rest]\nmode=ubi\nvol_id=2\nvol_size=256KiB\nvol_type=dynamic\nvol_name=rest\nvol_flags=autoresize\n",
+    )
+    .unwrap();
+    ok(
+        run(Command::new("ubinize").current_dir(&dir).args([
+            "-o", "img.ubi", "-p", "128KiB", "-m", "2048", "-s", "512", "u.cfg",
+        ])),
+        "ubinize",
+    );
+    ok(
+        sc(&[
+            "flash",
+            "import",
+            p(&img),
+            p(&dir.join("img.ubi")),
+            "--key-file",
+            p(&key),
+            "-q",
+        ]),
+        "flash import",
+    );
+    let v = info(&img, &key);
+    let names: Vec<&str> = v["ubi"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["rootfs", "data", "rest"]);
+    assert_eq!(
+        v["ubi"]["available_pebs"], 0,
+        "the auto-resize volume took the rest"
+    );
+    // The static volume reads back as the squashfs, which unsquashfs lists.
+    let back = dir.join("rootfs.back");
+    ok(
+        sc(&[
+            "flash",
+            "read",
+            p(&img),
+            "-N",
+            "rootfs",
+            p(&back),
+            "--key-file",
+            p(&key),
+        ]),
+        "read",
+    );
+    assert!(std::fs::read(&back).unwrap() == std::fs::read(&sqfs).unwrap());
+    let listing = ok(
+        run(Command::new("unsquashfs").args(["-l", p(&back)])),
+        "unsquashfs",
+    );
+    assert!(String::from_utf8_lossy(&listing.stdout).contains("etc/hostname"));
+    // The decrypted export: ubi_reader extracts the same volume images.
+    let export = dir.join("export.bin");
+    ok(
+        sc(&[
+            "flash",
+            "export",
+            p(&img),
+            p(&export),
+            "--key-file",
+            p(&key),
+        ]),
+        "export",
+    );
+    let _ = std::fs::remove_dir_all(dir.join("out"));
+    ok(
+        run(Command::new("ubireader_extract_images")
+            .current_dir(&dir)
+            .args(["-o", "out", "export.bin"])),
+        "ubireader_extract_images",
+    );
+    let extracted = |name: &str| {
+        let d = dir.join("out").join("export.bin");
+        let f = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|f| f.to_string_lossy().ends_with(&format!("vol-{name}.ubifs")))
+            .unwrap_or_else(|| panic!("no {name}"));
+        std::fs::read(f).unwrap()
+    };
+    assert!(extracted("rootfs") == std::fs::read(&sqfs).unwrap());
+    assert!(extracted("data")[..data.len()] == data[..]);
+}
