@@ -417,7 +417,7 @@ impl Device {
     pub(crate) fn background(&mut self) -> Result<(), Error> {
         while let Some(peb) = self.scrub.pop() {
             if self.owner[peb as usize].is_some() {
-                let to = self.pool.get()?;
+                let to = self.pool.get(&self.io)?;
                 self.move_leb(peb, to)?;
             }
         }
@@ -429,8 +429,9 @@ impl Device {
             if self.owner[from as usize].is_none() {
                 break;
             }
-            self.pool.take(to);
-            self.move_leb(from, to)?;
+            if self.pool.take(&self.io, to)? {
+                self.move_leb(from, to)?;
+            }
         }
         Ok(())
     }

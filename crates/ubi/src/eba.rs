@@ -130,7 +130,7 @@ impl Device {
     ) -> Result<(), Error> {
         let mut tries = 0;
         loop {
-            let peb = self.pool.get()?;
+            let peb = self.pool.get(&self.io)?;
             let written = self
                 .io
                 .write_vid(peb, vid)

@@ -78,6 +78,14 @@ impl Io {
         Ok(status.corrected > 0)
     }
 
+    /// Whether `peb` reads erased after its EC header's I/O unit (cleanly: a read that needed
+    /// the ECC does not count as erased).
+    pub(crate) fn erased_after_ec(&self, peb: u32) -> Result<bool, Error> {
+        let from = self.layout.hdrs_min_io_size;
+        let mut buf = vec![0u8; (self.layout.peb_size - from) as usize];
+        Ok(self.read_raw(peb, from, &mut buf)? == (false, false) && buf.iter().all(|&b| b == 0xFF))
+    }
+
     /// A header in its own header I/O unit: the 64 bytes at `shift`, 0xFF around them (as
     /// `ubinize` pads).
     fn unit(&self, bytes: &[u8], shift: usize) -> Vec<u8> {

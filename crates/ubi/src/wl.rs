@@ -36,6 +36,8 @@ pub(crate) struct Pool {
     pub(crate) uses: Vec<Use>,
     free: BTreeSet<(u64, u32)>,
     used: BTreeSet<(u64, u32)>,
+    /// Free PEBs found at attach, not erased by this attach: checked before their first use.
+    unverified: BTreeSet<u32>,
     /// PEBs left to replace PEBs that go bad.
     pub(crate) beb_rsvd: u32,
     /// PEBs that no volume has reserved.
@@ -51,6 +53,7 @@ impl Pool {
         let mut pool = Pool {
             free: BTreeSet::new(),
             used: BTreeSet::new(),
+            unverified: BTreeSet::new(),
             ec,
             uses,
             beb_rsvd: 0,
@@ -60,6 +63,9 @@ impl Pool {
         };
         for peb in 0..pool.uses.len() as u32 {
             pool.index(peb, true);
+            if pool.uses[peb as usize] == Use::Free {
+                pool.unverified.insert(peb);
+            }
         }
         pool
     }
@@ -92,16 +98,35 @@ impl Pool {
 
     /// A free PEB for a write (the least worn), now in use.
     ///
+    /// A PEB found free at attach is first checked to read erased past its EC header: a power
+    /// cut below UBI (inside an encryption layer's rewrite of a whole block, or an erase on a
+    /// chip with unstable bits) can leave a valid EC header over a block that is not erased,
+    /// and a write there would AND new data into old bits. Such a PEB is erased again.
+    ///
     /// Errors: [`Error::NoSpace`] when none is free.
-    pub(crate) fn get(&mut self) -> Result<u32, Error> {
+    pub(crate) fn get(&mut self, io: &Io) -> Result<u32, Error> {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
-        let Some(&(_, peb)) = self.free.iter().next() else {
-            return Err(Error::NoSpace("no free PEB is left".into()));
-        };
-        self.set_use(peb, Use::Used);
-        Ok(peb)
+        loop {
+            let Some(&(_, peb)) = self.free.iter().next() else {
+                return Err(Error::NoSpace("no free PEB is left".into()));
+            };
+            self.set_use(peb, Use::Used);
+            if self.verified(io, peb)? {
+                return Ok(peb);
+            }
+        }
+    }
+
+    /// Whether `peb` (just taken from the free set) may be written; if it was found free at
+    /// attach and does not read erased, it is erased again (and is free again, or bad).
+    fn verified(&mut self, io: &Io, peb: u32) -> Result<bool, Error> {
+        if !self.unverified.remove(&peb) || io.erased_after_ec(peb)? {
+            return Ok(true);
+        }
+        self.put(io, peb, false)?;
+        Ok(false)
     }
 
     /// Give `peb` back: erase it, write its new erase counter, make it free. `torture`: a write
@@ -152,10 +177,12 @@ impl Pool {
         (high >= low + self.threshold).then_some((from, to))
     }
 
-    /// Take the free PEB `peb` for a move.
-    pub(crate) fn take(&mut self, peb: u32) {
+    /// Take the free PEB `peb` for a move: `false` if it had to be erased again first (see
+    /// [`Pool::get`]; choose again).
+    pub(crate) fn take(&mut self, io: &Io, peb: u32) -> Result<bool, Error> {
         debug_assert_eq!(self.uses[peb as usize], Use::Free);
         self.set_use(peb, Use::Used);
+        self.verified(io, peb)
     }
 
     /// Erase counters of the good PEBs: (min, mean, max).

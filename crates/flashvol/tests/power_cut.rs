@@ -1,0 +1,203 @@
+//! Power cuts at every program and erase of the chip below the encryption layer (the thesis
+//! policy: every program a read-modify-erase-write of its block) while UBI changes LEBs
+//! atomically, updates its volume table and wear-levels: after the next unlock and attach every
+//! LEB holds its old or its new data and the volume table the old or the new volumes.
+//!
+//! The wear-levelling sweep found that a cut inside the layer's rewrite of a block that UBI had
+//! just erased (its EC header) can leave a valid EC header over a block that is not erased; UBI
+//! now checks a PEB found free at attach before writing it (`ubi::wl`).
+//!
+//! A plain LEB write (an append into a mapped LEB) is not swept here on purpose: under the thesis
+//! policy a cut inside its read-modify-erase-write loses what the block held before (the thesis'
+//! design has that window; `flash::crypt` says so, issue 13 closes it).
+
+use std::cell::Cell;
+use std::sync::Arc;
+
+use sectorcrypt_flash::crypt::Policy;
+use sectorcrypt_flash::sim::SimNand;
+use sectorcrypt_flash::{Flash, Geometry};
+use sectorcrypt_flashvol::{format, unlock, NewFlash};
+use sectorcrypt_luks::{FormatOptions, PbkdfChoice, PbkdfOptions};
+use sectorcrypt_storage::{MemStorage, Window};
+use sectorcrypt_testkit::pattern;
+use sectorcrypt_ubi::media::VolType;
+use sectorcrypt_ubi::{AttachOptions, Error, NewVolume, Ubi};
+
+const PASS: &[u8] = b"pass";
+
+/// A small chip of `blocks` 16 KiB eraseblocks of 2 KiB pages, 512-byte sub-pages.
+fn geometry(blocks: u32) -> Geometry {
+    Geometry {
+        peb_size: 16 * 1024,
+        page_size: 2048,
+        sub_page_size: 512,
+        oob_size: 64,
+        peb_count: blocks,
+        nop: 4,
+    }
+}
+
+const LEB: usize = 16 * 1024 - 2048;
+
+fn volume(name: &str, lebs: u32, vol_type: VolType) -> NewVolume {
+    NewVolume {
+        id: None,
+        name: name.into(),
+        lebs,
+        vol_type,
+        alignment: 1,
+        autoresize: false,
+    }
+}
+
+/// Format an encrypted flash, `prepare` its UBI, then for n = 1, 2, ... cut the power at the
+/// n-th chip operation of `op` on a copy, unlock, attach and `verify`, until `op` completes.
+/// Returns the cut points.
+fn sweep(
+    blocks: u32,
+    opts: &AttachOptions,
+    prepare: impl Fn(&Ubi),
+    op: impl Fn(&Ubi) -> Result<(), Error>,
+    verify: impl Fn(&Ubi),
+) -> u64 {
+    let g = geometry(blocks);
+    let len = SimNand::image_len(&g);
+    let mem = Arc::new(MemStorage::new(vec![0; len as usize]));
+    let sim = Arc::new(SimNand::create(Window::new(Arc::clone(&mem), 0, len), g, &[]).unwrap());
+    let new = NewFlash {
+        luks: FormatOptions {
+            version: 2,
+            key_bits: Some(256),
+            pbkdf: PbkdfOptions {
+                kind: Some(PbkdfChoice::Pbkdf2),
+                force_iterations: Some(1000),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        policy: Policy::Thesis,
+        keyslots: Some(1),
+    };
+    let opened = format(sim as Arc<dyn Flash>, &new, PASS).unwrap();
+    let ubi = opened.attach(opts).unwrap();
+    prepare(&ubi);
+    ubi.sync().unwrap();
+    drop((ubi, opened));
+    let base = mem.contents();
+    for n in 1.. {
+        let copy = Arc::new(MemStorage::new(base.clone()));
+        let open = || Arc::new(SimNand::open(Window::new(Arc::clone(&copy), 0, len)).unwrap());
+        let sim = open();
+        let opened = unlock(sim.clone(), PASS, None).unwrap();
+        let ubi = opened.attach(opts).unwrap();
+        sim.cut_power_at(Some(n));
+        let result = op(&ubi);
+        if !sim.is_off() {
+            result.unwrap();
+            return n - 1;
+        }
+        drop((ubi, opened));
+        let opened = unlock(open(), PASS, None)
+            .unwrap_or_else(|e| panic!("cut {n}: the header no longer opens: {e}"));
+        let after = opened
+            .attach(opts)
+            .unwrap_or_else(|e| panic!("cut {n}: attach refused: {e}"));
+        verify(&after);
+    }
+    unreachable!()
+}
+
+fn leb(ubi: &Ubi, id: u32, lnum: u32) -> Vec<u8> {
+    let mut buf = vec![0u8; LEB];
+    ubi.read(id, lnum, 0, &mut buf).unwrap();
+    buf
+}
+
+#[test]
+fn atomic_changes_and_volume_table_updates_through_the_layer_are_old_or_new() {
+    let old = pattern(LEB, 1);
+    let new = pattern(LEB, 2);
+    let prepare = |u: &Ubi| {
+        u.create_volume(&volume("v", 4, VolType::Dynamic)).unwrap();
+        u.change(0, 1, &old).unwrap();
+    };
+    let opts = AttachOptions::default();
+    let changes = sweep(
+        64,
+        &opts,
+        prepare,
+        |u| u.change(0, 1, &new),
+        |u| {
+            let got = leb(u, 0, 1);
+            assert!(got == old || got == new, "LEB 1 is neither old nor new");
+        },
+    );
+    let tables = sweep(
+        64,
+        &opts,
+        prepare,
+        |u| u.create_volume(&volume("w", 3, VolType::Static)).map(drop),
+        |u| {
+            assert_eq!(leb(u, 0, 1), old, "an untouched LEB changed");
+            let names: Vec<String> = u.info().volumes.into_iter().map(|v| v.name).collect();
+            assert!(names == ["v"] || names == ["v", "w"], "{names:?}");
+        },
+    );
+    assert!(
+        changes >= 3 && tables >= 6,
+        "{changes} and {tables} cut points"
+    );
+}
+
+#[test]
+fn wear_levelling_moves_through_the_layer_keep_static_data_whole() {
+    let opts = AttachOptions {
+        wl_threshold: 3,
+        ..AttachOptions::default()
+    };
+    let blob = pattern(2 * LEB + 77, 3);
+    let change = |i: u64| pattern(2048, 500 + i);
+    let done = Cell::new(0u64);
+    // 36 PEBs for UBI: the hot LEB cycles through the free ones, and every few cycles the
+    // PEBs that hold still data fall the threshold behind and are moved.
+    let cuts = sweep(
+        72,
+        &opts,
+        |u| {
+            u.create_volume(&volume("hot", 1, VolType::Dynamic))
+                .unwrap();
+            let s = u
+                .create_volume(&volume("cold", 3, VolType::Static))
+                .unwrap();
+            u.update_volume(s, &blob).unwrap();
+            u.change(0, 0, &change(0)).unwrap();
+        },
+        |u| {
+            done.set(0);
+            for i in 1..=80 {
+                u.change(0, 0, &change(i))?;
+                done.set(i);
+            }
+            // Reached only by the run that was not cut: every PEB was erased since the
+            // format, so the static data was moved.
+            let (min, _, _) = u.info().erase_counters;
+            assert!(
+                min >= 2,
+                "no wear-levelling move happened (lowest erase counter {min})"
+            );
+            Ok(())
+        },
+        |u| {
+            let i = done.get();
+            let got = &leb(u, 0, 0)[..2048];
+            assert!(got == change(i) || got == change(i + 1), "after change {i}");
+            let mut data = vec![0u8; blob.len()];
+            for (lnum, chunk) in data.chunks_mut(LEB).enumerate() {
+                u.read(1, lnum as u32, 0, chunk).unwrap();
+            }
+            assert!(data == blob, "the static volume moved by wear-levelling");
+        },
+    );
+    assert!(cuts >= 300, "{cuts} cut points");
+}
