@@ -60,6 +60,24 @@ impl VolumeFs {
         }
     }
 
+    /// EROFS on a read-only volume, else what [`file_only`] says: every request that changes
+    /// the file's contents passes this first.
+    fn writable(&self, ino: INodeNo) -> Result<(), Errno> {
+        file_only(ino)?;
+        if self.volume.is_read_only() {
+            return Err(Errno::EROFS);
+        }
+        Ok(())
+    }
+
+    /// `result` of a write to the volume, remembered for the next flush when it succeeded (set
+    /// only *after* the write completes, as the `dirty` field requires).
+    fn completed_write(&self, result: Result<(), VolumeError>) -> Result<(), Errno> {
+        result.map_err(|e| errno(&e))?;
+        self.dirty.store(true, Ordering::Release);
+        Ok(())
+    }
+
     /// Make every completed write durable, unless none happened since the last time.
     fn flush_if_dirty(&self) -> Result<(), Errno> {
         if self.dirty.swap(false, Ordering::AcqRel) {
@@ -135,6 +153,23 @@ pub(crate) fn errno(e: &VolumeError) -> Errno {
             _ => Errno::EIO,
         },
         _ => Errno::EIO,
+    }
+}
+
+/// EISDIR unless `ino` is the file: the only other inode is the root directory.
+fn file_only(ino: INodeNo) -> Result<(), Errno> {
+    if ino == FILE {
+        Ok(())
+    } else {
+        Err(Errno::EISDIR)
+    }
+}
+
+/// Answer a request that returns nothing but success or an errno.
+fn reply_empty(reply: ReplyEmpty, result: Result<(), Errno>) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
     }
 }
 
@@ -269,15 +304,17 @@ impl Filesystem for VolumeFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if ino != FILE {
-            return reply.error(Errno::EISDIR);
+        let allowed = if flags.acc_mode() == OpenAccMode::O_RDONLY {
+            file_only(ino)
+        } else {
+            self.writable(ino)
+        };
+        match allowed {
+            // Every change comes through this mount, so what the page cache holds stays true
+            // across opens.
+            Ok(()) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(e) => reply.error(e),
         }
-        if flags.acc_mode() != OpenAccMode::O_RDONLY && self.volume.is_read_only() {
-            return reply.error(Errno::EROFS);
-        }
-        // Every change comes through this mount, so what the page cache holds stays true
-        // across opens.
-        reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
     }
 
     fn read(
@@ -291,13 +328,14 @@ impl Filesystem for VolumeFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        if ino != FILE {
-            return reply.error(Errno::EISDIR);
-        }
-        let mut buf = vec![0u8; read_len(offset, size, self.volume.size())];
-        match self.volume.read(&mut buf, offset) {
-            Ok(()) => reply.data(&buf),
-            Err(e) => reply.error(errno(&e)),
+        let data = file_only(ino).and_then(|()| {
+            let mut buf = vec![0u8; read_len(offset, size, self.volume.size())];
+            self.volume.read(&mut buf, offset).map_err(|e| errno(&e))?;
+            Ok(buf)
+        });
+        match data {
+            Ok(buf) => reply.data(&buf),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -313,22 +351,14 @@ impl Filesystem for VolumeFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        if ino != FILE {
-            return reply.error(Errno::EISDIR);
-        }
-        if self.volume.is_read_only() {
-            return reply.error(Errno::EROFS);
-        }
-        let n = match write_len(offset, data.len(), self.volume.size()) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        match self.volume.write(&data[..n], offset) {
-            Ok(()) => {
-                self.dirty.store(true, Ordering::Release);
-                reply.written(n as u32);
-            }
-            Err(e) => reply.error(errno(&e)),
+        let written = self.writable(ino).and_then(|()| {
+            let n = write_len(offset, data.len(), self.volume.size())?;
+            self.completed_write(self.volume.write(&data[..n], offset))?;
+            Ok(n)
+        });
+        match written {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -340,10 +370,7 @@ impl Filesystem for VolumeFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        match self.flush_if_dirty() {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(reply, self.flush_if_dirty());
     }
 
     fn fsync(
@@ -354,10 +381,7 @@ impl Filesystem for VolumeFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.flush_if_dirty() {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        reply_empty(reply, self.flush_if_dirty());
     }
 
     fn fallocate(
@@ -370,23 +394,13 @@ impl Filesystem for VolumeFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        if ino != FILE {
-            return reply.error(Errno::EISDIR);
-        }
-        if self.volume.is_read_only() {
-            return reply.error(Errno::EROFS);
-        }
-        match fallocate_plan(offset, length, mode, self.volume.size()) {
-            Ok(Some((offset, len))) => match self.volume.write_zeroes(offset, len) {
-                Ok(()) => {
-                    self.dirty.store(true, Ordering::Release);
-                    reply.ok();
-                }
-                Err(e) => reply.error(errno(&e)),
-            },
-            Ok(None) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        let done = self.writable(ino).and_then(|()| {
+            match fallocate_plan(offset, length, mode, self.volume.size())? {
+                Some((offset, len)) => self.completed_write(self.volume.write_zeroes(offset, len)),
+                None => Ok(()),
+            }
+        });
+        reply_empty(reply, done);
     }
 
     fn readdir(

@@ -8,7 +8,7 @@
 
 mod luks2_support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use luks2_support::*;
 use sectorcrypt_luks::luks2::binary::HeaderCopy;
@@ -73,6 +73,30 @@ fn assert_round_trip(h: &Header, img: &Path, what: &str) {
         let parse = |t: &str| serde_json::from_str::<Value>(t).unwrap();
         assert_eq!(parse(&ours), parse(&stored), "{what}: round trip");
     }
+}
+
+/// `format`s image `v` with a `keyslots`-sized keyslots area (e.g. "1M") and `options` (the KDF
+/// first): a small volume whose keyslots all fit, whatever the KDF.
+fn format_v(dir: &Path, key: &Path, size: u64, keyslots: &str, options: &[&str]) -> PathBuf {
+    let area = ["--luks2-keyslots-size", keyslots];
+    format(dir, "v", key, size, &[options, &area].concat())
+}
+
+/// `add_key` into keyslot `slot`, with the KDF options `kdf`.
+fn add_key_in_slot(img: &Path, old: &Path, new: &Path, kdf: &[&str], slot: &str) {
+    add_key(img, old, new, &[kdf, &["--key-slot", slot]].concat());
+}
+
+/// `cryptsetup config --priority` (prefer, normal or ignore) for keyslot `slot`.
+fn set_priority(img: &Path, slot: &str, priority: &str) {
+    cryptsetup_ok(&[
+        "config",
+        "--priority",
+        priority,
+        "--key-slot",
+        slot,
+        path(img),
+    ]);
 }
 
 /// Every format variant: the volume key equals cryptsetup's, the UUID equals `luksUUID`, the
@@ -275,27 +299,11 @@ fn added_keyslots_and_priorities_follow_cryptsetup() {
     let k0 = key_file(&dir, "k0", "first passphrase");
     let k1 = key_file(&dir, "k1", "second passphrase");
     let k7 = key_file(&dir, "k7", "seventh passphrase");
-    let img = format(
-        &dir,
-        "v",
-        &k0,
-        6 * MIB,
-        &[FAST_PBKDF2, &["--luks2-keyslots-size", "2M"]].concat(),
-    );
+    let img = format_v(&dir, &k0, 6 * MIB, "2M", FAST_PBKDF2);
     add_key(&img, &k0, &k1, FAST_ARGON2ID);
-    add_key(
-        &img,
-        &k0,
-        &k7,
-        &[FAST_ARGON2I, &["--key-slot", "7"]].concat(),
-    );
+    add_key_in_slot(&img, &k0, &k7, FAST_ARGON2I, "7");
     // The same passphrase as slot 0 in slot 2, to see which of the two is tried first.
-    add_key(
-        &img,
-        &k0,
-        &k0,
-        &[FAST_PBKDF2, &["--key-slot", "2"]].concat(),
-    );
+    add_key_in_slot(&img, &k0, &k0, FAST_PBKDF2, "2");
 
     let dev = open(&img);
     let check = |h: &Header, key: &Path, pass: &str, slot: Option<usize>| {
@@ -333,33 +341,12 @@ fn added_keyslots_and_priorities_follow_cryptsetup() {
     assert_eq!(check(&h, &k0, "first passphrase", Some(5)), None);
 
     // Preferred slots first: slot 2 now opens before slot 0.
-    cryptsetup_ok(&[
-        "config",
-        "--priority",
-        "prefer",
-        "--key-slot",
-        "2",
-        path(&img),
-    ]);
+    set_priority(&img, "2", "prefer");
     let h = read(&img);
     assert_eq!(check(&h, &k0, "first passphrase", None), Some(2));
     // Ignored slots only when asked for by number.
-    cryptsetup_ok(&[
-        "config",
-        "--priority",
-        "ignore",
-        "--key-slot",
-        "2",
-        path(&img),
-    ]);
-    cryptsetup_ok(&[
-        "config",
-        "--priority",
-        "ignore",
-        "--key-slot",
-        "0",
-        path(&img),
-    ]);
+    set_priority(&img, "2", "ignore");
+    set_priority(&img, "0", "ignore");
     let h = read(&img);
     assert_eq!(check(&h, &k0, "first passphrase", None), None);
     assert!(matches!(
@@ -401,32 +388,11 @@ fn dump_matches_luksdump_for_decorated_headers() {
     let dir = scratch("dump");
     let k0 = key_file(&dir, "k0", "pass 0");
     let k1 = key_file(&dir, "k1", "pass 1");
-    let img = format(
-        &dir,
-        "v",
-        &k0,
-        4 * MIB,
-        &[
-            FAST_ARGON2ID,
-            &["--luks2-keyslots-size", "1M", "--label", "L"],
-        ]
-        .concat(),
-    );
-    add_key(
-        &img,
-        &k0,
-        &k1,
-        &[FAST_PBKDF2, &["--key-slot", "3"]].concat(),
-    );
+    let options = [FAST_ARGON2ID, &["--label", "L"]].concat();
+    let img = format_v(&dir, &k0, 4 * MIB, "1M", &options);
+    add_key_in_slot(&img, &k0, &k1, FAST_PBKDF2, "3");
     cryptsetup_ok(&["token", "add", "--key-description", "my key", path(&img)]);
-    cryptsetup_ok(&[
-        "config",
-        "--priority",
-        "prefer",
-        "--key-slot",
-        "3",
-        path(&img),
-    ]);
+    set_priority(&img, "3", "prefer");
     let h = read(&img);
     assert_eq!(h.metadata().tokens.len(), 1);
     assert_round_trip(&h, &img, "token");
@@ -906,13 +872,7 @@ fn errors_name_the_device() {
 fn unfinished_reencryption_reads_and_opens_like_cryptsetup() {
     let dir = scratch("reencrypt");
     let k = key_file(&dir, "k", "reencrypt me");
-    let img = format(
-        &dir,
-        "v",
-        &k,
-        4 * MIB,
-        &[FAST_PBKDF2, &["--luks2-keyslots-size", "2M"]].concat(),
-    );
+    let img = format_v(&dir, &k, 4 * MIB, "2M", FAST_PBKDF2);
     cryptsetup_ok(
         &[
             &["reencrypt", "--init-only", "-q", "--key-file", path(&k)][..],

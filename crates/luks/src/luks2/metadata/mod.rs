@@ -258,12 +258,19 @@ pub struct Area {
     pub extra: Map<String, Value>,
 }
 
+/// The `offset` and `size` of an `area` object, of a `luks2` or a `reencrypt` keyslot alike.
 #[derive(Serialize)]
-struct AreaBody<'a> {
+struct AreaPlace {
     #[serde(serialize_with = "decimal")]
     offset: u64,
     #[serde(serialize_with = "decimal")]
     size: u64,
+}
+
+#[derive(Serialize)]
+struct AreaBody<'a> {
+    #[serde(flatten)]
+    place: AreaPlace,
     encryption: &'a str,
     key_size: u32,
     #[serde(flatten)]
@@ -275,8 +282,10 @@ impl Serialize for Area {
         Tagged {
             kind: "raw",
             body: &AreaBody {
-                offset: self.offset,
-                size: self.size,
+                place: AreaPlace {
+                    offset: self.offset,
+                    size: self.size,
+                },
                 encryption: &self.encryption,
                 key_size: self.key_size,
                 extra: &self.extra,

@@ -8,7 +8,7 @@ use serde::ser::Serializer;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::{decimal, Fields};
+use super::{AreaPlace, Fields};
 use crate::error::Error;
 use crate::luks2::validate::{as_u32, str_to_u64};
 
@@ -164,10 +164,8 @@ fn optional_decimal<S: Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Er
 
 #[derive(Serialize)]
 struct AreaBody<'a> {
-    #[serde(serialize_with = "decimal")]
-    offset: u64,
-    #[serde(serialize_with = "decimal")]
-    size: u64,
+    #[serde(flatten)]
+    place: AreaPlace,
     #[serde(rename = "type")]
     kind: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -208,8 +206,10 @@ impl Serialize for ReencryptKeyslot {
         };
         KeyslotBody {
             area: AreaBody {
-                offset: self.area_offset,
-                size: self.area_size,
+                place: AreaPlace {
+                    offset: self.area_offset,
+                    size: self.area_size,
+                },
                 kind: self.resilience.area_type(),
                 hash,
                 sector_size,

@@ -18,10 +18,10 @@ pub fn encrypt_forward_progress(
     hot: Option<u64>,
 ) -> Result<Metadata, Error> {
     in_place_layout(r, Mode::Encrypt, Direction::Forward)?;
-    let digest = crypt_layout_digest(&r.backup_final, r.digest_new, FLAG_BACKUP_FINAL)?;
-    let base = r.backup_final.offset;
+    let side = CryptSide::of(r, Mode::Encrypt)?;
+    let base = side.layout.offset;
     let crypt_at =
-        |at: u64, size: u64, hot: bool| r.backup_final.piece(at, base + at, Some(size), hot);
+        |at: u64, size: u64, hot: bool| side.layout.piece(at, base + at, Some(size), hot);
     let mut regular = Vec::new();
     if done > 0 {
         regular.push(crypt_at(0, done, false));
@@ -31,7 +31,7 @@ pub fn encrypt_forward_progress(
     }
     let rest = done + hot.unwrap_or(0);
     regular.push(linear_at(base + rest, None, false));
-    with_regular_segments(md, regular, digest, FLAG_BACKUP_FINAL)
+    side.progress(md, regular)
 }
 
 /// The metadata of a backward decryption in place (detached header, no data shift) with the
@@ -50,11 +50,11 @@ pub fn decrypt_backward_progress(
     total: u64,
 ) -> Result<Metadata, Error> {
     in_place_layout(r, Mode::Decrypt, Direction::Backward)?;
-    let digest = crypt_layout_digest(&r.backup_previous, r.digest_old, FLAG_BACKUP_PREVIOUS)?;
-    let base = r.backup_previous.offset;
+    let side = CryptSide::of(r, Mode::Decrypt)?;
+    let base = side.layout.offset;
     let mut regular = Vec::new();
     if remaining > 0 {
-        regular.push(r.backup_previous.piece(0, base, Some(remaining), false));
+        regular.push(side.layout.piece(0, base, Some(remaining), false));
     }
     let mut end = remaining;
     if let Some(len) = hot {
@@ -64,7 +64,7 @@ pub fn decrypt_backward_progress(
     if end < total {
         regular.push(linear_at(base + end, None, false));
     }
-    with_regular_segments(md, regular, digest, FLAG_BACKUP_PREVIOUS)
+    side.progress(md, regular)
 }
 
 /// The metadata of a forward reencryption in place (new volume key, optionally a new sector
@@ -262,18 +262,42 @@ pub(super) fn in_place_layout(
     }
 }
 
-/// The volume-key digest of the crypt backup layout `layout` (flagged `flag`).
-pub(super) fn crypt_layout_digest(
-    layout: &ReencryptSegment,
-    digest: Option<u32>,
-    flag: &str,
-) -> Result<u32, Error> {
-    if !matches!(layout.kind, SegmentKind::Crypt { .. }) {
-        return Err(Error::Corrupt(format!(
-            "the {flag} segment is not a crypt segment"
-        )));
+/// The one key of an encryption or a decryption: the backup layout its crypt segments are cut
+/// from (`backup-final` for an encryption, `backup-previous` for a decryption), found by `flag`,
+/// and the digest of its volume key. Each progress step of those modes lists its crypt segments
+/// under that digest, so the three always go together.
+struct CryptSide<'a> {
+    layout: &'a ReencryptSegment,
+    digest: u32,
+    flag: &'static str,
+}
+
+impl<'a> CryptSide<'a> {
+    /// The crypt side of `r`, an encryption (`mode` [`Mode::Encrypt`]) or a decryption.
+    fn of(r: &'a Reencryption, mode: Mode) -> Result<Self, Error> {
+        let (layout, digest, flag) = if mode == Mode::Encrypt {
+            (&r.backup_final, r.digest_new, FLAG_BACKUP_FINAL)
+        } else {
+            (&r.backup_previous, r.digest_old, FLAG_BACKUP_PREVIOUS)
+        };
+        if !matches!(layout.kind, SegmentKind::Crypt { .. }) {
+            return Err(Error::Corrupt(format!(
+                "the {flag} segment is not a crypt segment"
+            )));
+        }
+        let digest =
+            digest.ok_or_else(|| Error::Corrupt(format!("no digest lists the {flag} segment")))?;
+        Ok(CryptSide {
+            layout,
+            digest,
+            flag,
+        })
     }
-    digest.ok_or_else(|| Error::Corrupt(format!("no digest lists the {flag} segment")))
+
+    /// The metadata of a step: [`with_regular_segments`] under this side's digest.
+    fn progress(&self, md: &Metadata, regular: Vec<ReencryptSegment>) -> Result<Metadata, Error> {
+        with_regular_segments(md, regular, self.digest, self.flag)
+    }
 }
 
 pub(super) fn wrong_layout(mode: Mode, direction: Direction, how: &str) -> Error {
@@ -302,7 +326,7 @@ pub fn decrypt_datashift_progress(
     total: u64,
 ) -> Result<Metadata, Error> {
     let (shift, moved) = shift_layout(r, Mode::Decrypt, Direction::Forward)?;
-    let digest = crypt_layout_digest(&r.backup_previous, r.digest_old, FLAG_BACKUP_PREVIOUS)?;
+    let side = CryptSide::of(r, Mode::Decrypt)?;
     let m = moved.size.unwrap_or(0);
     let end = at + len;
     let mut regular = Vec::new();
@@ -324,14 +348,14 @@ pub fn decrypt_datashift_progress(
             regular.push(linear_at(m, (end < total).then(|| end - m), false));
         }
         if end < total {
-            regular.push(r.backup_previous.piece(end, shift + end, None, false));
+            regular.push(side.layout.piece(end, shift + end, None, false));
         }
     }
-    let mut out = with_regular_segments(md, regular, digest, FLAG_BACKUP_PREVIOUS)?;
+    let mut out = side.progress(md, regular)?;
     let moved_id = segment_by_flag(&out, FLAG_BACKUP_MOVED)
         .map(|(id, _)| id)
         .ok_or_else(|| Error::Corrupt("there is no backup-moved-segment".into()))?;
-    assign_segment(&mut out, digest, moved_id)?;
+    assign_segment(&mut out, side.digest, moved_id)?;
     Ok(out)
 }
 
@@ -353,7 +377,7 @@ pub fn encrypt_datashift_progress(
     total: u64,
 ) -> Result<Metadata, Error> {
     let (shift, moved) = shift_layout(r, Mode::Encrypt, Direction::Backward)?;
-    let digest = crypt_layout_digest(&r.backup_final, r.digest_new, FLAG_BACKUP_FINAL)?;
+    let side = CryptSide::of(r, Mode::Encrypt)?;
     let mut regular = Vec::new();
     if at > 0 {
         regular.push(linear_at(moved.offset, Some(at.min(shift)), false));
@@ -361,7 +385,7 @@ pub fn encrypt_datashift_progress(
     if at > shift {
         regular.push(linear_at(shift, Some(at - shift), false));
     }
-    let final_ = &r.backup_final;
+    let final_ = side.layout;
     if hot {
         regular.push(final_.piece(at, shift + at, Some(len), true));
         if at + len < total {
@@ -372,5 +396,5 @@ pub fn encrypt_datashift_progress(
         let size = (at > 0).then(|| total - at);
         regular.push(final_.piece(at, shift + at, size, false));
     }
-    with_regular_segments(md, regular, digest, FLAG_BACKUP_FINAL)
+    side.progress(md, regular)
 }
