@@ -4,6 +4,8 @@
 //!   and thread count (the table and the `--json` lines of `../shared/design/CLI.md`).
 //! - [`breakdown`]: the dm-crypt paper's Tables 1 and 2: time per XTS phase (tweak, first XOR, ECB,
 //!   second XOR, other) over a large buffer cut into one-sector requests vs 4 KiB requests.
+//! - [`flash`]: UBI's LEB write and read throughput on a simulated chip with and without the
+//!   encryption layer below it, by request size, and the cipher work per PEB written.
 //! - [`tcrypt`]: cycles per 4096-byte operation for ECB/CBC/CTR/XTS, as the Linux `tcrypt` speed
 //!   test reports them (the LEA kernel patch's table).
 //!
@@ -11,6 +13,7 @@
 //! shared machine does not move them much. Cycles use the TSC rate ([`sectorcrypt_cipher::tsc`]).
 
 pub mod breakdown;
+pub mod flash;
 pub mod speed;
 pub mod tcrypt;
 

@@ -12,6 +12,7 @@ use sectorcrypt_flash::{Flash, Geometry};
 use sectorcrypt_flashvol::{format, read_header, unlock, Error, NewFlash};
 use sectorcrypt_luks::{FormatOptions, PbkdfChoice, PbkdfOptions};
 use sectorcrypt_storage::MemStorage;
+use sectorcrypt_testkit::tools::ubi_reader_volumes;
 use sectorcrypt_testkit::{
     cryptsetup, cryptsetup_volume_key, ok, openssl, output, p, pattern, scratch,
 };
@@ -48,6 +49,17 @@ fn new_flash(policy: Policy, cipher: &str) -> NewFlash {
         },
         policy,
         keyslots: None,
+    }
+}
+
+fn dynamic_volume(name: &str, lebs: u32) -> sectorcrypt_ubi::NewVolume {
+    sectorcrypt_ubi::NewVolume {
+        id: None,
+        name: name.into(),
+        lebs,
+        vol_type: sectorcrypt_ubi::media::VolType::Dynamic,
+        alignment: 1,
+        autoresize: false,
     }
 }
 
@@ -99,16 +111,7 @@ fn cryptsetup_reads_the_header_and_openssl_decrypts_the_chip() {
         // cryptsetup's volume key by the data segment's rule: sectors of one sub-page counted
         // from the segment's start.
         let ubi = opened.attach(&AttachOptions::default()).unwrap();
-        let id = ubi
-            .create_volume(&sectorcrypt_ubi::NewVolume {
-                id: None,
-                name: "v".into(),
-                lebs: 4,
-                vol_type: sectorcrypt_ubi::media::VolType::Dynamic,
-                alignment: 1,
-                autoresize: false,
-            })
-            .unwrap();
+        let id = ubi.create_volume(&dynamic_volume("v", 4)).unwrap();
         let data = pattern(126 * 1024, 9);
         ubi.write(id, 0, 0, &data).unwrap();
         drop(ubi);
@@ -162,14 +165,7 @@ fn under_the_thesis_policy_the_chip_holds_only_ciphertext() {
     .unwrap();
     let ubi = opened.attach(&AttachOptions::default()).unwrap();
     let id = ubi
-        .create_volume(&sectorcrypt_ubi::NewVolume {
-            id: None,
-            name: "secret-volume-name".into(),
-            lebs: 8,
-            vol_type: sectorcrypt_ubi::media::VolType::Dynamic,
-            alignment: 1,
-            autoresize: false,
-        })
+        .create_volume(&dynamic_volume("secret-volume-name", 8))
         .unwrap();
     let marker = b"PLAINTEXT-MARKER".repeat(128);
     ubi.write(id, 2, 0, &marker).unwrap();
@@ -239,23 +235,8 @@ fn a_ubinize_image_imported_and_exported_reads_the_same_in_ubi_reader() {
     let crypt = &opened.crypt;
     let export = dir.join("export.bin");
     std::fs::write(&export, blocks(&**crypt, 0..crypt.geometry().peb_count)).unwrap();
-    ok(
-        output(
-            Command::new("ubireader_extract_images")
-                .current_dir(&dir)
-                .args(["-o", "out", "export.bin"]),
-        ),
-        "ubireader_extract_images",
-    );
-    let out = dir.join("out").join("export.bin");
-    let image = |name: &str| {
-        let path = std::fs::read_dir(&out)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .find(|p| p.to_string_lossy().ends_with(&format!("vol-{name}.ubifs")))
-            .unwrap_or_else(|| panic!("no volume {name} extracted"));
-        std::fs::read(path).unwrap()
-    };
+    let volumes = ubi_reader_volumes(&dir, &export);
+    let image = |name: &str| volumes[name].clone();
     assert_eq!(&image("data")[..d.len()], &d[..]);
     assert_eq!(image("cfg"), s, "the static volume, exactly");
 }

@@ -1,8 +1,9 @@
 //! The real peer tools, run so that they work on every host.
 
+use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::{output, which, wrapped};
+use crate::{ok, output, p, which, wrapped};
 
 /// What qemu-img 7.2 says when its PBKDF2 calibration fails: it times its first 2^15 iterations
 /// in whole milliseconds of thread CPU time and gives up when that is 0, whatever `iter-time`
@@ -34,4 +35,31 @@ pub fn qemu_img(how: Qemu, cmd: &mut Command) -> Output {
         .unwrap_or_else(|| panic!("qemu-img is not on PATH (run scripts/install-test-deps.sh)"));
     let emulator = format!("qemu-{}", std::env::consts::ARCH);
     output(&mut wrapped(&emulator, &[], binary.as_os_str(), cmd))
+}
+
+/// The volume images `ubireader_extract_images` (PyPI `ubi_reader`) extracts from the UBI image
+/// or raw flash dump `file`, by volume name (it writes them under `dir/out`).
+pub fn ubi_reader_volumes(dir: &Path, file: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let out = dir.join("out");
+    let _ = std::fs::remove_dir_all(&out);
+    ok(
+        output(Command::new("ubireader_extract_images").args(["-o", p(&out), p(file)])),
+        "ubireader_extract_images",
+    );
+    let mut volumes = std::collections::BTreeMap::new();
+    for image in std::fs::read_dir(&out)
+        .unwrap()
+        .flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap())
+    {
+        let path = image.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if let Some(vol) = name
+            .split("_vol-")
+            .nth(1)
+            .and_then(|v| v.strip_suffix(".ubifs"))
+        {
+            volumes.insert(vol.to_string(), std::fs::read(&path).unwrap());
+        }
+    }
+    volumes
 }

@@ -338,22 +338,62 @@ fn ubinize_images_and_squashfs_go_in_and_come_out_for_the_standard_tools() {
         ]),
         "export",
     );
-    let _ = std::fs::remove_dir_all(dir.join("out"));
-    ok(
-        run(Command::new("ubireader_extract_images")
-            .current_dir(&dir)
-            .args(["-o", "out", "export.bin"])),
-        "ubireader_extract_images",
-    );
-    let extracted = |name: &str| {
-        let d = dir.join("out").join("export.bin");
-        let f = std::fs::read_dir(&d)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .find(|f| f.to_string_lossy().ends_with(&format!("vol-{name}.ubifs")))
-            .unwrap_or_else(|| panic!("no {name}"));
-        std::fs::read(f).unwrap()
-    };
+    let volumes = sectorcrypt_testkit::tools::ubi_reader_volumes(&dir, &export);
+    let extracted = |name: &str| volumes[name].clone();
     assert!(extracted("rootfs") == std::fs::read(&sqfs).unwrap());
     assert!(extracted("data")[..data.len()] == data[..]);
+}
+
+/// The flash benchmark's JSON lines: every stack at the size asked, with the counts that do not
+/// depend on the machine (erases and cipher calls per PEB) as the thesis' design makes them.
+#[test]
+fn the_flash_benchmark_reports_every_stack_and_the_thesis_cost() {
+    let out = ok(
+        sc(&[
+            "flash",
+            "benchmark",
+            "--bytes",
+            "256KiB",
+            "--rounds",
+            "1",
+            "--request-size",
+            "2048",
+            "--json",
+        ]),
+        "flash benchmark",
+    );
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let stacks: Vec<&str> = lines.iter().map(|l| l["stack"].as_str().unwrap()).collect();
+    assert_eq!(
+        stacks,
+        [
+            "plain",
+            "aes-xts-plain64 visible",
+            "aes-xts-plain64 thesis",
+            "aes-cbc-essiv:sha256 thesis"
+        ]
+    );
+    for l in &lines {
+        for field in [
+            "write_bytes_per_sec",
+            "read_bytes_per_sec",
+            "slc_write_bytes_per_sec",
+            "slc_read_bytes_per_sec",
+        ] {
+            assert!(l[field].as_f64().unwrap() > 0.0, "{field} in {l}");
+        }
+        assert_eq!(l["request_size"], 2048);
+    }
+    // A LEB written a page at a time: its VID header and 63 pages, each a rewrite of the whole
+    // block under the thesis policy (an erase each), one cipher call each when erased space
+    // stays erased.
+    assert_eq!(lines[0]["erases_per_peb"], 0.0);
+    assert_eq!(lines[1]["erases_per_peb"], 0.0);
+    assert_eq!(lines[1]["cipher_calls_per_peb"], 64.0);
+    assert_eq!(lines[2]["erases_per_peb"], 64.0);
+    sc_exits(&["flash", "benchmark", "--request-size", "1000"], 1);
 }

@@ -1,10 +1,10 @@
 //! Attaching, volumes and LEBs on a simulated chip.
 
-use std::process::Command;
-
 use sectorcrypt_flash::sim::Faults;
 use sectorcrypt_flash::Flash;
-use sectorcrypt_testkit::{ok, output, pattern, scratch};
+use sectorcrypt_testkit::pattern;
+use sectorcrypt_testkit::scratch;
+use sectorcrypt_testkit::tools::ubi_reader_volumes;
 use sectorcrypt_ubi::media::{EcHdr, Header, VolType};
 use sectorcrypt_ubi::{flash_image, Error, NewVolume};
 
@@ -144,23 +144,8 @@ fn an_empty_chip_is_formatted_and_what_is_written_survives_reattach() {
 
     let dir = scratch("ubi-reader");
     std::fs::write(dir.join("flash.bin"), dump(&*flash)).unwrap();
-    ok(
-        output(
-            Command::new("ubireader_extract_images")
-                .current_dir(&dir)
-                .args(["-o", "out", "flash.bin"]),
-        ),
-        "ubireader_extract_images",
-    );
-    let out = dir.join("out").join("flash.bin");
-    let image = |name: &str| {
-        let file = std::fs::read_dir(&out)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .find(|p| p.to_string_lossy().ends_with(&format!("vol-{name}.ubifs")))
-            .unwrap_or_else(|| panic!("ubi_reader extracted no volume {name}"));
-        std::fs::read(file).unwrap()
-    };
+    let volumes = ubi_reader_volumes(&dir, &dir.join("flash.bin"));
+    let image = |name: &str| volumes[name].clone();
     assert_eq!(&image("alpha")[..2 * LEB], &before.0[..2 * LEB]);
     assert_eq!(&image("beta")[..blob.len()], &blob[..]);
 }
