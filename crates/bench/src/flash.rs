@@ -105,7 +105,8 @@ impl Flash for Counted {
         self.chip.geometry()
     }
     fn read(&self, peb: u32, offset: u32, buf: &mut [u8]) -> Result<ReadStatus, FlashError> {
-        self.pages_read.fetch_add(self.pages(offset, buf.len()), Ordering::Relaxed);
+        self.pages_read
+            .fetch_add(self.pages(offset, buf.len()), Ordering::Relaxed);
         self.chip.read(peb, offset, buf)
     }
     fn program(&self, peb: u32, offset: u32, data: &[u8]) -> Result<(), FlashError> {
@@ -180,8 +181,12 @@ struct Round {
 fn round(stack: Stack, request_size: usize, bytes: usize) -> Round {
     let g = geometry();
     let sim = Arc::new(
-        SimNand::create(MemStorage::new(vec![0; SimNand::image_len(&g) as usize]), g, &[])
-            .expect("a chip in memory"),
+        SimNand::create(
+            MemStorage::new(vec![0; SimNand::image_len(&g) as usize]),
+            g,
+            &[],
+        )
+        .expect("a chip in memory"),
     );
     let counted = Arc::new(Counted {
         chip: Arc::clone(&sim) as Arc<dyn Flash>,
@@ -196,8 +201,14 @@ fn round(stack: Stack, request_size: usize, bytes: usize) -> Round {
         Stack::Encrypted(spec, policy) => {
             let key = crate::random_buffer(spec.default_key_bits() / 8);
             Some(Arc::new(
-                CryptFlash::new(Arc::clone(&chip), spec, &key, policy, &SectorOptions::default())
-                    .expect("the layer"),
+                CryptFlash::new(
+                    Arc::clone(&chip),
+                    spec,
+                    &key,
+                    policy,
+                    &SectorOptions::default(),
+                )
+                .expect("the layer"),
             ))
         }
     };
@@ -218,7 +229,12 @@ fn round(stack: Stack, request_size: usize, bytes: usize) -> Round {
         })
         .expect("a volume");
     let data = crate::random_buffer(leb);
-    let erases = || sim.erase_counts().iter().map(|&e| u64::from(e)).sum::<u64>();
+    let erases = || {
+        sim.erase_counts()
+            .iter()
+            .map(|&e| u64::from(e))
+            .sum::<u64>()
+    };
     let stats = || crypt.as_ref().map(|c| c.stats()).unwrap_or_default();
     let (erases_before, stats_before) = (erases(), stats());
     counted.reset();
