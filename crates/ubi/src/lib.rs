@@ -16,7 +16,8 @@
 //! - `eba`: LEB read, write, map, unmap, atomic change, move (`eba.c`);
 //! - `vmt`: volume create, remove, resize, rename, update (`vmt.c`, `upd.c`);
 //! - `device`: attaching and reserving PEBs (`build.c`);
-//! - [`flash_image`]: writing a `ubinize` image as `ubiformat -f` does.
+//! - [`flash_image`]: writing a `ubinize` image as `ubiformat -f` does;
+//! - [`block`]: a volume as a `Storage`, for the NBD and FUSE exports.
 //!
 //! Unlike the kernel, work the kernel leaves to a background thread (erasing PEBs given back,
 //! scrubbing, wear-levelling) is done before an operation returns, so an operation that returns
@@ -24,6 +25,7 @@
 //! ([`Ubi::sync`]).
 
 mod attach;
+pub mod block;
 mod device;
 mod eba;
 mod error;

@@ -328,3 +328,54 @@ fn a_free_peb_that_is_not_erased_is_erased_before_use() {
         assert!(&buf == d, "LEB {lnum}");
     }
 }
+
+/// A dynamic volume as a `Storage`: writes at any offset and length, across LEB boundaries,
+/// read back as a plain model says, also after a re-attach; a static volume is read-only and as
+/// long as its data rounded up to a sector.
+#[test]
+fn volumes_as_storage_take_writes_anywhere_and_static_ones_refuse() {
+    use rand::{Rng, SeedableRng};
+    use sectorcrypt_storage::Storage;
+    use sectorcrypt_ubi::block::VolumeStorage;
+    use std::sync::Arc;
+
+    let (chip, flash) = Chip::new(small(40));
+    let ubi = Arc::new(attach(&flash));
+    let d = ubi.create_volume(&dynamic("d", 4)).unwrap();
+    let s = ubi.create_volume(&static_volume("s", 2)).unwrap();
+    let blob = pattern(LEB + 1000, 8);
+    ubi.update_volume(s, &blob).unwrap();
+    let dev = VolumeStorage::open(Arc::clone(&ubi), d, false).unwrap();
+    let size = dev.len().unwrap() as usize;
+    assert_eq!(size, 4 * LEB);
+    let mut model = vec![0xFFu8; size];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    for _ in 0..40 {
+        let len = rng.gen_range(1..3 * LEB / 2);
+        let at = rng.gen_range(0..size - len);
+        let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+        dev.write_at(&data, at as u64).unwrap();
+        model[at..at + len].copy_from_slice(&data);
+    }
+    let mut back = vec![0u8; size];
+    dev.read_at(&mut back, 0).unwrap();
+    assert!(back == model);
+    assert!(
+        dev.write_at(&[0; 2], size as u64 - 1).is_err(),
+        "past the end"
+    );
+    let st = VolumeStorage::open(Arc::clone(&ubi), s, false).unwrap();
+    assert_eq!(st.len().unwrap(), (LEB as u64 + 1000).div_ceil(512) * 512);
+    assert!(!st.is_writable());
+    assert!(st.write_at(&[0; 512], 0).is_err());
+    let mut sbuf = vec![0u8; blob.len()];
+    st.read_at(&mut sbuf, 0).unwrap();
+    assert!(sbuf == blob);
+    dev.sync().unwrap();
+    drop((dev, st, ubi));
+    let ubi = Arc::new(attach(&chip.power_on()));
+    let dev = VolumeStorage::open(ubi, d, true).unwrap();
+    assert!(!dev.is_writable());
+    dev.read_at(&mut back, 0).unwrap();
+    assert!(back == model, "after re-attach");
+}
