@@ -1,7 +1,9 @@
-//! The file system the kernel talks to: a root directory holding the one regular file `volume`,
-//! every request on it answered by the [`Volume`]. The decisions about sizes, ranges and errors
-//! are plain functions below, so that they are tested without a mount.
+//! The file system the kernel talks to: a root directory holding one regular file per
+//! [`MountFile`], every request on a file answered by its own [`Volume`]. The decisions about
+//! names, inodes, sizes, ranges and errors are plain functions and methods below, so that they
+//! are tested without a mount.
 
+use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,60 +18,70 @@ use fuser::{
 use rustix::fs::FallocateFlags;
 use sectorcrypt_volume::{Error as VolumeError, Volume};
 
-/// The inode of `volume`; the root directory is [`INodeNo::ROOT`].
-pub(crate) const FILE: INodeNo = INodeNo(2);
+use crate::{BadName, Error, MountFile};
 
-/// The one name in the root directory.
-pub(crate) const FILE_NAME: &str = "volume";
+/// The inode of the first file; the root directory is [`INodeNo::ROOT`] (1), file `i` is
+/// `FIRST_FILE + i`. Fixed by position, so that nothing needs a table from inode to file.
+const FIRST_FILE: u64 = 2;
+
+/// The longest name a directory entry can hold on Linux (`NAME_MAX`), in bytes.
+pub(crate) const NAME_MAX: usize = 255;
 
 /// How long the kernel may cache names and attributes: nothing changes them behind its back
-/// (the size is fixed and every write comes through this mount).
+/// (the files and their sizes are fixed and every write comes through this mount).
 const TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// The volume behind the mount, and who may see it.
-pub(crate) struct VolumeFs {
+/// The inode of the file at `index` in the order given to `mount`.
+pub(crate) fn file_ino(index: usize) -> INodeNo {
+    INodeNo(FIRST_FILE + index as u64)
+}
+
+/// Refuse what the root directory cannot list: no files at all, or a name that is empty,
+/// longer than [`NAME_MAX`], holds '/' or NUL, is "." or "..", or is taken by an earlier file.
+/// Checked before mounting, since the kernel would only show such a name wrongly or not at all.
+pub(crate) fn check_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<(), Error> {
+    let mut seen = HashSet::new();
+    for name in names {
+        let reason = if name.is_empty() {
+            Some(BadName::Empty)
+        } else if name.len() > NAME_MAX {
+            Some(BadName::TooLong)
+        } else if name.contains('/') {
+            Some(BadName::Slash)
+        } else if name.contains('\0') {
+            Some(BadName::Nul)
+        } else if name == "." || name == ".." {
+            Some(BadName::Dot)
+        } else if !seen.insert(name) {
+            Some(BadName::Duplicate)
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            return Err(Error::FileName {
+                name: name.to_owned(),
+                reason,
+            });
+        }
+    }
+    if seen.is_empty() {
+        return Err(Error::NoFiles);
+    }
+    Ok(())
+}
+
+/// One file of the mount and what it owes the next flush.
+struct File {
+    name: String,
     volume: Arc<Volume>,
-    uid: u32,
-    gid: u32,
-    /// All timestamps: the file has no history of its own to show.
-    mounted_at: SystemTime,
     /// Whether a write completed since the last flush. Set *after* each write, cleared *before*
     /// each flush: a write that completes during a flush leaves it set for the next one, so no
     /// completed write is ever skipped, and a close of an untouched file costs no fdatasync.
+    /// Kept per file, so that closing one file flushes no other file's volume.
     dirty: AtomicBool,
 }
 
-impl VolumeFs {
-    pub(crate) fn new(volume: Arc<Volume>, uid: u32, gid: u32) -> Self {
-        VolumeFs {
-            volume,
-            uid,
-            gid,
-            mounted_at: SystemTime::now(),
-            dirty: AtomicBool::new(false),
-        }
-    }
-
-    fn attr(&self, ino: INodeNo) -> Option<FileAttr> {
-        if ino == INodeNo::ROOT {
-            Some(dir_attr(self.uid, self.gid, self.mounted_at))
-        } else if ino == FILE {
-            Some(file_attr(&self.volume, self.uid, self.gid, self.mounted_at))
-        } else {
-            None
-        }
-    }
-
-    /// EROFS on a read-only volume, else what [`file_only`] says: every request that changes
-    /// the file's contents passes this first.
-    fn writable(&self, ino: INodeNo) -> Result<(), Errno> {
-        file_only(ino)?;
-        if self.volume.is_read_only() {
-            return Err(Errno::EROFS);
-        }
-        Ok(())
-    }
-
+impl File {
     /// `result` of a write to the volume, remembered for the next flush when it succeeded (set
     /// only *after* the write completes, as the `dirty` field requires).
     fn completed_write(&self, result: Result<(), VolumeError>) -> Result<(), Errno> {
@@ -90,12 +102,124 @@ impl VolumeFs {
     }
 }
 
-/// The attributes of `volume`: the payload size, owned by the mounting user, 0600 (0400 when
-/// the volume is read-only).
-pub(crate) fn file_attr(volume: &Volume, uid: u32, gid: u32, time: SystemTime) -> FileAttr {
+/// The files behind the mount, and who may see them.
+pub(crate) struct VolumeFs {
+    /// In the order given: file `i` has inode [`file_ino`]`(i)` and is listed `i`-th.
+    files: Vec<File>,
+    uid: u32,
+    gid: u32,
+    /// All timestamps: the files have no history of their own to show.
+    mounted_at: SystemTime,
+}
+
+impl VolumeFs {
+    /// The file system over `files`, whose names [`check_names`] has accepted.
+    pub(crate) fn new(files: Vec<MountFile>, uid: u32, gid: u32) -> Self {
+        let files = files
+            .into_iter()
+            .map(|f| File {
+                name: f.name,
+                volume: f.volume,
+                dirty: AtomicBool::new(false),
+            })
+            .collect();
+        VolumeFs {
+            files,
+            uid,
+            gid,
+            mounted_at: SystemTime::now(),
+        }
+    }
+
+    /// The file behind `ino`: EISDIR for the root directory, ENOENT for an inode never handed
+    /// out. Every request on a file's contents passes this first.
+    fn file(&self, ino: INodeNo) -> Result<&File, Errno> {
+        if ino == INodeNo::ROOT {
+            return Err(Errno::EISDIR);
+        }
+        ino.0
+            .checked_sub(FIRST_FILE)
+            .and_then(|i| self.files.get(usize::try_from(i).ok()?))
+            .ok_or(Errno::ENOENT)
+    }
+
+    /// What [`file`](Self::file) says, and EROFS for a read-only volume: every request that
+    /// changes a file's contents passes this first. The other files stay writable.
+    fn writable(&self, ino: INodeNo) -> Result<&File, Errno> {
+        let file = self.file(ino)?;
+        if file.volume.is_read_only() {
+            return Err(Errno::EROFS);
+        }
+        Ok(file)
+    }
+
+    /// Nothing unless `ino` is the root directory: ENOTDIR for a file, ENOENT for an inode
+    /// never handed out.
+    fn dir_only(&self, ino: INodeNo) -> Result<(), Errno> {
+        match self.file(ino) {
+            Err(Errno::EISDIR) => Ok(()),
+            Ok(_) => Err(Errno::ENOTDIR),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn attr(&self, ino: INodeNo) -> Result<FileAttr, Errno> {
+        match self.file(ino) {
+            Ok(file) => Ok(file_attr(
+                &file.volume,
+                ino,
+                self.uid,
+                self.gid,
+                self.mounted_at,
+            )),
+            Err(Errno::EISDIR) => Ok(dir_attr(self.uid, self.gid, self.mounted_at)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The attributes of `name` in `parent`. A linear search: a mount holds a handful of files
+    /// (UBI allows 128 volumes), and the kernel caches what it finds for [`TTL`].
+    fn lookup_name(&self, parent: INodeNo, name: &OsStr) -> Result<FileAttr, Errno> {
+        self.dir_only(parent)?;
+        let index = (self.files.iter())
+            .position(|f| OsStr::new(&f.name) == name)
+            .ok_or(Errno::ENOENT)?;
+        self.attr(file_ino(index))
+    }
+
+    /// The root directory's entries in order: ".", ".." and the files as given.
+    fn dir_entries(&self) -> impl Iterator<Item = (INodeNo, FileType, &str)> {
+        let dots = [".", ".."].map(|name| (INodeNo::ROOT, FileType::Directory, name));
+        let files = (self.files.iter().enumerate())
+            .map(|(i, f)| (file_ino(i), FileType::RegularFile, f.name.as_str()));
+        dots.into_iter().chain(files)
+    }
+
+    /// `statfs`'s block size and block count: blocks of the largest preferred I/O size (so
+    /// that `df` never shows a block smaller than a sector of some file), as many as all the
+    /// files fill together.
+    fn statfs_blocks(&self) -> (u32, u64) {
+        let bsize = (self.files.iter())
+            .map(|f| preferred_io(&f.volume))
+            .max()
+            .unwrap_or(4096);
+        let total: u64 = self.files.iter().map(|f| f.volume.size()).sum();
+        (bsize, total / u64::from(bsize))
+    }
+}
+
+/// The attributes of the file `ino` holding `volume`: the payload size, owned by the mounting
+/// user, 0600 (0400 when the volume is read-only).
+pub(crate) fn file_attr(
+    volume: &Volume,
+    ino: INodeNo,
+    uid: u32,
+    gid: u32,
+    time: SystemTime,
+) -> FileAttr {
     let size = volume.size();
     FileAttr {
-        ino: FILE,
+        ino,
         size,
         blocks: size.div_ceil(512),
         atime: time,
@@ -153,15 +277,6 @@ pub(crate) fn errno(e: &VolumeError) -> Errno {
             _ => Errno::EIO,
         },
         _ => Errno::EIO,
-    }
-}
-
-/// EISDIR unless `ino` is the file: the only other inode is the root directory.
-fn file_only(ino: INodeNo) -> Result<(), Errno> {
-    if ino == FILE {
-        Ok(())
-    } else {
-        Err(Errno::EISDIR)
     }
 }
 
@@ -250,29 +365,18 @@ pub(crate) fn check_setattr(
     Ok(())
 }
 
-/// The root directory's entries, each with the offset of the one after it.
-pub(crate) fn dir_entries() -> [(INodeNo, FileType, &'static str); 3] {
-    [
-        (INodeNo::ROOT, FileType::Directory, "."),
-        (INodeNo::ROOT, FileType::Directory, ".."),
-        (FILE, FileType::RegularFile, FILE_NAME),
-    ]
-}
-
 impl Filesystem for VolumeFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        if parent == INodeNo::ROOT && name == FILE_NAME {
-            let attr = file_attr(&self.volume, self.uid, self.gid, self.mounted_at);
-            reply.entry(&TTL, &attr, Generation(0));
-        } else {
-            reply.error(Errno::ENOENT);
+        match self.lookup_name(parent, name) {
+            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+            Err(e) => reply.error(e),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.attr(ino) {
-            Some(attr) => reply.attr(&TTL, &attr),
-            None => reply.error(Errno::ENOENT),
+            Ok(attr) => reply.attr(&TTL, &attr),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -294,25 +398,26 @@ impl Filesystem for VolumeFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let Some(attr) = self.attr(ino) else {
-            return reply.error(Errno::ENOENT);
-        };
-        match check_setattr(&attr, mode, uid, gid, size) {
-            Ok(()) => reply.attr(&TTL, &attr),
+        let checked = self.attr(ino).and_then(|attr| {
+            check_setattr(&attr, mode, uid, gid, size)?;
+            Ok(attr)
+        });
+        match checked {
+            Ok(attr) => reply.attr(&TTL, &attr),
             Err(e) => reply.error(e),
         }
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let allowed = if flags.acc_mode() == OpenAccMode::O_RDONLY {
-            file_only(ino)
+            self.file(ino)
         } else {
             self.writable(ino)
         };
         match allowed {
             // Every change comes through this mount, so what the page cache holds stays true
             // across opens.
-            Ok(()) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
             Err(e) => reply.error(e),
         }
     }
@@ -328,9 +433,9 @@ impl Filesystem for VolumeFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let data = file_only(ino).and_then(|()| {
-            let mut buf = vec![0u8; read_len(offset, size, self.volume.size())];
-            self.volume.read(&mut buf, offset).map_err(|e| errno(&e))?;
+        let data = self.file(ino).and_then(|file| {
+            let mut buf = vec![0u8; read_len(offset, size, file.volume.size())];
+            file.volume.read(&mut buf, offset).map_err(|e| errno(&e))?;
             Ok(buf)
         });
         match data {
@@ -351,9 +456,9 @@ impl Filesystem for VolumeFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let written = self.writable(ino).and_then(|()| {
-            let n = write_len(offset, data.len(), self.volume.size())?;
-            self.completed_write(self.volume.write(&data[..n], offset))?;
+        let written = self.writable(ino).and_then(|file| {
+            let n = write_len(offset, data.len(), file.volume.size())?;
+            file.completed_write(file.volume.write(&data[..n], offset))?;
             Ok(n)
         });
         match written {
@@ -365,23 +470,23 @@ impl Filesystem for VolumeFs {
     fn flush(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.flush_if_dirty());
+        reply_empty(reply, self.file(ino).and_then(File::flush_if_dirty));
     }
 
     fn fsync(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.flush_if_dirty());
+        reply_empty(reply, self.file(ino).and_then(File::flush_if_dirty));
     }
 
     fn fallocate(
@@ -394,9 +499,9 @@ impl Filesystem for VolumeFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let done = self.writable(ino).and_then(|()| {
-            match fallocate_plan(offset, length, mode, self.volume.size())? {
-                Some((offset, len)) => self.completed_write(self.volume.write_zeroes(offset, len)),
+        let done = self.writable(ino).and_then(|file| {
+            match fallocate_plan(offset, length, mode, file.volume.size())? {
+                Some((offset, len)) => file.completed_write(file.volume.write_zeroes(offset, len)),
                 None => Ok(()),
             }
         });
@@ -411,10 +516,11 @@ impl Filesystem for VolumeFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        if ino != INodeNo::ROOT {
-            return reply.error(Errno::ENOTDIR);
+        if let Err(e) = self.dir_only(ino) {
+            return reply.error(e);
         }
-        for (i, (ino, kind, name)) in dir_entries().into_iter().enumerate().skip(offset as usize) {
+        // Each entry's offset is that of the one after it, so a listing resumes where it stopped.
+        for (i, (ino, kind, name)) in self.dir_entries().enumerate().skip(offset as usize) {
             if reply.add(ino, i as u64 + 1, kind, name) {
                 break;
             }
@@ -423,13 +529,13 @@ impl Filesystem for VolumeFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let bsize = preferred_io(&self.volume);
-        let blocks = self.volume.size() / u64::from(bsize);
-        reply.statfs(blocks, 0, 0, 1, 0, bsize, 255, bsize);
+        let (bsize, blocks) = self.statfs_blocks();
+        let files = self.files.len() as u64;
+        reply.statfs(blocks, 0, 0, files, 0, bsize, NAME_MAX as u32, bsize);
     }
 
-    // Nothing can be created, removed or renamed: one file, always there. EPERM says so more
-    // plainly than the ENOSYS these would get by default.
+    // Nothing can be created, removed or renamed: the files are the volumes, always there.
+    // EPERM says so more plainly than the ENOSYS these would get by default.
 
     fn create(
         &self,
@@ -490,36 +596,37 @@ impl Filesystem for VolumeFs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::support::mem_volume;
     use sectorcrypt_storage::MemStorage;
-    use sectorcrypt_volume::{Layout, VolumeOptions};
 
-    fn volume(size: u64, sector_size: usize, read_only: bool) -> Volume {
+    /// A volume of `size` bytes over zeroed memory.
+    fn volume(size: u64, sector_size: usize, read_only: bool) -> Arc<Volume> {
         let storage = Arc::new(MemStorage::new(vec![0; size as usize]));
-        let layout = Layout {
-            offset: 0,
-            size,
-            cipher: "aes-xts-plain64".into(),
-            sector_size,
-            iv_offset: 0,
-        };
-        let opts = VolumeOptions {
-            read_only,
-            ..Default::default()
-        };
-        Volume::with_layout(storage, layout, &[1; 64], &opts).unwrap()
+        mem_volume(&storage, sector_size, read_only)
     }
 
     #[test]
     fn the_file_has_the_volume_size_and_the_mounting_owner() {
         let t = SystemTime::UNIX_EPOCH;
-        let rw = file_attr(&volume(1 << 20, 512, false), 1000, 100, t);
+        let rw = file_attr(&volume(1 << 20, 512, false), INodeNo(2), 1000, 100, t);
         assert_eq!(
             (rw.ino, rw.size, rw.blocks, rw.kind, rw.perm, rw.uid, rw.gid),
-            (FILE, 1 << 20, 2048, FileType::RegularFile, 0o600, 1000, 100)
+            (
+                INodeNo(2),
+                1 << 20,
+                2048,
+                FileType::RegularFile,
+                0o600,
+                1000,
+                100
+            )
         );
         assert_eq!(rw.blksize, 4096);
-        let ro = file_attr(&volume(8192, 4096, true), 0, 0, t);
-        assert_eq!((ro.perm, ro.size, ro.blocks), (0o400, 8192, 16));
+        let ro = file_attr(&volume(8192, 4096, true), INodeNo(7), 0, 0, t);
+        assert_eq!(
+            (ro.ino, ro.perm, ro.size, ro.blocks),
+            (INodeNo(7), 0o400, 8192, 16)
+        );
         let dir = dir_attr(7, 8, t);
         assert_eq!(
             (dir.ino, dir.kind, dir.perm, dir.uid, dir.gid),
@@ -597,7 +704,7 @@ mod tests {
     #[test]
     fn setattr_accepts_only_what_changes_nothing() {
         let t = SystemTime::UNIX_EPOCH;
-        let attr = file_attr(&volume(1 << 20, 512, false), 5, 6, t);
+        let attr = file_attr(&volume(1 << 20, 512, false), INodeNo(2), 5, 6, t);
         assert_eq!(check_setattr(&attr, None, None, None, None), Ok(()));
         assert_eq!(
             check_setattr(&attr, None, None, None, Some(1 << 20)),
@@ -630,10 +737,139 @@ mod tests {
         );
     }
 
+    /// Two files as `flash attach` mounts them: "data", writable, 1 MiB of 512-byte sectors,
+    /// then "rootfs", read-only, 64 KiB of 4096-byte sectors.
+    fn two_files() -> VolumeFs {
+        let files = vec![
+            MountFile {
+                name: "data".into(),
+                volume: volume(1 << 20, 512, false),
+            },
+            MountFile {
+                name: "rootfs".into(),
+                volume: volume(64 << 10, 4096, true),
+            },
+        ];
+        VolumeFs::new(files, 1000, 100)
+    }
+
     #[test]
-    fn the_directory_lists_only_the_volume() {
-        let names: Vec<_> = dir_entries().iter().map(|e| e.2).collect();
-        assert_eq!(names, [".", "..", "volume"]);
-        assert_eq!(dir_entries()[2].0, FILE);
+    fn each_inode_has_the_attributes_of_its_own_volume() {
+        let fs = two_files();
+        let data = fs.attr(file_ino(0)).unwrap();
+        assert_eq!(
+            (data.ino, data.size, data.perm, data.kind),
+            (INodeNo(2), 1 << 20, 0o600, FileType::RegularFile)
+        );
+        let rootfs = fs.attr(file_ino(1)).unwrap();
+        assert_eq!(
+            (rootfs.ino, rootfs.size, rootfs.perm, rootfs.kind),
+            (INodeNo(3), 64 << 10, 0o400, FileType::RegularFile)
+        );
+        let root = fs.attr(INodeNo::ROOT).unwrap();
+        assert_eq!((root.kind, root.perm), (FileType::Directory, 0o555));
+        for missing in [INodeNo(0), INodeNo(4), INodeNo(u64::MAX)] {
+            assert_eq!(fs.attr(missing).err(), Some(Errno::ENOENT), "{missing:?}");
+        }
+    }
+
+    #[test]
+    fn names_are_looked_up_in_the_root_only() {
+        let fs = two_files();
+        let lookup = |parent, name: &str| {
+            fs.lookup_name(parent, OsStr::new(name))
+                .map(|a| (a.ino, a.size))
+        };
+        assert_eq!(lookup(INodeNo::ROOT, "data"), Ok((INodeNo(2), 1 << 20)));
+        assert_eq!(lookup(INodeNo::ROOT, "rootfs"), Ok((INodeNo(3), 64 << 10)));
+        for missing in ["volume", "", "Data", "data/"] {
+            assert_eq!(
+                lookup(INodeNo::ROOT, missing),
+                Err(Errno::ENOENT),
+                "{missing:?}"
+            );
+        }
+        assert_eq!(lookup(file_ino(0), "rootfs"), Err(Errno::ENOTDIR));
+        assert_eq!(lookup(INodeNo(9), "data"), Err(Errno::ENOENT));
+    }
+
+    #[test]
+    fn the_directory_lists_the_files_in_the_order_given() {
+        let fs = two_files();
+        let entries: Vec<_> = fs.dir_entries().collect();
+        assert_eq!(
+            entries,
+            [
+                (INodeNo::ROOT, FileType::Directory, "."),
+                (INodeNo::ROOT, FileType::Directory, ".."),
+                (INodeNo(2), FileType::RegularFile, "data"),
+                (INodeNo(3), FileType::RegularFile, "rootfs"),
+            ]
+        );
+        assert_eq!(fs.dir_only(INodeNo::ROOT), Ok(()));
+        assert_eq!(fs.dir_only(file_ino(1)), Err(Errno::ENOTDIR));
+        assert_eq!(fs.dir_only(INodeNo(4)), Err(Errno::ENOENT));
+        // Blocks of the largest preferred size, as many as both files fill.
+        assert_eq!(fs.statfs_blocks(), (4096, ((1 << 20) + (64 << 10)) / 4096));
+    }
+
+    #[test]
+    fn only_the_read_only_file_refuses_writes() {
+        let fs = two_files();
+        assert!(fs.writable(file_ino(0)).is_ok());
+        assert_eq!(fs.writable(file_ino(1)).err(), Some(Errno::EROFS));
+        // Reading the read-only one is fine.
+        assert!(fs.file(file_ino(1)).is_ok());
+        assert_eq!(fs.file(INodeNo::ROOT).err(), Some(Errno::EISDIR));
+        assert_eq!(fs.writable(INodeNo::ROOT).err(), Some(Errno::EISDIR));
+        assert_eq!(fs.writable(INodeNo(4)).err(), Some(Errno::ENOENT));
+    }
+
+    #[test]
+    fn a_write_leaves_only_its_own_file_to_flush() {
+        let fs = two_files();
+        let dirty = |i: usize| fs.files[i].dirty.load(Ordering::Acquire);
+        let data = fs.writable(file_ino(0)).unwrap();
+        data.completed_write(data.volume.write(b"hello", 4000))
+            .unwrap();
+        assert_eq!((dirty(0), dirty(1)), (true, false));
+        let mut back = [0u8; 5];
+        data.volume.read(&mut back, 4000).unwrap();
+        assert_eq!(&back, b"hello");
+        // The other file's volume is untouched (its storage started zeroed).
+        let rootfs = fs.file(file_ino(1)).unwrap();
+        let mut other = [1u8; 5];
+        rootfs.volume.read(&mut other, 4000).unwrap();
+        assert_ne!(other, back);
+        data.flush_if_dirty().unwrap();
+        assert!(!dirty(0));
+        // A failed write leaves nothing to flush.
+        let refused = rootfs.completed_write(rootfs.volume.write(b"x", 0));
+        assert_eq!((refused, dirty(1)), (Err(Errno::EROFS), false));
+    }
+
+    #[test]
+    fn names_are_checked_before_mounting() {
+        let long = "x".repeat(NAME_MAX);
+        assert!(check_names(["data", "rootfs", "...", ".hidden", "a b", &long]).is_ok());
+        assert!(matches!(check_names([]), Err(Error::NoFiles)));
+        let too_long = "x".repeat(NAME_MAX + 1);
+        let cases: [(&[&str], &str, BadName); 7] = [
+            (&["ok", ""], "", BadName::Empty),
+            (&[&too_long], &too_long, BadName::TooLong),
+            (&["a/b"], "a/b", BadName::Slash),
+            (&["a\0b"], "a\0b", BadName::Nul),
+            (&["."], ".", BadName::Dot),
+            (&[".."], "..", BadName::Dot),
+            (&["a", "b", "a"], "a", BadName::Duplicate),
+        ];
+        for (names, bad, want) in cases {
+            match check_names(names.iter().copied()) {
+                Err(Error::FileName { name, reason }) => {
+                    assert_eq!((name.as_str(), reason), (bad, want), "{names:?}")
+                }
+                other => panic!("{names:?}: {other:?}"),
+            }
+        }
     }
 }

@@ -1,23 +1,31 @@
-//! An unlocked volume as a regular file, through FUSE: `MOUNTPOINT/volume`, readable and
-//! writable with ordinary file I/O, so that `mkfs.ext4`, `losetup`, `fuse2fs` or a plain `dd`
-//! work on the decrypted data without device-mapper or any kernel module beyond `fuse`.
+//! Unlocked volumes as regular files, through FUSE: each [`MountFile`] becomes
+//! `MOUNTPOINT/<name>`, readable and writable with ordinary file I/O, so that `mkfs.ext4`,
+//! `losetup`, `fuse2fs` or a plain `dd` work on the decrypted data without device-mapper or any
+//! kernel module beyond `fuse`. `sectorcrypt mount` shows its one volume as `volume`;
+//! `sectorcrypt flash attach` shows every UBI volume under its own name, in one mount, so that
+//! they share one FUSE session, one set of threads and one unmount.
 //!
 //! # The file system
 //!
-//! One directory (inode 1, mode 0555) with one file, `volume` (inode 2): its size is the
-//! volume's payload size and never changes, its mode 0600 (0400 when the volume is read-only),
-//! its owner the user who mounted it. Reads and writes go to [`Volume::read`] and
+//! One directory (inode 1, mode 0555) listing the files in the order given (file `i` is inode
+//! `2 + i`). Names are checked before mounting: at least one file, each name non-empty, at most
+//! 255 bytes, without '/' or NUL, not "." or "..", and unique ([`Error::FileName`] names the
+//! first that is not). Each file answers from its own volume alone: its size is that volume's
+//! payload size and never changes, its mode 0600 (0400 when the volume is read-only), its
+//! owner the user who mounted it. Reads and writes go to [`Volume::read`] and
 //! [`Volume::write`] at any byte offset and length (the volume does the read-modify-write of
 //! partial sectors); reads at or past the end return short, as for any file, and writes past it
-//! fail with ENOSPC. `fsync` and `close` (FUSE `flush`) make completed writes durable with
-//! [`Volume::flush`]. Truncation to another size, chmod and chown fail with EPERM; `fallocate`
-//! can zero a range but not punch a hole (see `fs::fallocate_plan` for why). Writes to a
-//! read-only volume fail with EROFS, and the mount itself is read-only then.
+//! fail with ENOSPC. `fsync` and `close` (FUSE `flush`) make completed writes to that file
+//! durable with [`Volume::flush`], and only when it was written since its last flush. Truncation
+//! to another size, chmod and chown fail with EPERM; `fallocate` can zero a range but not punch
+//! a hole (see `fs::fallocate_plan` for why). Writes to a file whose volume is read-only fail
+//! with EROFS while the other files stay writable; the mount itself is read-only when every
+//! volume is.
 //!
 //! # Caching
 //!
 //! The kernel's page cache stays on (no `direct_io`): small and repeated reads, `mmap` and the
-//! loop driver's buffered I/O all want it, and it is coherent because every change to the file
+//! loop driver's buffered I/O all want it, and it is coherent because every change to a file
 //! comes through this one mount. Writes are write-through (no `writeback_cache`): a `write(2)`
 //! returns only once the volume has encrypted the data and written it to its storage, so nothing
 //! is left dirty in the kernel when the mount goes away, and `fsync` has only the storage to
@@ -32,14 +40,17 @@
 //! point), catches SIGINT and SIGTERM, mounts and answers requests on background threads.
 //! [`MountSession::wait`] returns when the file system is unmounted from outside
 //! (`fusermount3 -u`, `umount`) or a signal arrives; [`MountSession::unmount`] then unmounts,
-//! and [`MountSession::close`] waits for the kernel to let go and flushes the volume (there
-//! rather than in FUSE's `destroy`, which has no way to report a failure). A mount still in use
-//! (a loop device on `volume`, an open file) is detached instead, as `umount -l` does: it
-//! disappears from the tree at once and is served until its last user closes it, so that no
-//! write in flight is lost.
+//! and [`MountSession::close`] waits for the kernel to let go and flushes every file's volume
+//! (there rather than in FUSE's `destroy`, which has no way to report a failure). A mount still
+//! in use (a loop device on one of its files, an open file) is detached instead, as `umount -l`
+//! does: it disappears from the tree at once and is served until its last user closes it, so
+//! that no write in flight is lost.
 
 mod fs;
 mod mountpoint;
+#[cfg(test)]
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 use std::fmt;
 use std::io;
@@ -57,8 +68,14 @@ use signal_hook::iterator::{Handle, Signals};
 
 pub use crate::mountpoint::check_mountpoint;
 
-/// The name of the file that holds the volume, in the root of the mount.
-pub const FILE_NAME: &str = fs::FILE_NAME;
+/// One regular file of a mount: its name in the root directory and the volume behind it.
+#[derive(Clone, Debug)]
+pub struct MountFile {
+    /// The file's name: non-empty, at most 255 bytes, no '/' or NUL, not "." or "..".
+    pub name: String,
+    /// What the file reads and writes; its size and read-only state are the file's.
+    pub volume: Arc<Volume>,
+}
 
 /// Why a mount point cannot be used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +98,37 @@ impl fmt::Display for Busy {
             Busy::NotEmpty => "the directory is not empty",
             Busy::Mounted => "something is already mounted there",
             Busy::Stale => "a file system whose process has gone is still mounted there (fusermount3 -u clears it)",
+        })
+    }
+}
+
+/// Why a file name cannot be used in the root directory of a mount.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BadName {
+    /// The name is empty.
+    Empty,
+    /// The name is longer than 255 bytes (Linux's `NAME_MAX`).
+    TooLong,
+    /// The name holds a '/'.
+    Slash,
+    /// The name holds a NUL byte.
+    Nul,
+    /// The name is "." or "..".
+    Dot,
+    /// An earlier file has the same name.
+    Duplicate,
+}
+
+impl fmt::Display for BadName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BadName::Empty => "a file name cannot be empty",
+            BadName::TooLong => "a file name can have at most 255 bytes",
+            BadName::Slash => "a file name cannot contain '/'",
+            BadName::Nul => "a file name cannot contain a NUL byte",
+            BadName::Dot => "\".\" and \"..\" name directories",
+            BadName::Duplicate => "another file has the same name",
         })
     }
 }
@@ -125,6 +173,15 @@ pub enum Error {
     Session(io::Error),
     /// The final flush failed: what was written may not be durable.
     Flush(sectorcrypt_volume::Error),
+    /// [`mount`] was given no files.
+    NoFiles,
+    /// A file cannot have this name in the root directory.
+    FileName {
+        /// The name as given.
+        name: String,
+        /// What is wrong with it.
+        reason: BadName,
+    },
 }
 
 impl fmt::Display for Error {
@@ -148,6 +205,11 @@ impl fmt::Display for Error {
             }
             Error::Session(e) => write!(f, "the FUSE session failed: {e}"),
             Error::Flush(e) => write!(f, "cannot flush the volume: {e}"),
+            Error::NoFiles => f.write_str("nothing to mount: no files were given"),
+            // Debug quoting, so that an empty name, a NUL or a newline shows on one line.
+            Error::FileName { name, reason } => {
+                write!(f, "cannot mount a file named {name:?}: {reason}")
+            }
         }
     }
 }
@@ -202,13 +264,14 @@ enum Event {
     Signal(i32),
 }
 
-/// A mounted volume.
+/// A mounted set of files.
 ///
 /// Call [`close`](MountSession::close) before dropping it: that waits for the kernel to let
-/// go of the file system and flushes the volume.
+/// go of the file system and flushes every file's volume.
 pub struct MountSession {
     mountpoint: PathBuf,
-    volume: Arc<Volume>,
+    /// Every file's volume, in order, for the final flush.
+    volumes: Vec<Arc<Volume>>,
     events: Receiver<Event>,
     /// The session's result, once it has ended.
     ended: Option<io::Result<()>>,
@@ -217,23 +280,28 @@ pub struct MountSession {
     listener: JoinHandle<()>,
 }
 
-/// Mount `volume` as `mountpoint/volume` and serve it on background threads.
+/// Mount `files` as regular files in `mountpoint` (the root directory lists them in this
+/// order) and serve them on background threads.
 ///
-/// SIGINT and SIGTERM no longer end the process from here on: they are reported by
-/// [`MountSession::wait`] (registered before mounting, so that a signal cannot end the process
-/// while the file system is mounted).
+/// The names are checked first ([`Error::NoFiles`], [`Error::FileName`]), then the mount point
+/// ([`check_mountpoint`]). SIGINT and SIGTERM no longer end the process from here on: they are
+/// reported by [`MountSession::wait`] (registered before mounting, so that a signal cannot end
+/// the process while the file system is mounted).
 pub fn mount(
-    volume: Arc<Volume>,
+    files: Vec<MountFile>,
     mountpoint: &Path,
     options: &MountOptions,
 ) -> Result<MountSession, Error> {
+    fs::check_names(files.iter().map(|f| f.name.as_str()))?;
     let mountpoint = check_mountpoint(mountpoint)?;
     let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(Error::Setup)?;
     let handle = signals.handle();
     let uid = rustix::process::getuid().as_raw();
     let gid = rustix::process::getgid().as_raw();
-    let fs = fs::VolumeFs::new(Arc::clone(&volume), uid, gid);
-    let session = Session::new(fs, &mountpoint, &config(&volume, options)).map_err(|source| {
+    let volumes: Vec<_> = files.iter().map(|f| Arc::clone(&f.volume)).collect();
+    let read_only = volumes.iter().all(|v| v.is_read_only());
+    let fs = fs::VolumeFs::new(files, uid, gid);
+    let session = Session::new(fs, &mountpoint, &config(read_only, options)).map_err(|source| {
         Error::Mount {
             path: mountpoint.clone(),
             source,
@@ -268,7 +336,7 @@ pub fn mount(
     };
     Ok(MountSession {
         mountpoint,
-        volume,
+        volumes,
         events,
         ended: None,
         session,
@@ -277,8 +345,10 @@ pub fn mount(
     })
 }
 
-/// The session configuration: mount options and threads.
-fn config(volume: &Volume, options: &MountOptions) -> Config {
+/// The session configuration: mount options and threads. The mount is read-only when every
+/// volume is (`read_only`): then the kernel refuses writes before they reach us; otherwise
+/// each read-only file refuses them itself with EROFS.
+fn config(read_only: bool, options: &MountOptions) -> Config {
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::FSName("sectorcrypt".into()),
@@ -287,7 +357,7 @@ fn config(volume: &Volume, options: &MountOptions) -> Config {
         MountOption::DefaultPermissions,
         MountOption::NoSuid,
         MountOption::NoDev,
-        if volume.is_read_only() {
+        if read_only {
             MountOption::RO
         } else {
             MountOption::RW
@@ -340,7 +410,8 @@ impl MountSession {
 
     /// Wait until the kernel has let go of the file system (after [`wait`](Self::wait)
     /// returned [`Stop::Unmounted`] or after [`unmount`](Self::unmount); signals meanwhile are
-    /// ignored), then flush the volume.
+    /// ignored), then flush every file's volume (all of them, even after a failure, so that
+    /// one broken volume costs no other its writes; the first failure is returned).
     pub fn close(mut self) -> Result<(), Error> {
         let ended = loop {
             if let Some(ended) = self.ended.take() {
@@ -352,7 +423,11 @@ impl MountSession {
         let _ = self.listener.join();
         let _ = self.session.join();
         // Flush even when serving failed: whatever was written should be kept.
-        let flushed = self.volume.flush().map_err(Error::Flush);
+        // Every volume is flushed (fold runs them all); `and` keeps the first failure.
+        let flushed = (self.volumes.iter())
+            .map(|v| v.flush())
+            .fold(Ok(()), Result::and)
+            .map_err(Error::Flush);
         match ended {
             // The kernel ended the connection (seen at the end of a detached mount's last
             // user as ECONNABORTED rather than ENODEV): nothing was left to serve.
@@ -413,7 +488,15 @@ mod tests {
         );
         let missing = Error::NoMountpoint("/nope".into());
         assert_eq!(missing.to_string(), "mount point /nope does not exist");
-        for e in [busy, missing] {
+        let name = Error::FileName {
+            name: "a\nb/c".into(),
+            reason: BadName::Slash,
+        };
+        assert_eq!(
+            name.to_string(),
+            r#"cannot mount a file named "a\nb/c": a file name cannot contain '/'"#
+        );
+        for e in [busy, missing, name, Error::NoFiles] {
             assert!(!e.to_string().contains('\n'));
         }
     }

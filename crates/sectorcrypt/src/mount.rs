@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use sectorcrypt_fuse::{Error as FuseError, MountOptions, Stop, Unmounted};
+use sectorcrypt_fuse::{Error as FuseError, MountFile, MountOptions, Stop, Unmounted};
 
 use crate::exit::{CliError, Code};
 use crate::open::VolumeArgs;
@@ -30,8 +30,12 @@ pub(crate) fn run(args: MountArgs) -> Result<(), CliError> {
     let options = MountOptions {
         threads: args.volume.threads(),
     };
+    let files = vec![MountFile {
+        name: "volume".into(),
+        volume,
+    }];
     let mut session =
-        sectorcrypt_fuse::mount(volume, &args.mountpoint, &options).map_err(fuse_error)?;
+        sectorcrypt_fuse::mount(files, &args.mountpoint, &options).map_err(fuse_error)?;
     loop {
         match session.wait() {
             Stop::Unmounted => break,
@@ -54,7 +58,7 @@ pub(crate) fn run(args: MountArgs) -> Result<(), CliError> {
 }
 
 /// CLI.md's exit codes: a missing mount point is a wrong device (4), one in use is busy (5).
-fn fuse_error(e: FuseError) -> CliError {
+pub(crate) fn fuse_error(e: FuseError) -> CliError {
     let code = match &e {
         FuseError::NoMountpoint(_) => Code::Device,
         FuseError::MountpointBusy { .. } => Code::Busy,
