@@ -48,6 +48,9 @@ pub(crate) enum Command {
     /// Write the decrypted flash, as UBI sees it, to a raw dump (nanddump layout, data only) for
     /// ubi_reader, nandwrite or a kernel.
     Export(ExportArgs),
+    /// Unlock, attach UBI and expose every volume as a file under MOUNTPOINT (FUSE) and/or an
+    /// NBD export on DIR/<name>.sock, until unmounted or SIGINT/SIGTERM.
+    Attach(Box<crate::attach::AttachArgs>),
     /// Measure UBI's LEB write and read throughput on a simulated chip in memory, with and
     /// without the encryption layer, by request size.
     Benchmark(BenchArgs),
@@ -65,6 +68,7 @@ pub(crate) fn run(command: Command) -> Result<(), CliError> {
         Command::Import(args) => import(args),
         Command::Export(args) => export(args),
         Command::Benchmark(args) => benchmark(args),
+        Command::Attach(args) => crate::attach::run(*args),
     }
 }
 
@@ -256,7 +260,7 @@ pub(crate) struct OpenArgs {
 }
 
 impl OpenArgs {
-    fn unlock(&self, read_only: bool) -> Result<(Chip, EncryptedFlash), CliError> {
+    pub(crate) fn unlock(&self, read_only: bool) -> Result<(Chip, EncryptedFlash), CliError> {
         let chip = require_chip(&self.device, read_only)?;
         let header = sectorcrypt_flashvol::read_header(chip.flash())?;
         let pass = self

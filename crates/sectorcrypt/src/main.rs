@@ -1,6 +1,7 @@
 //! `sectorcrypt`: the command line. It parses arguments, calls the library crates and maps their
 //! errors to cryptsetup's exit codes (`../shared/design/CLI.md`); nothing else lives here.
 
+mod attach;
 mod benchmark;
 mod chip;
 mod convert;

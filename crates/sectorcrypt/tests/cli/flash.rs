@@ -397,3 +397,119 @@ fn the_flash_benchmark_reports_every_stack_and_the_thesis_cost() {
     assert_eq!(lines[2]["erases_per_peb"], 64.0);
     sc_exits(&["flash", "benchmark", "--request-size", "1000"], 1);
 }
+
+/// `flash attach`: a squashfs in a static volume read through FUSE (`unsquashfs`) and NBD
+/// (`nbdcopy`), read-only; a dynamic volume written through NBD and through its file reads back
+/// after detach (SIGTERM, exit 0) and re-attach.
+#[test]
+fn attach_exposes_every_volume_through_fuse_and_nbd() {
+    use crate::fuse::{mountpoint, Mounted};
+    let dir = scratch("cli-flash-attach");
+    let (img, key) = new_flash(&dir, &[]);
+    let tree = dir.join("tree");
+    std::fs::create_dir_all(tree.join("etc")).unwrap();
+    std::fs::write(tree.join("etc/motd"), b"hello from a static volume\n").unwrap();
+    let sqfs = dir.join("root.sqfs");
+    let _ = std::fs::remove_file(&sqfs);
+    ok(
+        run(Command::new("mksquashfs").args([p(&tree), p(&sqfs), "-noappend", "-quiet"])),
+        "mksquashfs",
+    );
+    let k = |args: &[&str]| ok(sc(&keyed(&key, args)), "flash command");
+    k(&[
+        "flash",
+        "mkvol",
+        p(&img),
+        "-N",
+        "rootfs",
+        "-S",
+        "2",
+        "-t",
+        "static",
+    ]);
+    k(&["flash", "update", p(&img), "-N", "rootfs", p(&sqfs)]);
+    k(&["flash", "mkvol", p(&img), "-N", "data", "-S", "4"]);
+    let mnt = mountpoint(&dir, "mnt");
+    let sockets = dir.join("sockets");
+    std::fs::create_dir_all(&sockets).unwrap();
+    let attach = keyed(
+        &key,
+        &[
+            "flash",
+            "attach",
+            p(&img),
+            p(&mnt),
+            "--socket-dir",
+            p(&sockets),
+        ],
+    );
+    let mut m = Mounted::spawn(&attach, &mnt);
+    // FUSE: the static volume is the squashfs (rounded up to a sector), read-only.
+    let root = std::fs::read(mnt.join("rootfs")).unwrap();
+    let sq = std::fs::read(&sqfs).unwrap();
+    assert!(root[..sq.len()] == sq[..] && root.len() == sq.len().div_ceil(512) * 512);
+    let listing = ok(
+        run(Command::new("unsquashfs").args(["-l", p(&mnt.join("rootfs"))])),
+        "unsquashfs",
+    );
+    assert!(String::from_utf8_lossy(&listing.stdout).contains("etc/motd"));
+    assert!(std::fs::OpenOptions::new()
+        .write(true)
+        .open(mnt.join("rootfs"))
+        .is_err());
+    // NBD: the same bytes through nbdcopy, and a write into the dynamic volume.
+    let uri = |name: &str| {
+        format!(
+            "nbd+unix:///{name}?socket={}",
+            p(&sockets.join(format!("{name}.sock")))
+        )
+    };
+    let via_nbd = dir.join("rootfs.nbd");
+    ok(
+        run(Command::new("nbdcopy").args([&uri("rootfs"), p(&via_nbd)])),
+        "nbdcopy out",
+    );
+    assert!(std::fs::read(&via_nbd).unwrap() == root);
+    let data = sectorcrypt_testkit::pattern(300 * 1024, 9);
+    let input = dir.join("data.in");
+    std::fs::write(&input, &data).unwrap();
+    ok(
+        run(Command::new("nbdcopy").args([p(&input), &uri("data")])),
+        "nbdcopy in",
+    );
+    // And through the file, at an offset past the NBD write.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(mnt.join("data"))
+            .unwrap();
+        f.write_all_at(b"written through FUSE", 400_000).unwrap();
+        f.sync_all().unwrap();
+    }
+    m.signal("TERM");
+    assert_eq!(m.exit_status().code(), Some(0), "{}", m.stderr());
+    let back = dir.join("data.back");
+    k(&["flash", "read", p(&img), "-N", "data", p(&back)]);
+    let back = std::fs::read(&back).unwrap();
+    assert!(
+        back[..data.len()] == data[..],
+        "the NBD write, after detach"
+    );
+    assert_eq!(&back[400_000..400_020], b"written through FUSE");
+    // Refusals: a mount point or a socket directory is needed; a missing one is exit 4.
+    sc_exits(&keyed(&key, &["flash", "attach", p(&img)]), 1);
+    sc_exits(
+        &keyed(
+            &key,
+            &[
+                "flash",
+                "attach",
+                p(&img),
+                "--socket-dir",
+                p(&dir.join("nowhere")),
+            ],
+        ),
+        4,
+    );
+}

@@ -68,7 +68,7 @@ fn segment(img: &Path) -> (u64, usize) {
 }
 
 /// An empty directory to mount on, canonical (as /proc/self/mountinfo shows it).
-fn mountpoint(dir: &Path, name: &str) -> PathBuf {
+pub(crate) fn mountpoint(dir: &Path, name: &str) -> PathBuf {
     let mp = dir.join(name);
     fs::create_dir_all(&mp).unwrap();
     fs::canonicalize(&mp).unwrap()
@@ -108,7 +108,7 @@ fn sc_bounded(args: &[&str]) -> Output {
 
 /// A running `sectorcrypt mount`. Dropping it while it runs (a failed test) detaches the mount
 /// and kills the process.
-struct Mounted {
+pub(crate) struct Mounted {
     child: Child,
     mountpoint: PathBuf,
     log: PathBuf,
@@ -117,10 +117,16 @@ struct Mounted {
 impl Mounted {
     /// Start `sectorcrypt mount IMG MOUNTPOINT --key-file KEY EXTRA` and wait for the mount.
     fn start(img: &Path, key: &Path, mountpoint: &Path, extra: &[&str]) -> Mounted {
+        let mut args = vec!["mount", p(img), p(mountpoint), "--key-file", p(key)];
+        args.extend_from_slice(extra);
+        Mounted::spawn(&args, mountpoint)
+    }
+
+    /// Start `sectorcrypt ARGS`, which mounts on `mountpoint`, and wait for the mount.
+    pub(crate) fn spawn(args: &[&str], mountpoint: &Path) -> Mounted {
         let log = mountpoint.with_extension("stderr");
         let child = Command::new(env!("CARGO_BIN_EXE_sectorcrypt"))
-            .args(["mount", p(img), p(mountpoint), "--key-file", p(key)])
-            .args(extra)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(File::create(&log).unwrap())
@@ -146,11 +152,11 @@ impl Mounted {
         self.mountpoint.join("volume")
     }
 
-    fn stderr(&self) -> String {
+    pub(crate) fn stderr(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn signal(&self, name: &str) {
+    pub(crate) fn signal(&self, name: &str) {
         let pid = self.child.id().to_string();
         ok(run(Command::new("kill").args(["-s", name, &pid])), "kill");
     }
@@ -160,7 +166,7 @@ impl Mounted {
     }
 
     /// Wait for the process to exit and return how it did.
-    fn exit_status(&mut self) -> ExitStatus {
+    pub(crate) fn exit_status(&mut self) -> ExitStatus {
         let deadline = Instant::now() + PATIENCE;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
