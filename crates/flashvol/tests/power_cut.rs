@@ -201,3 +201,56 @@ fn wear_levelling_moves_through_the_layer_keep_static_data_whole() {
     );
     assert!(cuts >= 300, "{cuts} cut points");
 }
+
+/// `format` cut at any chip operation: the chip is then either not an encrypted flash yet (and a
+/// new format succeeds) or one whose header opens and whose UBI attaches empty (the next attach
+/// formats what the cut left), never something that refuses both.
+#[test]
+fn a_format_cut_anywhere_leaves_a_chip_that_formats_or_attaches() {
+    let g = geometry(64);
+    let len = SimNand::image_len(&g);
+    let new = NewFlash {
+        luks: FormatOptions {
+            version: 2,
+            key_bits: Some(256),
+            pbkdf: PbkdfOptions {
+                kind: Some(PbkdfChoice::Pbkdf2),
+                force_iterations: Some(1000),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        policy: Policy::Thesis,
+        keyslots: None,
+    };
+    let (mut encrypted, mut not_yet) = (0, 0);
+    for n in 1.. {
+        let mem = Arc::new(MemStorage::new(vec![0; len as usize]));
+        let open = || Arc::new(SimNand::open(Window::new(Arc::clone(&mem), 0, len)).unwrap());
+        let sim = Arc::new(SimNand::create(Window::new(Arc::clone(&mem), 0, len), g, &[]).unwrap());
+        sim.cut_power_at(Some(n));
+        let result = format(sim.clone() as Arc<dyn Flash>, &new, PASS);
+        if !sim.is_off() {
+            result.unwrap();
+            break;
+        }
+        match unlock(open(), PASS, None) {
+            Ok(opened) => {
+                let ubi = opened
+                    .attach(&AttachOptions::default())
+                    .unwrap_or_else(|e| panic!("cut {n}: UBI refused: {e}"));
+                assert!(ubi.info().volumes.is_empty());
+                encrypted += 1;
+            }
+            Err(_) => {
+                format(open() as Arc<dyn Flash>, &new, PASS)
+                    .unwrap_or_else(|e| panic!("cut {n}: format again refused: {e}"));
+                not_yet += 1;
+            }
+        }
+    }
+    assert!(
+        encrypted > 10 && not_yet > 10,
+        "{encrypted} and {not_yet} cut points"
+    );
+}
