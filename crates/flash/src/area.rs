@@ -128,15 +128,13 @@ impl BlockArea {
         Ok(true)
     }
 
-    /// Erase `peb` and program `contents`, leaving out trailing erased pages as a flasher does.
     fn put(&self, peb: u32, contents: &[u8]) -> Result<(), Error> {
-        let page = self.flash.geometry().page_size as usize;
-        self.flash.erase(peb)?;
-        let used = contents
-            .chunks(page)
-            .rposition(|p| p.iter().any(|&b| b != 0xFF))
-            .map_or(0, |last| (last + 1) * page);
-        self.flash.program(peb, 0, &contents[..used])
+        put_block(self.flash.as_ref(), peb, contents)
+    }
+
+    /// The journal's two eraseblocks: (copy, record).
+    pub fn journal(&self) -> (u32, u32) {
+        (self.copy, self.record)
     }
 
     fn rewrite(&self, index: usize, contents: &[u8], seq: &mut u64) -> Result<(), Error> {
@@ -167,6 +165,18 @@ impl BlockArea {
         }
         Ok(())
     }
+}
+
+/// Erase `peb` and program `contents` (a whole block), leaving out trailing erased pages as a
+/// flasher does.
+pub fn put_block(flash: &dyn Flash, peb: u32, contents: &[u8]) -> Result<(), Error> {
+    let page = flash.geometry().page_size as usize;
+    flash.erase(peb)?;
+    let used = contents
+        .chunks(page)
+        .rposition(|p| p.iter().any(|&b| b != 0xFF))
+        .map_or(0, |last| (last + 1) * page);
+    flash.program(peb, 0, &contents[..used])
 }
 
 /// The first `n` good eraseblocks from `first` on.

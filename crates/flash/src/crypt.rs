@@ -271,6 +271,24 @@ impl CryptFlash {
         Ok(())
     }
 
+    /// Erase `peb` and store `plain`, the block's whole contents, as the policy says (what an
+    /// in-place conversion writes: one erase, one program, whatever the contents).
+    ///
+    /// Errors: [`Error::OutOfRange`] for a `plain` that is not one block; the chip's errors.
+    pub fn store(&self, peb: u32, plain: Vec<u8>) -> Result<(), Error> {
+        self.geometry.check_range(peb, 0, plain.len())?;
+        if plain.len() != self.geometry.peb_size as usize {
+            return Err(Error::OutOfRange(format!(
+                "{} bytes are not one {}-byte eraseblock",
+                plain.len(),
+                self.geometry.peb_size
+            )));
+        }
+        let _guard = self.lock(peb);
+        add(&self.counters.erases, 1);
+        self.store_block(peb, plain)
+    }
+
     /// Erase `peb` and store `plain` (the whole block) as the policy says.
     fn store_block(&self, peb: u32, mut plain: Vec<u8>) -> Result<(), Error> {
         self.chip_erase(peb)?;

@@ -22,6 +22,8 @@ pub enum Error {
     Cipher(sectorcrypt_cipher::Error),
     /// The header area failed.
     Storage(std::io::Error),
+    /// An in-place conversion is in progress: the flash is usable again once it ends.
+    Converting(crate::convert::Stage),
 }
 
 impl fmt::Display for Error {
@@ -34,6 +36,13 @@ impl fmt::Display for Error {
             Error::Ubi(e) => write!(f, "UBI: {e}"),
             Error::Cipher(e) => write!(f, "{e}"),
             Error::Storage(e) => write!(f, "header area: {e}"),
+            Error::Converting(stage) => write!(
+                f,
+                "an in-place conversion of this flash is in progress ({}): run '{}' again to \
+                 finish it",
+                stage.name(),
+                stage.resume_command()
+            ),
         }
     }
 }

@@ -27,6 +27,7 @@
 //! offset counts eraseblocks, bad ones included: UBI's PEB numbers, and so the IVs, are those of
 //! the chip after the area.
 
+pub mod convert;
 mod error;
 
 use std::sync::Arc;
@@ -75,6 +76,8 @@ pub struct NewFlash {
 pub struct FlashParams {
     /// How erased space is stored.
     pub policy: Policy,
+    /// An in-place conversion in progress ([`convert`]): the flash cannot be used until it ends.
+    pub conversion: Option<convert::Stage>,
     /// Eraseblocks of the header area (good ones; the journal's two not counted).
     pub header_blocks: u32,
     /// The first eraseblock of UBI.
@@ -96,6 +99,7 @@ impl FlashParams {
             "page_size": g.page_size,
             "sub_page_size": g.sub_page_size,
             "peb_count": g.peb_count,
+            "conversion": self.conversion.map(convert::Stage::name),
         })
     }
 
@@ -131,8 +135,17 @@ impl FlashParams {
                 made_for.0, made_for.1, made_for.2, made_for.3, have.0, have.1, have.2, have.3
             )));
         }
+        let conversion = match t.get("conversion") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(
+                v.as_str()
+                    .and_then(convert::Stage::from_name)
+                    .ok_or_else(|| bad("names no known conversion"))?,
+            ),
+        };
         Ok(FlashParams {
             policy,
+            conversion,
             header_blocks: num("header_blocks")?,
             data_first: num("data_first_block")?,
             geometry: chip,
@@ -254,6 +267,9 @@ pub fn unlock(
     keyslot: Option<usize>,
 ) -> Result<EncryptedFlash, Error> {
     let header = read_header(Arc::clone(&flash))?;
+    if let Some(d) = header.params.conversion {
+        return Err(Error::Converting(d));
+    }
     let unlocked = header.header.unlock(&header.area, passphrase, keyslot)?;
     let crypt = layer(&flash, &header, &unlocked.volume_key)?;
     Ok(EncryptedFlash {
@@ -298,60 +314,9 @@ pub fn format(
     new: &NewFlash,
     passphrase: &[u8],
 ) -> Result<EncryptedFlash, Error> {
-    let g = flash.geometry();
-    let fixed = [
-        (new.luks.version != 2, "LUKS1"),
-        (new.luks.metadata_size.is_some(), "a metadata size"),
-        (new.luks.keyslots_size.is_some(), "a keyslots area size"),
-        (new.luks.sector_size.is_some(), "a sector size"),
-        (new.luks.data_offset.is_some(), "a data offset"),
-    ];
-    if let Some((_, what)) = fixed.iter().find(|(given, _)| *given) {
-        return Err(Error::Unsupported(format!(
-            "{what}: an encrypted flash's header is LUKS2 with sizes set by the chip"
-        )));
-    }
-    new.luks.check()?;
-    let key_len = new.luks.key_bits.unwrap_or(512) / 8;
-    let keyslots = u64::from(new.keyslots.unwrap_or(MIN_KEYSLOTS as u32)).max(MIN_KEYSLOTS);
-    let peb = u64::from(g.peb_size);
-    let header_blocks = (2 * METADATA_SIZE + keyslots * keyslot_area_size(key_len)).div_ceil(peb);
-    let area = BlockArea::open(Arc::clone(&flash), FIRST_BLOCK, header_blocks as u32)?;
-    let data_first = area.end();
-    // UBI needs its layout volume, the reserves and room for data: 16 blocks at the least.
-    if data_first + 16 > g.peb_count {
-        return Err(Error::Geometry(format!(
-            "a chip of {} eraseblocks has no room for a UBI after a {header_blocks}-block header",
-            g.peb_count
-        )));
-    }
-    let options = FormatOptions {
-        metadata_size: Some(METADATA_SIZE),
-        keyslots_size: Some(header_blocks * peb - 2 * METADATA_SIZE),
-        sector_size: Some(g.sub_page_size as usize),
-        detached_header: true,
-        data_offset: Some(u64::from(data_first) * peb),
-        ..new.luks.clone()
-    };
-    let data_len = u64::from(g.peb_count - data_first) * peb;
-    let (formatted, unlocked) = sectorcrypt_luks::format(&area, data_len, &options, passphrase)?;
-    let Header::Luks2(h) = formatted else {
-        return Err(Error::Unsupported("the format made no LUKS2 header".into()));
-    };
-    let params = FlashParams {
-        policy: new.policy,
-        header_blocks: header_blocks as u32,
-        data_first,
-        geometry: g,
-    };
-    let (header, _) = h.import_token(&area, None, params.to_token())?;
-    area.sync().map_err(Error::Storage)?;
-    let header = HeaderArea {
-        area,
-        header,
-        params,
-    };
-    let crypt = layer(&flash, &header, &unlocked.volume_key)?;
+    let plan = Plan::new(&flash, new)?;
+    let (header, volume_key, keyslot) = plan.write_header(&flash, new, passphrase, None)?;
+    let crypt = layer(&flash, &header, &volume_key)?;
     let parts = crypt.geometry().peb_count;
     for peb in 0..parts {
         if !crypt.is_bad(peb)? {
@@ -359,13 +324,102 @@ pub fn format(
         }
     }
     let opened = EncryptedFlash {
-        keyslot: unlocked.slot,
+        keyslot,
         header,
         crypt: Arc::new(crypt),
     };
     drop(opened.attach(&AttachOptions::default())?);
     opened.crypt.sync()?;
     Ok(opened)
+}
+
+/// Where a new header goes on a chip: its area (opened), its size in blocks, and UBI's first
+/// block after it.
+struct Plan {
+    area: BlockArea,
+    header_blocks: u64,
+    data_first: u32,
+}
+
+impl Plan {
+    /// Check the options and lay the header out on `flash`.
+    fn new(flash: &Arc<dyn Flash>, new: &NewFlash) -> Result<Plan, Error> {
+        let g = flash.geometry();
+        let fixed = [
+            (new.luks.version != 2, "LUKS1"),
+            (new.luks.metadata_size.is_some(), "a metadata size"),
+            (new.luks.keyslots_size.is_some(), "a keyslots area size"),
+            (new.luks.sector_size.is_some(), "a sector size"),
+            (new.luks.data_offset.is_some(), "a data offset"),
+        ];
+        if let Some((_, what)) = fixed.iter().find(|(given, _)| *given) {
+            return Err(Error::Unsupported(format!(
+                "{what}: an encrypted flash's header is LUKS2 with sizes set by the chip"
+            )));
+        }
+        new.luks.check()?;
+        let key_len = new.luks.key_bits.unwrap_or(512) / 8;
+        let keyslots = u64::from(new.keyslots.unwrap_or(MIN_KEYSLOTS as u32)).max(MIN_KEYSLOTS);
+        let peb = u64::from(g.peb_size);
+        let header_blocks =
+            (2 * METADATA_SIZE + keyslots * keyslot_area_size(key_len)).div_ceil(peb);
+        let area = BlockArea::open(Arc::clone(flash), FIRST_BLOCK, header_blocks as u32)?;
+        let data_first = area.end();
+        // UBI needs its layout volume, the reserves and room for data: 16 blocks at the least.
+        if data_first + 16 > g.peb_count {
+            return Err(Error::Geometry(format!(
+                "a chip of {} eraseblocks has no room for a UBI after a {header_blocks}-block header",
+                g.peb_count
+            )));
+        }
+        Ok(Plan {
+            area,
+            header_blocks,
+            data_first,
+        })
+    }
+
+    /// Format the LUKS2 header in the area with one keyslot for `passphrase` and the flash
+    /// token (recording `conversion`). Returns the header, the volume key and the keyslot.
+    fn write_header(
+        self,
+        flash: &Arc<dyn Flash>,
+        new: &NewFlash,
+        passphrase: &[u8],
+        conversion: Option<convert::Stage>,
+    ) -> Result<(HeaderArea, Zeroizing<Vec<u8>>, usize), Error> {
+        let g = flash.geometry();
+        let peb = u64::from(g.peb_size);
+        let options = FormatOptions {
+            metadata_size: Some(METADATA_SIZE),
+            keyslots_size: Some(self.header_blocks * peb - 2 * METADATA_SIZE),
+            sector_size: Some(g.sub_page_size as usize),
+            detached_header: true,
+            data_offset: Some(u64::from(self.data_first) * peb),
+            ..new.luks.clone()
+        };
+        let data_len = u64::from(g.peb_count - self.data_first) * peb;
+        let (formatted, unlocked) =
+            sectorcrypt_luks::format(&self.area, data_len, &options, passphrase)?;
+        let Header::Luks2(h) = formatted else {
+            return Err(Error::Unsupported("the format made no LUKS2 header".into()));
+        };
+        let params = FlashParams {
+            policy: new.policy,
+            conversion,
+            header_blocks: self.header_blocks as u32,
+            data_first: self.data_first,
+            geometry: g,
+        };
+        let (header, _) = h.import_token(&self.area, None, params.to_token())?;
+        self.area.sync().map_err(Error::Storage)?;
+        let header = HeaderArea {
+            area: self.area,
+            header,
+            params,
+        };
+        Ok((header, unlocked.volume_key, unlocked.slot))
+    }
 }
 
 /// The volume key of an unlocked flash, for `dump --dump-volume-key`.

@@ -101,9 +101,19 @@ pub(crate) fn require_chip(path: &Path, read_only: bool) -> Result<Chip, CliErro
 }
 
 /// Where the LUKS header of `path` is: the header area of an encrypted flash, or the file.
+/// While a flash is being converted, its header is read-only: a key change would rewrite the
+/// blocks whose journal the conversion is using.
 pub(crate) fn open_header(path: &Path, read_only: bool) -> Result<Box<dyn Storage>, CliError> {
     match open_flash(path, read_only)? {
-        Some(flash) => Ok(Box::new(sectorcrypt_flashvol::read_header(flash)?.area)),
+        Some(flash) => {
+            let h = sectorcrypt_flashvol::read_header(flash)?;
+            match h.params.conversion {
+                Some(stage) if !read_only => {
+                    Err(sectorcrypt_flashvol::Error::Converting(stage).into())
+                }
+                _ => Ok(Box::new(h.area)),
+            }
+        }
         None => Ok(Box::new(open_file(path, read_only)?)),
     }
 }
@@ -116,6 +126,10 @@ impl From<FlashVolError> for CliError {
             FlashVolError::Luks(l) => l.into(),
             FlashVolError::NotEncrypted(_) | FlashVolError::Geometry(_) => CliError {
                 code: Code::Device,
+                message: e.to_string(),
+            },
+            FlashVolError::Converting(_) => CliError {
+                code: Code::Busy,
                 message: e.to_string(),
             },
             other => CliError::usage(crate::exit::chain(&other)),

@@ -3,7 +3,7 @@
 //! keys. DEVICE is a simulated NAND image (made by `flash format` when it does not exist yet) or
 //! a Linux MTD character device; the key commands (`add-key`, `dump`, ...) take it too.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -48,6 +48,9 @@ pub(crate) enum Command {
     /// Write the decrypted flash, as UBI sees it, to a raw dump (nanddump layout, data only) for
     /// ubi_reader, nandwrite or a kernel.
     Export(ExportArgs),
+    /// Encrypt a plain UBI flash in place (or, with --decrypt, an encrypted one back to plain
+    /// UBI), keeping erase counters; after an interruption, run it again to finish.
+    Convert(Box<ConvertArgs>),
     /// Unlock, attach UBI and expose every volume as a file under MOUNTPOINT (FUSE) and/or an
     /// NBD export on DIR/<name>.sock, until unmounted or SIGINT/SIGTERM.
     Attach(Box<crate::attach::AttachArgs>),
@@ -69,6 +72,7 @@ pub(crate) fn run(command: Command) -> Result<(), CliError> {
         Command::Export(args) => export(args),
         Command::Benchmark(args) => benchmark(args),
         Command::Attach(args) => crate::attach::run(*args),
+        Command::Convert(args) => convert(*args),
     }
 }
 
@@ -147,11 +151,25 @@ pub(crate) struct FormatArgs {
     #[command(flatten)]
     geometry: GeometryArgs,
     #[command(flatten)]
+    header: NewHeaderArgs,
+    #[command(flatten)]
+    key: KeyArgs,
+    /// Do not ask for confirmation.
+    #[arg(short = 'q', long = "batch-mode")]
+    batch: bool,
+}
+
+fn parse_policy(name: &str) -> Result<Policy, String> {
+    Policy::from_name(name).ok_or_else(|| format!("unknown policy '{name}' (thesis or visible)"))
+}
+
+/// The header options `format` and `convert` share.
+#[derive(clap::Args, Debug)]
+pub(crate) struct NewHeaderArgs {
+    #[command(flatten)]
     segment: CipherArgs,
     #[command(flatten)]
     pbkdf: PbkdfArgs,
-    #[command(flatten)]
-    key: KeyArgs,
     /// How erased space is stored: thesis (encrypted, the chip shows no free space; every
     /// program rewrites its eraseblock) or visible (left erased).
     #[arg(long, value_name = "POLICY", default_value = "thesis", value_parser = parse_policy)]
@@ -162,37 +180,37 @@ pub(crate) struct FormatArgs {
     /// Use this UUID instead of a random one.
     #[arg(long, value_name = "UUID")]
     uuid: Option<String>,
-    /// Do not ask for confirmation.
-    #[arg(short = 'q', long = "batch-mode")]
-    batch: bool,
 }
 
-fn parse_policy(name: &str) -> Result<Policy, String> {
-    Policy::from_name(name).ok_or_else(|| format!("unknown policy '{name}' (thesis or visible)"))
+impl NewHeaderArgs {
+    /// The new header, checked.
+    fn new_flash(&self) -> Result<NewFlash, CliError> {
+        if self.segment.sector_size.is_some() {
+            return Err(CliError::usage(
+                "--sector-size: an encrypted flash encrypts sub-pages (set --sub-page-size when \
+                 making the image)",
+            ));
+        }
+        let luks = FormatOptions {
+            version: 2,
+            cipher: self.segment.cipher.clone(),
+            key_bits: self.segment.key_size,
+            pbkdf: pbkdf_options(&self.pbkdf)?,
+            label: self.label.clone(),
+            uuid: self.uuid.clone(),
+            ..Default::default()
+        };
+        luks.check()?;
+        Ok(NewFlash {
+            luks,
+            policy: self.policy,
+            keyslots: None,
+        })
+    }
 }
 
 fn format(args: FormatArgs) -> Result<(), CliError> {
-    if args.segment.sector_size.is_some() {
-        return Err(CliError::usage(
-            "--sector-size: an encrypted flash encrypts sub-pages (set --sub-page-size when \
-             making the image)",
-        ));
-    }
-    let luks = FormatOptions {
-        version: 2,
-        cipher: args.segment.cipher.clone(),
-        key_bits: args.segment.key_size,
-        pbkdf: pbkdf_options(&args.pbkdf)?,
-        label: args.label.clone(),
-        uuid: args.uuid.clone(),
-        ..Default::default()
-    };
-    luks.check()?;
-    let new = NewFlash {
-        luks,
-        policy: args.policy,
-        keyslots: None,
-    };
+    let new = args.header.new_flash()?;
     let created = !args.device.exists();
     let chip = if created {
         create_image(&args.device, &args.geometry.geometry()?)?
@@ -500,6 +518,9 @@ pub(crate) struct ImportArgs {
     /// The UBI image (from ubinize, made for this flash's geometry).
     #[arg(value_name = "IMAGE")]
     image: PathBuf,
+    /// The shape of a new NAND image, when DEVICE does not exist yet (the UBI is then plain).
+    #[command(flatten)]
+    geometry: GeometryArgs,
     /// The VID header offset the image was made with (ubinize -O).
     #[arg(short = 'O', long = "vid-hdr-offset", value_name = "BYTES")]
     vid_hdr_offset: Option<u32>,
@@ -508,24 +529,55 @@ pub(crate) struct ImportArgs {
     batch: bool,
 }
 
+/// `import`: onto an encrypted flash through the encryption layer (the passphrase is asked),
+/// onto a plain flash as it is (as `ubiformat -f` would; `flash convert` encrypts it later), or
+/// onto a new plain NAND image made with the geometry options.
 fn import(args: ImportArgs) -> Result<(), CliError> {
     let image = std::fs::read(&args.image)
         .map_err(|e| CliError::io(format!("cannot read {}", args.image.display()), e))?;
-    let (_, opened) = args.open.unlock(false)?;
+    let device = &args.open.device;
+    let (target, opened): (Arc<dyn Flash>, _) = if device.exists() {
+        if args.geometry.given() {
+            return Err(CliError {
+                code: Code::Busy,
+                message: format!(
+                    "{} exists: its geometry is its own (the geometry options make a new image)",
+                    device.display()
+                ),
+            });
+        }
+        let chip = require_chip(device, false)?;
+        if sectorcrypt_flashvol::read_header(chip.flash()).is_ok() {
+            let (_, opened) = args.open.unlock(false)?;
+            (Arc::clone(&opened.crypt) as Arc<dyn Flash>, Some(opened))
+        } else {
+            (chip.flash(), None)
+        }
+    } else {
+        (
+            create_image(device, &args.geometry.geometry()?)?.flash(),
+            None,
+        )
+    };
     confirm(
         args.batch,
         &format!(
-            "WARNING!\n========\nThis will replace the UBI on {} (every volume) with {}.",
-            args.open.device.display(),
+            "WARNING!\n========\nThis will replace everything on {} with {}.",
+            device.display(),
             args.image.display()
         ),
     )?;
-    let done = sectorcrypt_ubi::flash_image(&*opened.crypt, &image, args.vid_hdr_offset)?;
-    // Attach once, as the kernel would at first boot: auto-resize, volume table checks.
-    opened.attach(&AttachOptions {
+    let done = sectorcrypt_ubi::flash_image(&*target, &image, args.vid_hdr_offset)?;
+    let attach = AttachOptions {
         vid_hdr_offset: args.vid_hdr_offset,
         ..AttachOptions::default()
-    })?;
+    };
+    // Attach once through the layer, as the kernel would at first boot (auto-resize, volume
+    // table checks); a plain image is left as ubiformat leaves it, its auto-resize pending, so
+    // that flash convert still has room for a header.
+    if let Some(opened) = opened {
+        drop(opened.attach(&attach)?);
+    }
     eprintln!(
         "{} eraseblocks of the image written, {} more formatted, {} bad",
         done.image_pebs, done.formatted_pebs, done.bad_pebs
@@ -571,7 +623,8 @@ pub(crate) struct InfoArgs {
     /// The flash (a NAND image file or /dev/mtdN).
     #[arg(value_name = "DEVICE")]
     device: PathBuf,
-    /// Also unlock it and show UBI (the passphrase from this file; '-' = standard input).
+    /// Also unlock it and show UBI (the passphrase from this file; '-' = standard input);
+    /// attaching UBI may write, as the kernel's attach does.
     #[arg(short = 'd', long = "key-file", value_name = "FILE")]
     key_file: Option<PathBuf>,
     /// Machine-readable output.
@@ -580,7 +633,9 @@ pub(crate) struct InfoArgs {
 }
 
 fn info(args: InfoArgs) -> Result<(), CliError> {
-    let chip = require_chip(&args.device, true)?;
+    // With a key UBI is attached, which may write as the kernel's attach does (erase PEBs left
+    // unerased, grow a volume marked for auto-resize); without one nothing is written.
+    let chip = require_chip(&args.device, args.key_file.is_none())?;
     let g = chip.flash().geometry();
     let mut out = json!({
         "device": args.device.display().to_string(),
@@ -592,7 +647,15 @@ fn info(args: InfoArgs) -> Result<(), CliError> {
     if let Some(counts) = chip.erase_counts() {
         out["chip_erase_counts"] = stats(counts.iter().map(|&c| u64::from(c)));
     }
-    let header = sectorcrypt_flashvol::read_header(chip.flash())?;
+    let header = match sectorcrypt_flashvol::read_header(chip.flash()) {
+        Ok(h) => h,
+        // A plain flash (UBI as ubiformat or flash import leaves it): the chip's facts only.
+        Err(sectorcrypt_flashvol::Error::NotEncrypted(_)) if args.key_file.is_none() => {
+            out["header"] = Value::Null;
+            return print_info(&out, args.json);
+        }
+        Err(e) => return Err(e.into()),
+    };
     let h = &header.header;
     let segment = h.data_segment()?;
     out["header"] = json!({
@@ -603,6 +666,7 @@ fn info(args: InfoArgs) -> Result<(), CliError> {
         "keyslots": h.metadata().keyslots.iter().map(|(n, _)| n).collect::<Vec<_>>(),
         "header_blocks": header.area.blocks(),
         "ubi_first_block": header.params.data_first,
+        "conversion": header.params.conversion.map(|c| c.name()),
     });
     drop(header);
     if let Some(file) = &args.key_file {
@@ -618,10 +682,14 @@ fn info(args: InfoArgs) -> Result<(), CliError> {
         out["encryption_layer"] =
             json!({"chip_erases": crypt.chip_erases, "rewrites": crypt.rewrites});
     }
-    let text = if args.json {
+    print_info(&out, args.json)
+}
+
+fn print_info(out: &Value, json: bool) -> Result<(), CliError> {
+    let text = if json {
         format!("{out}\n")
     } else {
-        info_text(&out)
+        info_text(out)
     };
     std::io::stdout()
         .lock()
@@ -683,6 +751,12 @@ fn info_text(v: &Value) -> String {
             c["mean"].as_f64().unwrap_or(0.0),
             c["max"]
         );
+    }
+    if h.is_null() {
+        return s + "Header:      none: a plain flash (sectorcrypt flash convert encrypts it in place)\n";
+    }
+    if let Some(stage) = h["conversion"].as_str() {
+        s += &format!("Conversion:  in progress ({stage}): run flash convert again to finish it\n");
     }
     s += &format!(
         "Header:      LUKS2, UUID {}, cipher {}, erased space {}, keyslots {}\n             eraseblocks {}, UBI from eraseblock {}\n",
@@ -793,4 +867,69 @@ fn benchmark(args: BenchArgs) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct ConvertArgs {
+    /// The flash (a NAND image file or /dev/mtdN).
+    #[arg(value_name = "DEVICE")]
+    device: PathBuf,
+    /// Decrypt an encrypted flash back to plain UBI instead.
+    #[arg(long)]
+    decrypt: bool,
+    #[command(flatten)]
+    header: NewHeaderArgs,
+    #[command(flatten)]
+    key: KeyArgs,
+    /// Do not ask for confirmation.
+    #[arg(short = 'q', long = "batch-mode")]
+    batch: bool,
+}
+
+fn convert(args: ConvertArgs) -> Result<(), CliError> {
+    let chip = require_chip(&args.device, false)?;
+    let new = args.header.new_flash()?;
+    let encrypted = sectorcrypt_flashvol::read_header(chip.flash()).ok();
+    let resuming = encrypted
+        .as_ref()
+        .and_then(|h| h.params.conversion)
+        .is_some();
+    let prompt = format!("Enter passphrase for {}: ", args.device.display());
+    // A new encryption asks for a new passphrase (twice on a terminal); anything else opens
+    // the header that is there.
+    let pass = if args.decrypt || encrypted.is_some() {
+        args.key.read(&prompt)?
+    } else {
+        new_passphrase(None, &args.key, &prompt)?
+    };
+    drop(encrypted);
+    if !resuming {
+        confirm(
+            args.batch,
+            &format!(
+                "WARNING!\n========\nThis will {} {} in place; an interruption is finished by \
+                 running the same command again.",
+                if args.decrypt { "decrypt" } else { "encrypt" },
+                args.device.display()
+            ),
+        )?;
+    }
+    let bar = (std::io::stderr().is_terminal()).then(|| {
+        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr())
+    });
+    let mut progress = |done: u32, all: u32| {
+        if let Some(bar) = &bar {
+            bar.set_length(u64::from(all));
+            bar.set_position(u64::from(done));
+        }
+    };
+    let result = if args.decrypt {
+        sectorcrypt_flashvol::convert::decrypt(chip.flash(), &pass, &mut progress)
+    } else {
+        sectorcrypt_flashvol::convert::encrypt(chip.flash(), &new, &pass, &mut progress).map(drop)
+    };
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    Ok(result?)
 }

@@ -129,7 +129,9 @@ impl Device {
             dev.format()?;
         }
         dev.reserve(opts.max_beb_per1024)?;
-        dev.autoresize()?;
+        if opts.autoresize {
+            dev.autoresize()?;
+        }
         dev.pool.read_only |= scan.read_only;
         dev.scrub.extend(scan.scrub.iter().copied());
         dev.background()?;
@@ -410,6 +412,36 @@ impl Device {
     pub(crate) fn release(&mut self, peb: u32, torture: bool) -> Result<(), Error> {
         self.owner[peb as usize] = None;
         self.pool.put(&self.io, peb, torture)
+    }
+
+    /// Move every LEB held below PEB `first` to a PEB at or above it, and stop using the PEBs
+    /// below it (until the next attach): room at the start of the flash for something else.
+    /// The PEBs leave first (so no move lands there), then each LEB moves as wear-levelling
+    /// moves it (a copy, then the old PEB erased), so a power cut loses nothing.
+    pub(crate) fn evacuate(&mut self, first: u32) -> Result<(), Error> {
+        let below = first.min(self.owner.len() as u32);
+        let used: Vec<u32> = (0..below)
+            .filter(|&p| self.owner[p as usize].is_some())
+            .collect();
+        let free = (0..below)
+            .filter(|&p| self.pool.uses[p as usize] == Use::Free)
+            .count();
+        // Refused before anything moves: every good PEB below `first` leaves.
+        if (used.len() + free) as u32 > self.pool.avail {
+            return Err(Error::NoSpace(format!(
+                "{} PEBs must leave UBI, only {} are available (shrink or remove a volume)",
+                used.len() + free,
+                self.pool.avail
+            )));
+        }
+        // The used PEBs below `first` become free as they are moved: they leave too.
+        self.pool.give_away_free_below(first)?;
+        for from in used {
+            let to = self.pool.get(&self.io)?;
+            self.move_leb(from, to)?;
+            self.pool.give_away_free_below(first)?;
+        }
+        Ok(())
     }
 
     /// Work the kernel does in the background, done here after each operation: move the LEBs

@@ -53,6 +53,9 @@ pub struct AttachOptions {
     pub max_beb_per1024: u32,
     /// Erase-counter difference that triggers a wear-levelling move (default 4096).
     pub wl_threshold: u64,
+    /// Grow a volume marked for auto-resize (as the kernel does at attach; off: leave the mark
+    /// for a later attach, e.g. while converting the flash).
+    pub autoresize: bool,
 }
 
 impl Default for AttachOptions {
@@ -61,6 +64,7 @@ impl Default for AttachOptions {
             vid_hdr_offset: None,
             max_beb_per1024: 20,
             wl_threshold: 4096,
+            autoresize: true,
         }
     }
 }
@@ -263,6 +267,16 @@ impl Ubi {
         let dev = self.dev();
         dev.check_leb(user(id)?, lnum, 0, 0, false)?;
         Ok(dev.vol(id)?.lebs[lnum as usize].is_some())
+    }
+
+    /// Move every LEB held below PEB `first` to PEBs at or above it and stop using the PEBs
+    /// below it until the next attach (what an in-place conversion needs to make room for a
+    /// header); the moves are crash-safe as wear-levelling's are.
+    ///
+    /// Errors: [`Error::NoSpace`] when fewer PEBs are available than must leave.
+    pub fn evacuate(&self, first: u32) -> Result<(), Error> {
+        self.dev().evacuate(first)?;
+        self.sync()
     }
 
     /// Make everything written so far durable.

@@ -119,6 +119,28 @@ impl Pool {
         }
     }
 
+    /// Stop using every PEB below `first` that is free (they leave UBI until the next attach),
+    /// taking their place from the available PEBs.
+    ///
+    /// Errors: [`Error::NoSpace`] when fewer PEBs are available than that.
+    pub(crate) fn give_away_free_below(&mut self, first: u32) -> Result<(), Error> {
+        let below: Vec<u32> = (0..first.min(self.uses.len() as u32))
+            .filter(|&p| self.uses[p as usize] == Use::Free)
+            .collect();
+        let n = below.len() as u32;
+        if n > self.avail {
+            return Err(Error::NoSpace(format!(
+                "{n} PEBs must leave UBI, only {} are available (shrink or remove a volume)",
+                self.avail
+            )));
+        }
+        self.avail -= n;
+        for peb in below {
+            self.set_use(peb, Use::Kept);
+        }
+        Ok(())
+    }
+
     /// Whether `peb` (just taken from the free set) may be written; if it was found free at
     /// attach and does not read erased, it is erased again (and is free again, or bad).
     fn verified(&mut self, io: &Io, peb: u32) -> Result<bool, Error> {

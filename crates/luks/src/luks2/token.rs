@@ -60,6 +60,27 @@ impl Header {
         write_metadata(dev, &self.next_fields(), &md)?;
         Ok((Header::read(dev)?, id))
     }
+
+    /// Replace token `id` with `token` (of the same type) in both header copies on `dev`.
+    /// Returns the header as written.
+    ///
+    /// Errors: [`Error::Unsupported`] if there is no such token or the type would change;
+    /// [`Error::Io`] for a failed write.
+    pub fn update_token(&self, dev: &dyn Storage, id: u32, token: Value) -> Result<Header, Error> {
+        let mut md = self.metadata().clone();
+        let kind = |t: &Value| t.get("type").and_then(Value::as_str).map(str::to_owned);
+        let Some((_, slot)) = md.tokens.0.iter_mut().find(|(n, _)| *n == id) else {
+            return Err(Error::Unsupported(format!("token {id} does not exist")));
+        };
+        if kind(slot) != kind(&token) {
+            return Err(Error::Unsupported(format!(
+                "token {id} would change its type"
+            )));
+        }
+        *slot = token;
+        write_metadata(dev, &self.next_fields(), &md)?;
+        Header::read(dev)
+    }
 }
 
 #[cfg(test)]
@@ -126,5 +147,12 @@ mod tests {
         assert!(h
             .import_token(&dev, Some(5), json!({"type": "t", "keyslots": []}))
             .is_err());
+        let new = json!({"type": "t", "keyslots": [], "n": 2});
+        let h = h.update_token(&dev, 5, new.clone()).unwrap();
+        assert_eq!(h.token_of_type("t"), Some((5, &new)));
+        assert!(h
+            .update_token(&dev, 5, json!({"type": "u", "keyslots": []}))
+            .is_err());
+        assert!(h.update_token(&dev, 6, new).is_err());
     }
 }

@@ -35,6 +35,28 @@ fn keyed<'a>(key: &'a Path, args: &[&'a str]) -> Vec<&'a str> {
     [args, &["--key-file", p(key)][..]].concat()
 }
 
+/// Run `ubinize` in `dir` on the config `cfg` for the default 2 KiB-page SLC geometry: it
+/// writes `dir/img.ubi`.
+fn ubinize(dir: &Path, cfg: &str) {
+    std::fs::write(dir.join("u.cfg"), cfg).unwrap();
+    ok(
+        run(Command::new("ubinize").current_dir(dir).args([
+            "-o", "img.ubi", "-p", "128KiB", "-m", "2048", "-s", "512", "u.cfg",
+        ])),
+        "ubinize",
+    );
+}
+
+/// The names of the volumes `flash info --json` lists.
+fn volume_names(info: &Value) -> Vec<&str> {
+    info["ubi"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect()
+}
+
 fn info(img: &Path, key: &Path) -> Value {
     let out = ok(
         sc(&["flash", "info", p(img), "--key-file", p(key), "--json"]),
@@ -267,19 +289,9 @@ fn ubinize_images_and_squashfs_go_in_and_come_out_for_the_standard_tools() {
     );
     let data = sectorcrypt_testkit::pattern(150_000, 6);
     std::fs::write(dir.join("data.bin"), &data).unwrap();
-    std::fs::write(
-        dir.join("u.cfg"),
-        "[root]\nmode=ubi\nimage=root.sqfs\nvol_id=0\nvol_type=static\nvol_name=rootfs\n\
+    ubinize(&dir, "[root]\nmode=ubi\nimage=root.sqfs\nvol_id=0\nvol_type=static\nvol_name=rootfs\n\
          [data]\nmode=ubi\nimage=data.bin\nvol_id=1\nvol_size=1MiB\nvol_type=dynamic\nvol_name=data\n\
-         [rest]\nmode=ubi\nvol_id=2\nvol_size=256KiB\nvol_type=dynamic\nvol_name=rest\nvol_flags=autoresize\n",
-    )
-    .unwrap();
-    ok(
-        run(Command::new("ubinize").current_dir(&dir).args([
-            "-o", "img.ubi", "-p", "128KiB", "-m", "2048", "-s", "512", "u.cfg",
-        ])),
-        "ubinize",
-    );
+         [rest]\nmode=ubi\nvol_id=2\nvol_size=256KiB\nvol_type=dynamic\nvol_name=rest\nvol_flags=autoresize\n");
     ok(
         sc(&[
             "flash",
@@ -293,12 +305,7 @@ fn ubinize_images_and_squashfs_go_in_and_come_out_for_the_standard_tools() {
         "flash import",
     );
     let v = info(&img, &key);
-    let names: Vec<&str> = v["ubi"]["volumes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["name"].as_str().unwrap())
-        .collect();
+    let names = volume_names(&v);
     assert_eq!(names, ["rootfs", "data", "rest"]);
     assert_eq!(
         v["ubi"]["available_pebs"], 0,
@@ -512,4 +519,106 @@ fn attach_exposes_every_volume_through_fuse_and_nbd() {
         ),
         4,
     );
+}
+
+/// `flash import` onto a new plain image (as ubiformat), `flash convert` encrypts it in place
+/// (the auto-resize volume then grows over what the header left), the volumes read the same,
+/// key commands wait while a conversion is unfinished, and `--decrypt` turns it back.
+#[test]
+fn a_plain_ubi_image_is_converted_in_place_and_back() {
+    let dir = scratch("cli-flash-convert");
+    let cfg = sectorcrypt_testkit::pattern(90_000, 3);
+    std::fs::write(dir.join("cfg.bin"), &cfg).unwrap();
+    std::fs::write(dir.join("d.bin"), sectorcrypt_testkit::pattern(200_000, 4)).unwrap();
+    ubinize(&dir, "[c]\nmode=ubi\nimage=cfg.bin\nvol_id=0\nvol_type=static\nvol_name=cfg\n\
+         [d]\nmode=ubi\nimage=d.bin\nvol_id=1\nvol_size=1MiB\nvol_type=dynamic\nvol_name=data\n\
+         [r]\nmode=ubi\nvol_id=2\nvol_size=512KiB\nvol_type=dynamic\nvol_name=rest\nvol_flags=autoresize\n");
+    let img = dir.join("chip.img");
+    let _ = std::fs::remove_file(&img);
+    ok(
+        sc(&[
+            "flash",
+            "import",
+            p(&img),
+            p(&dir.join("img.ubi")),
+            "--size",
+            "16MiB",
+            "-q",
+        ]),
+        "flash import (plain)",
+    );
+    let plain = ok(
+        sc(&["flash", "info", p(&img), "--json"]),
+        "flash info (plain)",
+    );
+    let plain: Value = serde_json::from_slice(&plain.stdout).unwrap();
+    assert!(plain["header"].is_null());
+    let key = dir.join("key");
+    std::fs::write(&key, b"convert pass").unwrap();
+    ok(
+        sc_fast(&["flash", "convert", p(&img), "--key-file", p(&key), "-q"]),
+        "flash convert",
+    );
+    let v = info(&img, &key);
+    let names = volume_names(&v);
+    assert_eq!(names, ["cfg", "data", "rest"]);
+    assert_eq!(
+        v["ubi"]["available_pebs"], 0,
+        "the auto-resize volume grew after the conversion"
+    );
+    let back = dir.join("cfg.back");
+    ok(
+        sc(&keyed(
+            &key,
+            &["flash", "read", p(&img), "-N", "cfg", p(&back)],
+        )),
+        "read",
+    );
+    assert!(std::fs::read(&back).unwrap() == cfg);
+    ok(
+        sc(&[
+            "flash",
+            "convert",
+            p(&img),
+            "--decrypt",
+            "--key-file",
+            p(&key),
+            "-q",
+        ]),
+        "convert --decrypt",
+    );
+    let plain = ok(
+        sc(&["flash", "info", p(&img), "--json"]),
+        "flash info (plain again)",
+    );
+    assert!(serde_json::from_slice::<Value>(&plain.stdout).unwrap()["header"].is_null());
+    // Encrypted again, the static volume still holds its data.
+    ok(
+        sc_fast(&["flash", "convert", p(&img), "--key-file", p(&key), "-q"]),
+        "flash convert again",
+    );
+    ok(
+        sc(&keyed(
+            &key,
+            &["flash", "read", p(&img), "-N", "cfg", p(&back)],
+        )),
+        "read",
+    );
+    assert!(std::fs::read(&back).unwrap() == cfg);
+    // A wrong passphrase for --decrypt changes nothing.
+    std::fs::write(dir.join("wrong"), b"wrong").unwrap();
+    let before = std::fs::read(&img).unwrap();
+    sc_exits(
+        &[
+            "flash",
+            "convert",
+            p(&img),
+            "--decrypt",
+            "--key-file",
+            p(&dir.join("wrong")),
+            "-q",
+        ],
+        2,
+    );
+    assert!(std::fs::read(&img).unwrap() == before);
 }

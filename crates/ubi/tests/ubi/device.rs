@@ -379,3 +379,36 @@ fn volumes_as_storage_take_writes_anywhere_and_static_ones_refuse() {
     dev.read_at(&mut back, 0).unwrap();
     assert!(back == model, "after re-attach");
 }
+
+/// `evacuate`: every LEB held below a PEB moves above it (the PEBs below keep no VID header),
+/// the data reads the same, and asking for more room than is available is refused.
+#[test]
+fn evacuate_moves_every_leb_out_of_the_first_pebs() {
+    let (chip, flash) = Chip::new(small(40));
+    let ubi = attach(&flash);
+    let a = ubi.create_volume(&dynamic("a", 8)).unwrap();
+    let data: Vec<Vec<u8>> = (0..8).map(|i| pattern(LEB, 60 + i)).collect();
+    for (lnum, d) in data.iter().enumerate() {
+        ubi.write(a, lnum as u32, 0, d).unwrap();
+    }
+    let avail = ubi.info().available_pebs;
+    assert!(matches!(ubi.evacuate(avail + 10), Err(Error::NoSpace(_))));
+    ubi.evacuate(10).unwrap();
+    for (lnum, d) in data.iter().enumerate() {
+        let mut buf = vec![0u8; LEB];
+        ubi.read(a, lnum as u32, 0, &mut buf).unwrap();
+        assert!(&buf == d, "LEB {lnum}");
+    }
+    drop(ubi);
+    let flash = chip.power_on();
+    for peb in 0..10 {
+        let mut vid = [0u8; 64];
+        flash.read(peb, 512, &mut vid).unwrap();
+        assert!(
+            vid.iter().all(|&b| b == 0xFF),
+            "PEB {peb} still holds a LEB"
+        );
+    }
+    let ubi = attach(&flash);
+    assert_eq!(read_volume(&ubi, a)[..LEB], data[0][..]);
+}

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use sectorcrypt_flash::crypt::Policy;
 use sectorcrypt_flash::sim::SimNand;
 use sectorcrypt_flash::{Flash, Geometry};
-use sectorcrypt_flashvol::{format, read_header, unlock, Error, NewFlash};
-use sectorcrypt_luks::{FormatOptions, PbkdfChoice, PbkdfOptions};
+use sectorcrypt_flashvol::{format, read_header, unlock, Error};
+use sectorcrypt_luks::FormatOptions;
 use sectorcrypt_storage::MemStorage;
 use sectorcrypt_testkit::tools::ubi_reader_volumes;
 use sectorcrypt_testkit::{
@@ -18,6 +18,8 @@ use sectorcrypt_testkit::{
 };
 use sectorcrypt_ubi::media::{EC_HDR_MAGIC, VID_HDR_MAGIC};
 use sectorcrypt_ubi::{flash_image, AttachOptions};
+
+use crate::new_flash;
 
 const PASS: &[u8] = b"flash passphrase";
 
@@ -33,23 +35,6 @@ fn chip() -> Arc<SimNand> {
     let g = geometry();
     let mem = MemStorage::new(vec![0; SimNand::image_len(&g) as usize]);
     Arc::new(SimNand::create(mem, g, &[3]).unwrap())
-}
-
-fn new_flash(policy: Policy, cipher: &str) -> NewFlash {
-    NewFlash {
-        luks: FormatOptions {
-            version: 2,
-            cipher: Some(cipher.into()),
-            pbkdf: PbkdfOptions {
-                kind: Some(PbkdfChoice::Pbkdf2),
-                force_iterations: Some(1000),
-                ..Default::default()
-            },
-            ..Default::default()
-        },
-        policy,
-        keyslots: None,
-    }
 }
 
 fn dynamic_volume(name: &str, lebs: u32) -> sectorcrypt_ubi::NewVolume {
@@ -84,7 +69,7 @@ fn cryptsetup_reads_the_header_and_openssl_decrypts_the_chip() {
     ] {
         let raw = chip();
         let flash = raw.clone() as Arc<dyn Flash>;
-        let opened = format(Arc::clone(&flash), &new_flash(policy, cipher), PASS).unwrap();
+        let opened = format(Arc::clone(&flash), &new_flash(policy, cipher, None), PASS).unwrap();
         let area = &opened.header.area;
         assert!(
             !area.blocks().contains(&3),
@@ -159,7 +144,7 @@ fn under_the_thesis_policy_the_chip_holds_only_ciphertext() {
     let flash = raw.clone() as Arc<dyn Flash>;
     let opened = format(
         Arc::clone(&flash),
-        &new_flash(Policy::Thesis, "aes-xts-plain64"),
+        &new_flash(Policy::Thesis, "aes-xts-plain64", None),
         PASS,
     )
     .unwrap();
@@ -219,7 +204,7 @@ fn a_ubinize_image_imported_and_exported_reads_the_same_in_ubi_reader() {
     let flash = raw.clone() as Arc<dyn Flash>;
     let opened = format(
         Arc::clone(&flash),
-        &new_flash(Policy::Thesis, "aes-xts-plain64"),
+        &new_flash(Policy::Thesis, "aes-xts-plain64", None),
         PASS,
     )
     .unwrap();
@@ -247,7 +232,7 @@ fn key_commands_work_on_the_header_area_and_a_wrong_passphrase_changes_nothing()
     let flash = raw.clone() as Arc<dyn Flash>;
     format(
         Arc::clone(&flash),
-        &new_flash(Policy::Thesis, "aes-xts-plain64"),
+        &new_flash(Policy::Thesis, "aes-xts-plain64", None),
         PASS,
     )
     .unwrap();
@@ -290,7 +275,7 @@ fn a_plain_chip_or_a_luks_volume_is_not_an_encrypted_flash() {
         detached_header: true,
         metadata_size: Some(16 << 10),
         keyslots_size: Some(3 * (128 << 10) - (32 << 10)),
-        ..new_flash(Policy::Thesis, "aes-xts-plain64").luks
+        ..new_flash(Policy::Thesis, "aes-xts-plain64", None).luks
     };
     sectorcrypt_luks::format(&area, 1 << 20, &options, PASS).unwrap();
     let Err(Error::NotEncrypted(why)) = read_header(Arc::clone(&flash)) else {

@@ -17,12 +17,13 @@ use std::sync::Arc;
 use sectorcrypt_flash::crypt::Policy;
 use sectorcrypt_flash::sim::SimNand;
 use sectorcrypt_flash::{Flash, Geometry};
-use sectorcrypt_flashvol::{format, unlock, NewFlash};
-use sectorcrypt_luks::{FormatOptions, PbkdfChoice, PbkdfOptions};
+use sectorcrypt_flashvol::{format, unlock};
 use sectorcrypt_storage::{MemStorage, Window};
 use sectorcrypt_testkit::pattern;
 use sectorcrypt_ubi::media::VolType;
 use sectorcrypt_ubi::{AttachOptions, Error, NewVolume, Ubi};
+
+use crate::small_key;
 
 const PASS: &[u8] = b"pass";
 
@@ -65,20 +66,7 @@ fn sweep(
     let len = SimNand::image_len(&g);
     let mem = Arc::new(MemStorage::new(vec![0; len as usize]));
     let sim = Arc::new(SimNand::create(Window::new(Arc::clone(&mem), 0, len), g, &[]).unwrap());
-    let new = NewFlash {
-        luks: FormatOptions {
-            version: 2,
-            key_bits: Some(256),
-            pbkdf: PbkdfOptions {
-                kind: Some(PbkdfChoice::Pbkdf2),
-                force_iterations: Some(1000),
-                ..Default::default()
-            },
-            ..Default::default()
-        },
-        policy: Policy::Thesis,
-        keyslots: Some(1),
-    };
+    let new = small_key(Policy::Thesis);
     let opened = format(sim as Arc<dyn Flash>, &new, PASS).unwrap();
     let ubi = opened.attach(opts).unwrap();
     prepare(&ubi);
@@ -209,20 +197,7 @@ fn wear_levelling_moves_through_the_layer_keep_static_data_whole() {
 fn a_format_cut_anywhere_leaves_a_chip_that_formats_or_attaches() {
     let g = geometry(64);
     let len = SimNand::image_len(&g);
-    let new = NewFlash {
-        luks: FormatOptions {
-            version: 2,
-            key_bits: Some(256),
-            pbkdf: PbkdfOptions {
-                kind: Some(PbkdfChoice::Pbkdf2),
-                force_iterations: Some(1000),
-                ..Default::default()
-            },
-            ..Default::default()
-        },
-        policy: Policy::Thesis,
-        keyslots: None,
-    };
+    let new = small_key(Policy::Thesis);
     let (mut encrypted, mut not_yet) = (0, 0);
     for n in 1.. {
         let mem = Arc::new(MemStorage::new(vec![0; len as usize]));
