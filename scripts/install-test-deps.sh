@@ -48,4 +48,7 @@ if ! command -v ubireader_display_info >/dev/null 2>&1; then
   echo "install-test-deps: installing ubi_reader for $py"
   "$py" -m pip install -q ubi_reader
 fi
+# Linux's own UBI and UBIFS, the raw-flash tests' oracle: a User-Mode-Linux kernel with nandsim,
+# built once from Debian's linux-source-6.1 and kept (a few minutes on 2 cores).
+bash "$(dirname "$0")/kernel-oracle.sh" build "${SECTORCRYPT_UML_DIR:-/var/tmp/sectorcrypt-uml}" >/dev/null
 echo "install-test-deps: ok"

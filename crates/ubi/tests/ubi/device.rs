@@ -412,3 +412,55 @@ fn evacuate_moves_every_leb_out_of_the_first_pebs() {
     let ubi = attach(&flash);
     assert_eq!(read_volume(&ubi, a)[..LEB], data[0][..]);
 }
+
+/// Reads that need the ECC (nandsim's `bitflips=`: corrected flips, about one page read in 1024)
+/// get their LEB moved to another PEB (scrubbing), the data unchanged; a page that loses its
+/// data (`gravepages=`) is an error for its reader, not silence.
+#[test]
+fn bit_flips_get_a_leb_scrubbed_and_lost_pages_are_reported() {
+    let (_chip, flash) = Chip::new(small(32));
+    let ubi = attach(&flash);
+    let a = ubi.create_volume(&dynamic("a", 4)).unwrap();
+    let data: Vec<Vec<u8>> = (0..4).map(|i| pattern(LEB, 80 + i)).collect();
+    for (lnum, d) in data.iter().enumerate() {
+        ubi.write(a, lnum as u32, 0, d).unwrap();
+    }
+    let before = ubi.info().max_sqnum;
+    flash.set_faults(Faults {
+        bitflips: 2,
+        ecc_strength: 4,
+        seed: 7,
+        ..Faults::default()
+    });
+    let mut buf = vec![0u8; LEB];
+    // 4 LEBs of 7 pages, 200 times: about 5 corrected reads are expected.
+    for _ in 0..200 {
+        for (lnum, d) in data.iter().enumerate() {
+            ubi.read(a, lnum as u32, 0, &mut buf).unwrap();
+            assert!(&buf == d, "LEB {lnum} read wrong");
+        }
+    }
+    assert!(
+        ubi.info().max_sqnum > before,
+        "a LEB read with bit-flips was moved"
+    );
+    flash.set_faults(Faults::default());
+    let mut vid = [0u8; 64];
+    let used = (0..32)
+        .find(|&peb| {
+            flash.read(peb, 512, &mut vid).unwrap();
+            matches!(
+                sectorcrypt_ubi::media::VidHdr::parse(&vid, LEB as u32),
+                Header::Valid(v) if v.vol_id == a && v.lnum == 2
+            )
+        })
+        .unwrap();
+    flash.set_faults(Faults {
+        grave_pages: vec![(used, 3, 0)],
+        ..Faults::default()
+    });
+    assert!(matches!(
+        ubi.read(a, 2, 0, &mut buf),
+        Err(Error::Flash(sectorcrypt_flash::Error::Uncorrectable { .. }))
+    ));
+}
