@@ -464,3 +464,70 @@ fn bit_flips_get_a_leb_scrubbed_and_lost_pages_are_reported() {
         Err(Error::Flash(sectorcrypt_flash::Error::Uncorrectable { .. }))
     ));
 }
+
+/// The kernel's attach rules: a PEB with a damaged VID header over data that is not erased is
+/// corrupted (kept, counted, never erased), one over erased data was a write cut short (erased);
+/// as many corrupted PEBs as the kernel's limit (5% of the good PEBs, at least 8) refuse the
+/// attach; a PEB of another image (its image sequence) refuses it too.
+#[test]
+fn attach_keeps_counts_and_limits_corrupted_pebs_and_checks_the_image() {
+    use sectorcrypt_ubi::media::EcHdr;
+    let (chip, flash) = Chip::new(small(40));
+    let ubi = attach(&flash);
+    let a = ubi.create_volume(&dynamic("a", 2)).unwrap();
+    ubi.write(a, 0, 0, &pattern(LEB, 1)).unwrap();
+    let seq = ubi.info().image_seq;
+    drop(ubi);
+    let flash = chip.power_on();
+    let free: Vec<u32> = (0..40)
+        .filter(|&peb| {
+            let mut vid = [0u8; 64];
+            flash.read(peb, 512, &mut vid).unwrap();
+            vid.iter().all(|&b| b == 0xFF)
+        })
+        .collect();
+    // A garbage VID header: over data (corrupted) on one PEB, over erased data (cut short) on
+    // another.
+    flash.program(free[0], 512, &[0x42; 512]).unwrap();
+    flash.program(free[0], 4096, &pattern(2048, 9)).unwrap();
+    flash.program(free[1], 512, &[0x42; 512]).unwrap();
+    let ubi = attach(&flash);
+    assert_eq!(ubi.info().corrupted_pebs, 1);
+    drop(ubi);
+    let mut data = [0u8; 2048];
+    flash.read(free[0], 4096, &mut data).unwrap();
+    assert_eq!(
+        data.to_vec(),
+        pattern(2048, 9),
+        "a corrupted PEB is kept as it was"
+    );
+    // Eight corrupted PEBs (5% of 40 is 2, the kernel's floor is 8): refused.
+    let flash = chip.power_on();
+    for &peb in &free[2..9] {
+        flash.program(peb, 512, &[0x42; 512]).unwrap();
+        flash.program(peb, 4096, &pattern(2048, 9)).unwrap();
+    }
+    let refused =
+        sectorcrypt_ubi::Ubi::attach(flash.clone(), &sectorcrypt_ubi::AttachOptions::default());
+    assert!(
+        matches!(refused, Err(Error::Refused(_))),
+        "eight corrupted PEBs"
+    );
+    // Another image's PEB.
+    let (chip, flash) = Chip::new(small(24));
+    drop(attach(&flash));
+    let flash = chip.power_on();
+    let mut hdr = [0u8; 64];
+    flash.read(5, 0, &mut hdr).unwrap();
+    let Header::Valid(mut ec) = EcHdr::parse(&hdr) else {
+        panic!("no EC header")
+    };
+    assert_ne!(ec.image_seq, seq.wrapping_add(1));
+    ec.image_seq = ec.image_seq.wrapping_add(1);
+    flash.erase(5).unwrap();
+    flash
+        .program(5, 0, &[&ec.to_bytes()[..], &[0xFF; 448][..]].concat())
+        .unwrap();
+    let refused = sectorcrypt_ubi::Ubi::attach(flash, &sectorcrypt_ubi::AttachOptions::default());
+    assert!(matches!(refused, Err(Error::Refused(why)) if why.contains("image")));
+}
