@@ -1,14 +1,18 @@
-//! Which devices are raw flash: a simulated NAND image (recognised by its magic) or a Linux MTD
-//! character device (`/dev/mtdN`). On such a device the LUKS commands work on the encrypted
-//! flash's header area, the same code as on a file.
+//! Which devices are raw flash: a simulated NAND image (recognised by its magic), a Linux MTD
+//! character device (`/dev/mtdN`), or a raw dump in `nanddump`'s layout named as
+//! `nanddump:FILE[?peb=SIZE&page=SIZE&subpage=SIZE&oob=SIZE&layout=data|oob]` (a dump does not
+//! say its geometry: the defaults are the default SLC chip's, 128 KiB / 2048 / 512 / 64, data
+//! only). On such a device the LUKS commands work on the encrypted flash's header area, the same
+//! code as on a file.
 
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 use std::sync::Arc;
 
+use sectorcrypt_flash::dump::{DumpFlash, Layout};
 use sectorcrypt_flash::mtd::MtdFlash;
 use sectorcrypt_flash::sim::SimNand;
-use sectorcrypt_flash::Flash;
+use sectorcrypt_flash::{Flash, Geometry};
 use sectorcrypt_flashvol::Error as FlashVolError;
 use sectorcrypt_storage::{FileStorage, Storage};
 
@@ -41,6 +45,8 @@ pub(crate) enum Chip {
     Sim(Arc<SimNand>),
     /// A Linux MTD character device.
     Mtd(Arc<MtdFlash>),
+    /// A raw dump in nanddump's layout.
+    Dump(Arc<DumpFlash>),
 }
 
 impl Chip {
@@ -49,6 +55,7 @@ impl Chip {
         match self {
             Chip::Sim(s) => Arc::clone(s) as Arc<dyn Flash>,
             Chip::Mtd(m) => Arc::clone(m) as Arc<dyn Flash>,
+            Chip::Dump(d) => Arc::clone(d) as Arc<dyn Flash>,
         }
     }
 
@@ -56,7 +63,7 @@ impl Chip {
     pub(crate) fn erase_counts(&self) -> Option<Vec<u32>> {
         match self {
             Chip::Sim(s) => Some(s.erase_counts()),
-            Chip::Mtd(_) => None,
+            Chip::Mtd(_) | Chip::Dump(_) => None,
         }
     }
 }
@@ -70,6 +77,9 @@ fn chip_error(path: &Path, e: sectorcrypt_flash::Error) -> CliError {
 
 /// The raw flash at `path`, if it is one (`None`: an ordinary file or block device).
 pub(crate) fn open_chip(path: &Path, read_only: bool) -> Result<Option<Chip>, CliError> {
+    if let Some(spec) = path.to_str().and_then(|p| p.strip_prefix("nanddump:")) {
+        return open_dump(spec, read_only).map(Some);
+    }
     let meta = std::fs::metadata(path).map_err(|e| missing(path, e))?;
     if meta.file_type().is_char_device() {
         let mtd = MtdFlash::open(path, read_only).map_err(|e| chip_error(path, e))?;
@@ -83,6 +93,47 @@ pub(crate) fn open_chip(path: &Path, read_only: bool) -> Result<Option<Chip>, Cl
     Ok(Some(Chip::Sim(Arc::new(sim))))
 }
 
+/// Whether `path` names an existing device rather than a file to create (a `nanddump:` name is
+/// never a new image).
+pub(crate) fn exists(path: &Path) -> bool {
+    path.exists() || path.to_str().is_some_and(|p| p.starts_with("nanddump:"))
+}
+
+/// A dump named `FILE[?key=value&...]` (see the module docs).
+fn open_dump(spec: &str, read_only: bool) -> Result<Chip, CliError> {
+    let (file, query) = spec.split_once('?').unwrap_or((spec, ""));
+    let d = Geometry::default();
+    let (mut g, mut layout) = (d, Layout::DataOnly);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let bad = || {
+            CliError::usage(format!(
+                "nanddump:{spec}: '{pair}' is not KEY=VALUE (peb, page, subpage, oob, layout)"
+            ))
+        };
+        let (key, value) = pair.split_once('=').ok_or_else(bad)?;
+        let size = || -> Result<u32, CliError> {
+            crate::units::parse_size(value)
+                .ok()
+                .and_then(|v| u32::try_from(v).ok())
+                .ok_or_else(bad)
+        };
+        match key {
+            "peb" => g.peb_size = size()?,
+            "page" => g.page_size = size()?,
+            "subpage" => g.sub_page_size = size()?,
+            "oob" => g.oob_size = size()?,
+            "layout" if value == "data" => layout = Layout::DataOnly,
+            "layout" if value == "oob" => layout = Layout::WithOob,
+            _ => return Err(bad()),
+        }
+    }
+    g.nop = (g.page_size / g.sub_page_size.max(1)).clamp(1, 255) as u8;
+    let path = Path::new(file);
+    let storage = open_file(path, read_only)?;
+    let dump = DumpFlash::open(Box::new(storage), g, layout).map_err(|e| chip_error(path, e))?;
+    Ok(Chip::Dump(Arc::new(dump)))
+}
+
 /// The raw flash at `path`, if it is one.
 pub(crate) fn open_flash(path: &Path, read_only: bool) -> Result<Option<Arc<dyn Flash>>, CliError> {
     Ok(open_chip(path, read_only)?.map(|c| c.flash()))
@@ -93,8 +144,8 @@ pub(crate) fn require_chip(path: &Path, read_only: bool) -> Result<Chip, CliErro
     open_chip(path, read_only)?.ok_or_else(|| CliError {
         code: Code::Device,
         message: format!(
-            "{} is not a flash device (a NAND image made by 'sectorcrypt flash format' or \
-             /dev/mtdN)",
+            "{} is not a flash device (a NAND image made by 'sectorcrypt flash format', \
+             /dev/mtdN, or nanddump:FILE)",
             path.display()
         ),
     })

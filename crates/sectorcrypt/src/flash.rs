@@ -211,7 +211,7 @@ impl NewHeaderArgs {
 
 fn format(args: FormatArgs) -> Result<(), CliError> {
     let new = args.header.new_flash()?;
-    let created = !args.device.exists();
+    let created = !crate::chip::exists(&args.device);
     let chip = if created {
         create_image(&args.device, &args.geometry.geometry()?)?
     } else {
@@ -536,7 +536,7 @@ fn import(args: ImportArgs) -> Result<(), CliError> {
     let image = std::fs::read(&args.image)
         .map_err(|e| CliError::io(format!("cannot read {}", args.image.display()), e))?;
     let device = &args.open.device;
-    let (target, opened): (Arc<dyn Flash>, _) = if device.exists() {
+    let (target, opened): (Arc<dyn Flash>, _) = if crate::chip::exists(device) {
         if args.geometry.given() {
             return Err(CliError {
                 code: Code::Busy,
@@ -592,9 +592,20 @@ pub(crate) struct ExportArgs {
     /// The dump to write.
     #[arg(value_name = "FILE")]
     out: PathBuf,
+    /// The chip as it is, ciphertext and all, every eraseblock (no passphrase needed): what
+    /// nanddump would read off the device, usable later as DEVICE `nanddump:FILE`.
+    #[arg(long)]
+    raw: bool,
+    /// With --raw: each page followed by its spare area (nanddump --oob).
+    #[arg(long, requires = "raw")]
+    oob: bool,
 }
 
 fn export(args: ExportArgs) -> Result<(), CliError> {
+    if args.raw {
+        let chip = require_chip(&args.open.device, true)?;
+        return write_out(&args.out, &raw_dump(&*chip.flash(), args.oob)?);
+    }
     let (_, opened) = args.open.unlock(true)?;
     let crypt = &opened.crypt;
     let g = crypt.geometry();
@@ -609,6 +620,38 @@ fn export(args: ExportArgs) -> Result<(), CliError> {
         }
     }
     write_out(&args.out, &dump)
+}
+
+/// Every eraseblock of `flash` as nanddump writes it: data only, or each page and its spare area
+/// (`with_oob`); bad blocks as 0xFF, their marker kept in the spare area.
+fn raw_dump(flash: &dyn Flash, with_oob: bool) -> Result<Vec<u8>, CliError> {
+    let g = flash.geometry();
+    let (page, oob) = (g.page_size as usize, g.oob_size as usize);
+    let stride = if with_oob { page + oob } else { page };
+    let mut dump = vec![0xFFu8; g.peb_count as usize * g.pages_per_peb() as usize * stride];
+    let mut block = vec![0u8; g.peb_size as usize];
+    for (peb, out) in dump
+        .chunks_mut(g.pages_per_peb() as usize * stride)
+        .enumerate()
+    {
+        let peb = peb as u32;
+        let bad = flash.is_bad(peb)?;
+        if !bad {
+            match flash.read(peb, 0, &mut block) {
+                Ok(_) | Err(sectorcrypt_flash::Error::Uncorrectable { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        for (i, slot) in out.chunks_mut(stride).enumerate() {
+            if !bad {
+                slot[..page].copy_from_slice(&block[i * page..(i + 1) * page]);
+            }
+            if with_oob {
+                flash.read_oob(peb, i as u32, &mut slot[page..])?;
+            }
+        }
+    }
+    Ok(dump)
 }
 
 /// A flash error (the chip failed): exit 1 with what failed.

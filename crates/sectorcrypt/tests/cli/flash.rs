@@ -791,3 +791,98 @@ fn linux_attaches_the_export_and_mounts_its_ubifs() {
         );
     }
 }
+
+/// `flash export --raw [--oob]` writes the chip as nanddump would read it off the device, and a
+/// dump works as DEVICE (`nanddump:FILE`, geometry and layout as query parameters) for the key
+/// commands and the flash commands alike, writes included.
+#[test]
+fn raw_dumps_come_out_and_go_back_in_as_devices() {
+    let dir = scratch("cli-flash-dumps");
+    let (img, key) = new_flash(&dir, &[]);
+    let blob = sectorcrypt_testkit::pattern(100_000, 21);
+    std::fs::write(dir.join("blob"), &blob).unwrap();
+    ok(
+        sc(&keyed(
+            &key,
+            &[
+                "flash",
+                "mkvol",
+                p(&img),
+                "-N",
+                "cfg",
+                "-S",
+                "2",
+                "-t",
+                "static",
+            ],
+        )),
+        "mkvol",
+    );
+    ok(
+        sc(&keyed(
+            &key,
+            &[
+                "flash",
+                "update",
+                p(&img),
+                "-N",
+                "cfg",
+                p(&dir.join("blob")),
+            ],
+        )),
+        "update",
+    );
+    let raw = dir.join("raw.bin");
+    let with_oob = dir.join("raw-oob.bin");
+    ok(
+        sc(&["flash", "export", p(&img), p(&raw), "--raw"]),
+        "export --raw",
+    );
+    ok(
+        sc(&["flash", "export", p(&img), p(&with_oob), "--raw", "--oob"]),
+        "export --raw --oob",
+    );
+    assert_eq!(std::fs::metadata(&raw).unwrap().len(), 16 << 20);
+    assert_eq!(
+        std::fs::metadata(&with_oob).unwrap().len(),
+        (16 << 20) + 128 * 64 * 64
+    );
+    let as_device = format!("nanddump:{}", p(&raw));
+    let with_oob_device = format!("nanddump:{}?layout=oob&oob=64", p(&with_oob));
+    ok(
+        sc(&["test-passphrase", &as_device, "--key-file", p(&key)]),
+        "test-passphrase on a dump",
+    );
+    let back = dir.join("back");
+    ok(
+        sc(&keyed(
+            &key,
+            &["flash", "read", &with_oob_device, "-N", "cfg", p(&back)],
+        )),
+        "read from a dump",
+    );
+    assert!(std::fs::read(&back).unwrap() == blob);
+    ok(
+        sc(&keyed(
+            &key,
+            &["flash", "mkvol", &as_device, "-N", "new", "-S", "1"],
+        )),
+        "mkvol on a dump",
+    );
+    assert_eq!(
+        volume_names(&info(Path::new(&as_device), &key)),
+        ["cfg", "new"]
+    );
+    sc_exits(
+        &["flash", "info", &format!("nanddump:{}?peb=banana", p(&raw))],
+        1,
+    );
+    sc_exits(
+        &[
+            "flash",
+            "info",
+            &format!("nanddump:{}", p(&dir.join("missing.bin"))),
+        ],
+        4,
+    );
+}
