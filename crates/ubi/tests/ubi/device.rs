@@ -503,7 +503,10 @@ fn attach_keeps_counts_and_limits_corrupted_pebs_and_checks_the_image() {
     );
     let mut vid = [0u8; 64];
     flash.read(free[1], 512, &mut vid).unwrap();
-    assert!(vid.iter().all(|&b| b == 0xFF), "a write cut short was erased");
+    assert!(
+        vid.iter().all(|&b| b == 0xFF),
+        "a write cut short was erased"
+    );
     // Eight corrupted PEBs (5% of 40 is 2, the kernel's floor is 8): refused.
     let flash = chip.power_on();
     for &peb in &free[2..9] {
