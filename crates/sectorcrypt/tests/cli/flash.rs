@@ -345,6 +345,14 @@ fn ubinize_images_and_squashfs_go_in_and_come_out_for_the_standard_tools() {
         ]),
         "export",
     );
+    let shown = ok(
+        run(Command::new("ubireader_display_info").arg(p(&export))),
+        "ubireader_display_info",
+    );
+    let shown = String::from_utf8_lossy(&shown.stdout).into_owned();
+    for name in ["rootfs", "data", "rest"] {
+        assert!(shown.contains(&format!("Volume Name:{name}")), "{shown}");
+    }
     let volumes = sectorcrypt_testkit::tools::ubi_reader_volumes(&dir, &export);
     let extracted = |name: &str| volumes[name].clone();
     assert!(extracted("rootfs") == std::fs::read(&sqfs).unwrap());
