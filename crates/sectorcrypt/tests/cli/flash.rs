@@ -47,6 +47,34 @@ fn ubinize(dir: &Path, cfg: &str) {
     );
 }
 
+/// A static volume `name` of `lebs` LEBs holding the file `data` (ubimkvol, ubiupdatevol).
+fn static_volume(img: &Path, key: &Path, name: &str, lebs: &str, data: &Path) {
+    ok(
+        sc(&keyed(
+            key,
+            &[
+                "flash",
+                "mkvol",
+                p(img),
+                "-N",
+                name,
+                "-S",
+                lebs,
+                "-t",
+                "static",
+            ],
+        )),
+        "mkvol",
+    );
+    ok(
+        sc(&keyed(
+            key,
+            &["flash", "update", p(img), "-N", name, p(data)],
+        )),
+        "update",
+    );
+}
+
 /// The names of the volumes `flash info --json` lists.
 fn volume_names(info: &Value) -> Vec<&str> {
     info["ubi"]["volumes"]
@@ -710,37 +738,7 @@ fn linux_attaches_the_export_and_mounts_its_ubifs() {
     // Changes made by this UBI: a new static volume (volume table update, CRCs).
     let extra = sectorcrypt_testkit::pattern(150_000, 13);
     std::fs::write(dir.join("extra.bin"), &extra).unwrap();
-    ok(
-        sc(&keyed(
-            &key,
-            &[
-                "flash",
-                "mkvol",
-                p(&img),
-                "-N",
-                "extra",
-                "-S",
-                "2",
-                "-t",
-                "static",
-            ],
-        )),
-        "mkvol",
-    );
-    ok(
-        sc(&keyed(
-            &key,
-            &[
-                "flash",
-                "update",
-                p(&img),
-                "-N",
-                "extra",
-                p(&dir.join("extra.bin")),
-            ],
-        )),
-        "update",
-    );
+    static_volume(&img, &key, "extra", "2", &dir.join("extra.bin"));
     let dump = dir.join("export.bin");
     ok(
         sc(&keyed(&key, &["flash", "export", p(&img), p(&dump)])),
@@ -809,37 +807,7 @@ fn raw_dumps_come_out_and_go_back_in_as_devices() {
     let (img, key) = new_flash(&dir, &[]);
     let blob = sectorcrypt_testkit::pattern(100_000, 21);
     std::fs::write(dir.join("blob"), &blob).unwrap();
-    ok(
-        sc(&keyed(
-            &key,
-            &[
-                "flash",
-                "mkvol",
-                p(&img),
-                "-N",
-                "cfg",
-                "-S",
-                "2",
-                "-t",
-                "static",
-            ],
-        )),
-        "mkvol",
-    );
-    ok(
-        sc(&keyed(
-            &key,
-            &[
-                "flash",
-                "update",
-                p(&img),
-                "-N",
-                "cfg",
-                p(&dir.join("blob")),
-            ],
-        )),
-        "update",
-    );
+    static_volume(&img, &key, "cfg", "2", &dir.join("blob"));
     let raw = dir.join("raw.bin");
     let with_oob = dir.join("raw-oob.bin");
     ok(
