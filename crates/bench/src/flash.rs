@@ -41,7 +41,7 @@ pub enum Stack {
 }
 
 impl Stack {
-    fn name(self) -> String {
+    pub(crate) fn name(self) -> String {
         match self {
             Stack::Plain => "plain".into(),
             Stack::Encrypted(spec, policy) => format!("{spec} {}", policy.name()),

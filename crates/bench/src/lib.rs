@@ -6,6 +6,8 @@
 //!   second XOR, other) over a large buffer cut into one-sector requests vs 4 KiB requests.
 //! - [`flash`]: UBI's LEB write and read throughput on a simulated chip with and without the
 //!   encryption layer below it, by request size, and the cipher work per PEB written.
+//! - [`wear`]: erases per eraseblock when a recorded UBI trace is replayed with and without the
+//!   encryption layer (the thesis' 24.43x).
 //! - [`tcrypt`]: cycles per 4096-byte operation for ECB/CBC/CTR/XTS, as the Linux `tcrypt` speed
 //!   test reports them (the LEA kernel patch's table).
 //!
@@ -16,6 +18,7 @@ pub mod breakdown;
 pub mod flash;
 pub mod speed;
 pub mod tcrypt;
+pub mod wear;
 
 use rand::RngCore;
 

@@ -21,6 +21,7 @@
 //! `Flash` storing only ciphertext on another), [`area::BlockArea`] turns a run of eraseblocks into a small rewritable
 //! `Storage` whose block rewrites survive power cuts (where an encrypted flash keeps its header),
 //! and [`part::Partition`] gives the blocks after it to UBI as a chip of their own.
+//! [`trace::Trace`] replays what Linux's UBI did to a chip (recorded traces) on any of them.
 //!
 //! Every operation takes `&self` (backends lock inside) so that several threads can share a chip,
 //! as several volumes of one UBI device do.
@@ -37,6 +38,7 @@ mod geometry;
 pub mod mtd;
 pub mod part;
 pub mod sim;
+pub mod trace;
 
 pub use error::Error;
 pub use geometry::Geometry;

@@ -54,6 +54,9 @@ pub(crate) enum Command {
     /// Unlock, attach UBI and expose every volume as a file under MOUNTPOINT (FUSE) and/or an
     /// NBD export on DIR/<name>.sock, until unmounted or SIGINT/SIGTERM.
     Attach(Box<crate::attach::AttachArgs>),
+    /// Replay recorded UBI traces (../shared/flash-traces) on a simulated chip with plain UBI and
+    /// behind the encryption layer, and count the program/erase cycles per eraseblock.
+    Study(StudyArgs),
     /// Measure UBI's LEB write and read throughput on a simulated chip in memory, with and
     /// without the encryption layer, by request size.
     Benchmark(BenchArgs),
@@ -71,6 +74,7 @@ pub(crate) fn run(command: Command) -> Result<(), CliError> {
         Command::Import(args) => import(args),
         Command::Export(args) => export(args),
         Command::Benchmark(args) => benchmark(args),
+        Command::Study(args) => study(args),
         Command::Attach(args) => crate::attach::run(*args),
         Command::Convert(args) => convert(*args),
     }
@@ -975,4 +979,64 @@ fn convert(args: ConvertArgs) -> Result<(), CliError> {
         bar.finish_and_clear();
     }
     Ok(result?)
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct StudyArgs {
+    /// Trace files (`R|W|E pnum offset len` lines, xz-compressed or not).
+    #[arg(value_name = "TRACE", required = true)]
+    traces: Vec<PathBuf>,
+    /// One JSON object per trace and stack, one per line.
+    #[arg(long)]
+    json: bool,
+}
+
+fn study(args: StudyArgs) -> Result<(), CliError> {
+    use sectorcrypt_bench::wear::{replay, study_stacks};
+    let mut out = std::io::stdout().lock();
+    let mut line = |text: String| {
+        out.write_all(text.as_bytes())
+            .map_err(|e| CliError::io("cannot write the output", e))
+    };
+    if !args.json {
+        line(format!(
+            "# erases per eraseblock, replayed on a simulated chip (the chip's own counts)\n#{:>29} {:>28} {:>22} {:>8} {:>22} {:>10}\n",
+            "trace", "stack", "workload min/mean/max", "vs plain", "whole run min/mean/max", "erases/GiB"
+        ))?;
+    }
+    for path in &args.traces {
+        let trace = sectorcrypt_flash::trace::Trace::read(path).map_err(|e| CliError {
+            code: Code::Device,
+            message: format!("{}: {e}", path.display()),
+        })?;
+        let name = path
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let mut plain = None;
+        for stack in study_stacks() {
+            let w = replay(&trace, &name, stack)?;
+            let base = *plain.get_or_insert(w.workload.mean);
+            if args.json {
+                line(format!(
+                    "{}\n",
+                    serde_json::to_string(&w).expect("serializable")
+                ))?;
+            } else {
+                line(format!(
+                    "{:>30} {:>28} {:>6}/{:>7.2}/{:>6} {:>7.2}x {:>6}/{:>7.2}/{:>6} {:>10.0}\n",
+                    w.trace,
+                    w.stack,
+                    w.workload.min,
+                    w.workload.mean,
+                    w.workload.max,
+                    w.workload.mean / base.max(f64::MIN_POSITIVE),
+                    w.whole.min,
+                    w.whole.mean,
+                    w.whole.max,
+                    w.erases_per_gib
+                ))?;
+            }
+        }
+    }
+    Ok(())
 }
