@@ -22,6 +22,7 @@
 //! returns: there is no volatile cache to lose, so a power cut only damages the operation in
 //! flight (see [`SimNand::cut_power_at`]).
 
+use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use rand::rngs::StdRng;
@@ -91,8 +92,8 @@ struct State {
     cut_at: Option<u64>,
     off: bool,
     erases_this_run: Vec<u32>,
-    programs_this_run: Vec<(u32, u32, u32)>,
-    reads_this_run: Vec<(u32, u32, u32)>,
+    programs_this_run: HashMap<(u32, u32), u32>,
+    reads_this_run: HashMap<(u32, u32), u32>,
 }
 
 /// A simulated NAND chip in an image (see the module docs).
@@ -242,8 +243,8 @@ impl SimNand {
                 cut_at: None,
                 off: false,
                 erases_this_run: Vec::new(),
-                programs_this_run: Vec::new(),
-                reads_this_run: Vec::new(),
+                programs_this_run: HashMap::new(),
+                reads_this_run: HashMap::new(),
             }),
         }
     }
@@ -331,17 +332,11 @@ impl SimNand {
         Ok(false)
     }
 
-    fn bump(counts: &mut Vec<(u32, u32, u32)>, peb: u32, page: u32) -> u32 {
-        match counts.iter_mut().find(|(b, p, _)| *b == peb && *p == page) {
-            Some((_, _, n)) => {
-                *n += 1;
-                *n
-            }
-            None => {
-                counts.push((peb, page, 1));
-                1
-            }
-        }
+    /// Count one more operation on `page` of `peb` in this run; the new count.
+    fn bump(counts: &mut HashMap<(u32, u32), u32>, peb: u32, page: u32) -> u32 {
+        let n = counts.entry((peb, page)).or_insert(0);
+        *n += 1;
+        *n
     }
 }
 
