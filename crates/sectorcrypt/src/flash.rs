@@ -871,31 +871,20 @@ fn benchmark(args: BenchArgs) -> Result<(), CliError> {
             "--request-size {bad}: LEB writes go in whole 2048-byte pages (or a whole LEB, 129024)"
         )));
     }
-    let mut out = std::io::stdout().lock();
-    let mut line = |text: String| {
-        out.write_all(text.as_bytes())
-            .map_err(|e| CliError::io("cannot write the output", e))
-    };
-    if !args.json {
-        line(format!(
+    let mut rows = Rows::new(args.json);
+    rows.header(format!(
             "# UBI on a simulated 2 KiB-page SLC chip in memory, {} MiB per measurement; 'SLC' columns: the same\n# chip operations timed as a typical SLC chip (read 25 us/page, program 200 us/page, erase 2 ms)\n#{:>27} {:>8} {:>10} {:>10} {:>8} {:>9} {:>9} {:>8} {:>9} {:>9} {:>12} {:>7}\n",
             args.bytes >> 20,
             "stack", "request", "write MB/s", "read MB/s", "vs plain", "SLC write", "SLC read", "vs plain", "erase/PEB", "calls/PEB", "cipher B/PEB", "cipher%"
         ))?;
-    }
     for &size in &sizes {
         let mut plain = None;
         for stack in default_stacks() {
             let m = measure(stack, size, args.bytes as usize, args.rounds);
             let (base, slc_base) =
                 *plain.get_or_insert((m.write_bytes_per_sec, m.slc_write_bytes_per_sec));
-            if args.json {
-                line(format!(
-                    "{}\n",
-                    serde_json::to_string(&m).expect("serializable")
-                ))?;
-            } else {
-                line(format!(
+            rows.row(&m, || {
+                format!(
                     "{:>28} {:>8} {:>10.1} {:>10.1} {:>7.2}x {:>9.2} {:>9.2} {:>7.3}x {:>9.2} {:>9.1} {:>12.0} {:>6.1}%\n",
                     m.stack,
                     size,
@@ -909,8 +898,8 @@ fn benchmark(args: BenchArgs) -> Result<(), CliError> {
                     m.cipher_calls_per_peb,
                     m.cipher_bytes_per_peb,
                     m.cipher_share_of_write * 100.0
-                ))?;
-            }
+                )
+            })?;
         }
     }
     Ok(())
@@ -991,19 +980,56 @@ pub(crate) struct StudyArgs {
     json: bool,
 }
 
+/// Measurement output: a text table (with its header), or one JSON object per row (`--json`).
+struct Rows {
+    out: std::io::StdoutLock<'static>,
+    json: bool,
+}
+
+impl Rows {
+    fn new(json: bool) -> Rows {
+        Rows {
+            out: std::io::stdout().lock(),
+            json,
+        }
+    }
+
+    fn write(&mut self, text: &str) -> Result<(), CliError> {
+        self.out
+            .write_all(text.as_bytes())
+            .map_err(|e| CliError::io("cannot write the output", e))
+    }
+
+    /// The table's header (not in JSON).
+    fn header(&mut self, text: String) -> Result<(), CliError> {
+        if self.json {
+            return Ok(());
+        }
+        self.write(&text)
+    }
+
+    /// One row: `value` as a JSON line, or `text` as a table line.
+    fn row(
+        &mut self,
+        value: &impl serde::Serialize,
+        text: impl FnOnce() -> String,
+    ) -> Result<(), CliError> {
+        let line = if self.json {
+            format!("{}\n", serde_json::to_string(value).expect("serializable"))
+        } else {
+            text()
+        };
+        self.write(&line)
+    }
+}
+
 fn study(args: StudyArgs) -> Result<(), CliError> {
     use sectorcrypt_bench::wear::{replay, study_stacks};
-    let mut out = std::io::stdout().lock();
-    let mut line = |text: String| {
-        out.write_all(text.as_bytes())
-            .map_err(|e| CliError::io("cannot write the output", e))
-    };
-    if !args.json {
-        line(format!(
+    let mut rows = Rows::new(args.json);
+    rows.header(format!(
             "# erases per eraseblock, replayed on a simulated chip (the chip's own counts)\n#{:>29} {:>28} {:>22} {:>8} {:>22} {:>10}\n",
             "trace", "stack", "workload min/mean/max", "vs plain", "whole run min/mean/max", "erases/GiB"
         ))?;
-    }
     for path in &args.traces {
         let trace = sectorcrypt_flash::trace::Trace::read(path).map_err(|e| CliError {
             code: Code::Device,
@@ -1016,13 +1042,8 @@ fn study(args: StudyArgs) -> Result<(), CliError> {
         for stack in study_stacks() {
             let w = replay(&trace, &name, stack)?;
             let base = *plain.get_or_insert(w.workload.mean);
-            if args.json {
-                line(format!(
-                    "{}\n",
-                    serde_json::to_string(&w).expect("serializable")
-                ))?;
-            } else {
-                line(format!(
+            rows.row(&w, || {
+                format!(
                     "{:>30} {:>28} {:>6}/{:>7.2}/{:>6} {:>7.2}x {:>6}/{:>7.2}/{:>6} {:>10.0}\n",
                     w.trace,
                     w.stack,
@@ -1034,8 +1055,8 @@ fn study(args: StudyArgs) -> Result<(), CliError> {
                     w.whole.mean,
                     w.whole.max,
                     w.erases_per_gib
-                ))?;
-            }
+                )
+            })?;
         }
     }
     Ok(())
