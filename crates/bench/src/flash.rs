@@ -21,7 +21,8 @@ use std::time::Instant;
 
 use sectorcrypt_cipher::spec::CipherSpec;
 use sectorcrypt_cipher::{BackendChoice, Direction, SectorOptions};
-use sectorcrypt_flash::crypt::{CryptFlash, CryptStats, Policy};
+use sectorcrypt_flash::crypt::{rewrite_journal_blocks, CryptFlash, CryptStats, Policy};
+use sectorcrypt_flash::part::Partition;
 use sectorcrypt_flash::sim::SimNand;
 use sectorcrypt_flash::{Error as FlashError, Flash, Geometry, ReadStatus};
 use sectorcrypt_storage::MemStorage;
@@ -31,6 +32,9 @@ use serde::Serialize;
 
 use crate::speed::{self, SpeedCase};
 
+/// What UBI works on, and the encryption layer in it if there is one.
+pub(crate) type Layered = (Arc<dyn Flash>, Option<Arc<CryptFlash>>);
+
 /// A stack to measure.
 #[derive(Clone, Copy, Debug)]
 pub enum Stack {
@@ -38,6 +42,9 @@ pub enum Stack {
     Plain,
     /// UBI on the encryption layer with this cipher and erased-space policy.
     Encrypted(CipherSpec, Policy),
+    /// As `Encrypted`, with the free space hidden (as at a detach) once more when a trace's
+    /// workload starts: what one more attach between set-up and workload costs.
+    Reattached(CipherSpec, Policy),
 }
 
 impl Stack {
@@ -45,16 +52,50 @@ impl Stack {
         match self {
             Stack::Plain => "plain".into(),
             Stack::Encrypted(spec, policy) => format!("{spec} {}", policy.name()),
+            Stack::Reattached(spec, policy) => format!("{spec} {} re-attached", policy.name()),
         }
+    }
+
+    /// Eraseblocks the chip needs besides UBI's `ubi_blocks`: the layer's rewrite journal,
+    /// after them.
+    pub(crate) fn journal_blocks(self, ubi_blocks: u32) -> u32 {
+        match self {
+            Stack::Encrypted(_, p) | Stack::Reattached(_, p) if p.hides_at_rest() => {
+                rewrite_journal_blocks(ubi_blocks)
+            }
+            _ => 0,
+        }
+    }
+
+    /// The flash UBI works on over `chip` (its first `ubi_blocks` blocks; the rest the
+    /// journal's), and the layer if there is one, keyed with a random key.
+    pub(crate) fn over(self, chip: Arc<dyn Flash>, ubi_blocks: u32) -> Result<Layered, FlashError> {
+        let (Stack::Encrypted(spec, policy) | Stack::Reattached(spec, policy)) = self else {
+            return Ok((chip, None));
+        };
+        let key = crate::random_buffer(spec.default_key_bits() / 8);
+        let options = SectorOptions::default();
+        let journal = chip.geometry().peb_count - ubi_blocks;
+        let crypt = if journal == 0 {
+            CryptFlash::new(chip, spec, &key, policy, &options)?
+        } else {
+            let data = Arc::new(Partition::range(Arc::clone(&chip), 0, ubi_blocks)?);
+            let journal = Arc::new(Partition::range(chip, ubi_blocks, journal)?);
+            CryptFlash::with_journal(data, journal, spec, &key, policy, &options)?
+        };
+        let crypt = Arc::new(crypt);
+        Ok((Arc::clone(&crypt) as Arc<dyn Flash>, Some(crypt)))
     }
 }
 
-/// The stacks of the default run: plain, and XTS and the thesis' CBC-ESSIV under both policies.
+/// The stacks of the default run: plain, XTS under the default policy and with free space
+/// visible, and XTS and the thesis' CBC-ESSIV under the thesis' policy.
 pub fn default_stacks() -> Vec<Stack> {
     let xts = CipherSpec::parse("aes-xts-plain64").expect("built-in spec");
     let cbc = CipherSpec::parse("aes-cbc-essiv:sha256").expect("built-in spec");
     vec![
         Stack::Plain,
+        Stack::Encrypted(xts, Policy::AtRest),
         Stack::Encrypted(xts, Policy::Visible),
         Stack::Encrypted(xts, Policy::Thesis),
         Stack::Encrypted(cbc, Policy::Thesis),
@@ -157,7 +198,8 @@ pub struct FlashMeasurement {
     pub cipher_share_of_write: f64,
 }
 
-fn geometry() -> Geometry {
+/// The chip of every measurement (the default SLC geometry, 32 MiB).
+pub(crate) fn geometry() -> Geometry {
     Geometry {
         peb_count: 256,
         ..Geometry::default()
@@ -179,7 +221,10 @@ struct Round {
 /// Build `stack` in memory, write `bytes` (whole LEBs) in `request_size` pieces and read them
 /// back.
 fn round(stack: Stack, request_size: usize, bytes: usize) -> Round {
-    let g = geometry();
+    let g = Geometry {
+        peb_count: geometry().peb_count + stack.journal_blocks(geometry().peb_count),
+        ..geometry()
+    };
     let sim = Arc::new(
         SimNand::create(
             MemStorage::new(vec![0; SimNand::image_len(&g) as usize]),
@@ -195,26 +240,9 @@ fn round(stack: Stack, request_size: usize, bytes: usize) -> Round {
         pages_programmed: AtomicU64::new(0),
         erases: AtomicU64::new(0),
     });
-    let chip = Arc::clone(&counted) as Arc<dyn Flash>;
-    let crypt = match stack {
-        Stack::Plain => None,
-        Stack::Encrypted(spec, policy) => {
-            let key = crate::random_buffer(spec.default_key_bits() / 8);
-            Some(Arc::new(
-                CryptFlash::new(
-                    Arc::clone(&chip),
-                    spec,
-                    &key,
-                    policy,
-                    &SectorOptions::default(),
-                )
-                .expect("the layer"),
-            ))
-        }
-    };
-    let flash = crypt
-        .as_ref()
-        .map_or(chip, |c| Arc::clone(c) as Arc<dyn Flash>);
+    let (flash, crypt) = stack
+        .over(Arc::clone(&counted) as Arc<dyn Flash>, geometry().peb_count)
+        .expect("the layer");
     let ubi = Ubi::attach(flash, &AttachOptions::default()).expect("UBI");
     let leb = ubi.info().layout.leb_size as usize;
     let lebs = bytes.div_ceil(leb) as u32;
@@ -292,7 +320,7 @@ pub fn measure(stack: Stack, request_size: usize, bytes: usize, rounds: usize) -
     let r = &all[all.len() / 2];
     let cipher_share = match stack {
         Stack::Plain => 0.0,
-        Stack::Encrypted(spec, _) => {
+        Stack::Encrypted(spec, _) | Stack::Reattached(spec, _) => {
             // The cipher alone, at the layer's unit and its mean request size in this round.
             let unit = geometry().sub_page_size as usize;
             let mean = r.cipher.cipher_bytes / r.cipher.cipher_calls.max(1);

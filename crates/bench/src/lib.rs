@@ -8,6 +8,10 @@
 //!   encryption layer below it, by request size, and the cipher work per PEB written.
 //! - [`wear`]: erases per eraseblock when a recorded UBI trace is replayed with and without the
 //!   encryption layer (the thesis' 24.43x).
+//! - [`synthetic`]: workloads with syncs (sequential and random LEB rewrites, a journal, small
+//!   synced writes, volume updates) run on our UBI and recorded as traces for [`wear`].
+//! - [`report`]: the P/E study and the flash throughput as a Markdown report with SVG figures
+//!   and the raw rows as JSON (`sectorcrypt flash study --report`).
 //! - [`tcrypt`]: cycles per 4096-byte operation for ECB/CBC/CTR/XTS, as the Linux `tcrypt` speed
 //!   test reports them (the LEA kernel patch's table).
 //!
@@ -16,7 +20,10 @@
 
 pub mod breakdown;
 pub mod flash;
+pub mod report;
 pub mod speed;
+mod svg;
+pub mod synthetic;
 pub mod tcrypt;
 pub mod wear;
 

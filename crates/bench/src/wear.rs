@@ -6,11 +6,10 @@
 
 use std::sync::Arc;
 
-use sectorcrypt_cipher::{CipherSpec, SectorOptions};
-use sectorcrypt_flash::crypt::CryptFlash;
+use sectorcrypt_cipher::CipherSpec;
 use sectorcrypt_flash::sim::SimNand;
 use sectorcrypt_flash::trace::Trace;
-use sectorcrypt_flash::{Error, Flash};
+use sectorcrypt_flash::{Error, Flash, Geometry};
 use sectorcrypt_storage::MemStorage;
 use serde::Serialize;
 
@@ -28,10 +27,12 @@ pub struct Spread {
 }
 
 impl Spread {
-    fn of(counts: &[u64]) -> Spread {
+    /// The spread of UBI's eraseblocks' `counts`, the mean charged with `extra` erases of
+    /// blocks outside UBI (the layer's journal): erases the chip paid for UBI's blocks.
+    fn of(counts: &[u64], extra: u64) -> Spread {
         Spread {
             min: counts.iter().copied().min().unwrap_or(0),
-            mean: counts.iter().sum::<u64>() as f64 / counts.len().max(1) as f64,
+            mean: (counts.iter().sum::<u64>() + extra) as f64 / counts.len().max(1) as f64,
             max: counts.iter().copied().max().unwrap_or(0),
         }
     }
@@ -50,54 +51,72 @@ pub struct Wear {
     pub whole: Spread,
     /// Erases during the workload per GiB the workload wrote into UBI's data areas.
     pub erases_per_gib: f64,
+    /// Erases of the layer's rewrite journal during the workload (in the means above).
+    pub journal_erases: u64,
+    /// Erases of each of the chip's eraseblocks during the workload, by number (UBI's, then the
+    /// layer's journal's if it has one). Not in the JSON lines, which stay one short row each;
+    /// [`crate::report`]'s `results.json` has them.
+    #[serde(skip)]
+    pub per_peb: Vec<u64>,
 }
 
 /// Replay `trace` (called `name`) on a fresh simulated chip of its geometry, through `stack`.
 ///
 /// Errors: what the chip or the layer answers (a trace of a real UBI keeps NAND's rules).
 pub fn replay(trace: &Trace, name: &str, stack: Stack) -> Result<Wear, Error> {
-    let g = trace.geometry;
+    let g = Geometry {
+        peb_count: trace.geometry.peb_count + stack.journal_blocks(trace.geometry.peb_count),
+        ..trace.geometry
+    };
     let sim = Arc::new(SimNand::create(
         MemStorage::new(vec![0; SimNand::image_len(&g) as usize]),
         g,
         &[],
     )?);
-    let flash: Arc<dyn Flash> = match stack {
-        Stack::Plain => Arc::clone(&sim) as Arc<dyn Flash>,
-        Stack::Encrypted(spec, policy) => {
-            let key = crate::random_buffer(spec.default_key_bits() / 8);
-            Arc::new(CryptFlash::new(
-                Arc::clone(&sim) as Arc<dyn Flash>,
-                spec,
-                &key,
-                policy,
-                &SectorOptions::default(),
-            )?)
-        }
-    };
+    let (flash, crypt) =
+        stack.over(Arc::clone(&sim) as Arc<dyn Flash>, trace.geometry.peb_count)?;
     let counts = || -> Vec<u64> { sim.erase_counts().iter().map(|&c| u64::from(c)).collect() };
     let mut at_start = Vec::new();
-    trace.replay(&*flash, &mut || at_start = counts())?;
+    let mut hidden = Ok(0);
+    trace.replay(&*flash, &mut || {
+        if let (Stack::Reattached(..), Some(c)) = (stack, &crypt) {
+            hidden = c.hide_free_space();
+        }
+        at_start = counts();
+    })?;
+    hidden?;
+    // The trace ends with UBI detached: the layer hides what is free.
+    if let Some(c) = &crypt {
+        c.hide_free_space()?;
+    }
     let end = counts();
     let during: Vec<u64> = end.iter().zip(&at_start).map(|(e, s)| e - s).collect();
+    let ubi = trace.geometry.peb_count as usize;
+    let journal = |c: &[u64]| c[ubi..].iter().sum::<u64>();
     let gib = trace.workload_data_bytes() as f64 / f64::from(1u32 << 30);
     Ok(Wear {
         trace: name.to_string(),
         stack: stack.name(),
-        workload: Spread::of(&during),
-        whole: Spread::of(&end),
+        workload: Spread::of(&during[..ubi], journal(&during)),
+        whole: Spread::of(&end[..ubi], journal(&end)),
         erases_per_gib: during.iter().sum::<u64>() as f64 / gib.max(f64::MIN_POSITIVE),
+        journal_erases: journal(&during),
+        per_peb: during,
     })
 }
 
-/// The stacks a study compares: plain UBI, the thesis policy (its CBC-ESSIV and XTS) and erased
-/// space left visible.
+/// The stacks a study compares: plain UBI; the default policy (free space hidden at rest), also
+/// with one more attach before the workload; hidden at every sync; the thesis policy (its
+/// CBC-ESSIV and XTS); erased space left visible.
 pub fn study_stacks() -> Vec<Stack> {
     let xts = CipherSpec::parse("aes-xts-plain64").expect("built-in spec");
     let cbc = CipherSpec::parse("aes-cbc-essiv:sha256").expect("built-in spec");
     use sectorcrypt_flash::crypt::Policy;
     vec![
         Stack::Plain,
+        Stack::Encrypted(xts, Policy::AtRest),
+        Stack::Reattached(xts, Policy::AtRest),
+        Stack::Encrypted(xts, Policy::Synced),
         Stack::Encrypted(cbc, Policy::Thesis),
         Stack::Encrypted(xts, Policy::Thesis),
         Stack::Encrypted(xts, Policy::Visible),

@@ -50,10 +50,16 @@ pub const WORKER_LINGER: Duration = Duration::from_micros(50);
 /// Sector sizes dm-crypt and LUKS2 support.
 pub const SECTOR_SIZES: [usize; 4] = [512, 1024, 2048, 4096];
 
+/// The one smaller sector a [`SectorCipher`] also takes, with `iv_large_sectors` (its IVs cannot
+/// count 512-byte units): the sub-page of small-page NAND, which raw-flash encryption uses as its
+/// unit. LUKS2 has no such sector size.
+pub const FLASH_SUB_PAGE: usize = 256;
+
 /// How to set up a [`SectorCipher`].
 #[derive(Clone, Debug)]
 pub struct SectorOptions {
-    /// Encryption sector size in bytes: 512, 1024, 2048 or 4096.
+    /// Encryption sector size in bytes: 512, 1024, 2048 or 4096 ([`FLASH_SUB_PAGE`] with
+    /// `iv_large_sectors`).
     pub sector_size: usize,
     /// Which backend runs the block cipher.
     pub backend: BackendChoice,
@@ -168,7 +174,8 @@ struct Workers {
 impl SectorCipher {
     /// Key `spec` with `key` (the whole key; for XTS both halves, data key first).
     pub fn new(spec: CipherSpec, key: &[u8], opts: &SectorOptions) -> Result<Self, Error> {
-        if !SECTOR_SIZES.contains(&opts.sector_size) {
+        let flash_unit = opts.sector_size == FLASH_SUB_PAGE && opts.iv_large_sectors;
+        if !SECTOR_SIZES.contains(&opts.sector_size) && !flash_unit {
             return Err(Error::SectorSize(opts.sector_size));
         }
         spec.check_key_len(key.len())?;

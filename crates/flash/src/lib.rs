@@ -21,7 +21,9 @@
 //! `Flash` storing only ciphertext on another), [`area::BlockArea`] turns a run of eraseblocks into a small rewritable
 //! `Storage` whose block rewrites survive power cuts (where an encrypted flash keeps its header),
 //! and [`part::Partition`] gives the blocks after it to UBI as a chip of their own.
-//! [`trace::Trace`] replays what Linux's UBI did to a chip (recorded traces) on any of them.
+//! [`trace::Trace`] replays what Linux's UBI did to a chip (recorded traces) on any of them, and
+//! [`record::Recorder`] records such a trace from whatever runs above it (our own UBI under a
+//! synthetic workload).
 //!
 //! Every operation takes `&self` (backends lock inside) so that several threads can share a chip,
 //! as several volumes of one UBI device do.
@@ -37,6 +39,7 @@ mod geometry;
 #[allow(unsafe_code)]
 pub mod mtd;
 pub mod part;
+pub mod record;
 pub mod sim;
 pub mod trace;
 

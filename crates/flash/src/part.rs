@@ -15,14 +15,21 @@ pub struct Partition {
 impl Partition {
     /// Blocks `first..` (to the end of the chip) of `inner`.
     pub fn new(inner: Arc<dyn Flash>, first: u32) -> Result<Partition, Error> {
+        let count = inner.geometry().peb_count.saturating_sub(first);
+        Partition::range(inner, first, count)
+    }
+
+    /// Blocks `first .. first + count` of `inner`.
+    pub fn range(inner: Arc<dyn Flash>, first: u32, count: u32) -> Result<Partition, Error> {
         let mut geometry = inner.geometry();
-        if first >= geometry.peb_count {
+        if count == 0 || u64::from(first) + u64::from(count) > u64::from(geometry.peb_count) {
             return Err(Error::OutOfRange(format!(
-                "a partition from eraseblock {first} of a {}-block chip is empty",
+                "eraseblocks {first}..{} of a {}-block chip are not a partition",
+                u64::from(first) + u64::from(count),
                 geometry.peb_count
             )));
         }
-        geometry.peb_count -= first;
+        geometry.peb_count = count;
         Ok(Partition {
             inner,
             first,
@@ -94,6 +101,10 @@ mod tests {
         assert_eq!(b, [0x42; 4]);
         assert!(part.is_bad(3).unwrap());
         assert!(matches!(part.erase(5), Err(Error::OutOfRange(_))));
-        assert!(Partition::new(chip, 8).is_err());
+        assert!(Partition::new(chip.clone(), 8).is_err());
+        let two = Partition::range(chip.clone(), 1, 2).unwrap();
+        assert_eq!(two.geometry().peb_count, 2);
+        assert!(matches!(two.erase(2), Err(Error::OutOfRange(_))));
+        assert!(Partition::range(chip, 7, 2).is_err());
     }
 }

@@ -23,11 +23,11 @@
 //! flight (see [`SimNand::cut_power_at`]).
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use sectorcrypt_storage::Storage;
+use sectorcrypt_storage::{MemStorage, Storage, Window};
 
 use crate::{Error, Flash, Geometry, ReadStatus};
 
@@ -550,5 +550,42 @@ impl Flash for SimNand {
     fn sync(&self) -> Result<(), Error> {
         self.storage.sync()?;
         Ok(())
+    }
+}
+/// A simulated chip in memory that outlives the [`SimNand`] on it: opened again as the next
+/// power-on finds it after a cut, or copied to try something on (what crash sweeps need).
+pub struct MemChip {
+    mem: Arc<MemStorage>,
+    len: u64,
+}
+
+impl MemChip {
+    /// A new chip of geometry `g` with factory bad blocks `bad`, and the [`SimNand`] on it.
+    ///
+    /// Errors: as [`SimNand::create`].
+    pub fn create(g: Geometry, bad: &[u32]) -> Result<(MemChip, Arc<SimNand>), Error> {
+        let len = SimNand::image_len(&g);
+        let mem = Arc::new(MemStorage::new(vec![0; len as usize]));
+        let sim = SimNand::create(Window::new(Arc::clone(&mem), 0, len), g, bad)?;
+        Ok((MemChip { mem, len }, Arc::new(sim)))
+    }
+
+    /// The chip as the next power-on finds it.
+    ///
+    /// Errors: as [`SimNand::open`].
+    pub fn power_on(&self) -> Result<Arc<SimNand>, Error> {
+        Ok(Arc::new(SimNand::open(Window::new(
+            Arc::clone(&self.mem),
+            0,
+            self.len,
+        ))?))
+    }
+
+    /// An independent copy of the chip as it is now.
+    pub fn copy(&self) -> MemChip {
+        MemChip {
+            mem: Arc::new(MemStorage::new(self.mem.contents())),
+            len: self.len,
+        }
     }
 }

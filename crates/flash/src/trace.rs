@@ -1,14 +1,26 @@
 //! UBI flash-I/O traces (`../shared/flash-traces/`: every read, write and erase Linux's UBI sent
 //! to MTD while UBIFS ran a benchmark, in order) and their replay on any [`Flash`]: the thesis'
 //! experiment with a real UBIFS above the encryption layer, and the ground truth for what each
-//! erased-space policy costs in program/erase cycles.
+//! erased-space policy costs in program/erase cycles. Traces of our own UBI are recorded with
+//! [`crate::record::Recorder`] and saved with [`Trace`]'s `Display` (the same text).
 //!
 //! The format (v1): `#` lines are comments (the geometry line `# peb_size N leb_size N
 //! peb_count N page N subpage N vid_hdr_offset N data_offset N`, and markers such as
 //! `# workload starts`); every other line is `R|W|E pnum offset len`. Files may be xz-compressed.
 //! A trace holds no data, only where it went: a replayed write programs a fixed non-0xFF pattern,
 //! which is all a P/E count needs (the layer rewrites a block whatever its contents).
+//!
+//! Two extensions, for recorded traces (Linux's traces have neither):
+//!
+//! - a line `S` alone is a [`Flash::sync`] (the upper layer asked for what it wrote to be made
+//!   durable: where an erased-space policy may hide free space). It has no numbers, so it cannot
+//!   be taken for one of the `R|W|E` lines, and a v1 reader that does not know it (the traces'
+//!   `stats.py`) refuses it rather than miscounting;
+//! - the geometry line may end with `oob N nop N` (spare bytes per page, partial programs per
+//!   page); without them a trace is taken to come from the default SLC chip's spare size, with
+//!   NOP = page / sub-page, as Linux's traces do.
 
+use std::fmt;
 use std::path::Path;
 
 use crate::{Error, Flash, Geometry};
@@ -39,13 +51,18 @@ pub enum Op {
         /// The eraseblock.
         peb: u32,
     },
+    /// [`Flash::sync`] (line `S`; only in recorded traces).
+    Sync,
 }
 
 /// A parsed trace.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Trace {
-    /// The chip it was recorded on (spare size and NOP as the default SLC chip's).
+    /// The chip it was recorded on (spare size and NOP as the default SLC chip's unless the
+    /// geometry line gives them).
     pub geometry: Geometry,
+    /// Where UBI's VID header sits in a PEB.
+    pub vid_hdr_offset: u32,
     /// Where UBI's data area starts in a PEB (writes from here on are the user's data).
     pub data_offset: u32,
     /// The operations, in order.
@@ -58,6 +75,38 @@ fn bad(line: usize, why: &str) -> Error {
     Error::Format(format!("trace line {line}: {why}"))
 }
 
+/// The geometry line's words (after `#`): a chip and UBI's offsets in it.
+fn parse_geometry(words: &[&str], n: usize) -> Result<(Geometry, u32, u32), Error> {
+    let field = |key: &str| -> Option<Result<u32, Error>> {
+        let p = words.iter().position(|w| *w == key)?;
+        Some(
+            words
+                .get(p + 1)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| bad(n, &format!("{key} without a number in the geometry line"))),
+        )
+    };
+    let need = |key: &str| {
+        field(key).unwrap_or_else(|| Err(bad(n, &format!("no {key} in the geometry line"))))
+    };
+    let page = need("page")?;
+    let sub_page = need("subpage")?;
+    let nop = match field("nop") {
+        Some(v) => u8::try_from(v?).map_err(|_| bad(n, "nop is at most 255"))?,
+        None => (page / sub_page.max(1)).clamp(1, 255) as u8,
+    };
+    let g = Geometry {
+        peb_size: need("peb_size")?,
+        page_size: page,
+        sub_page_size: sub_page,
+        peb_count: need("peb_count")?,
+        oob_size: field("oob").unwrap_or(Ok(Geometry::default().oob_size))?,
+        nop,
+    };
+    g.validate()?;
+    Ok((g, need("vid_hdr_offset")?, need("data_offset")?))
+}
+
 impl Trace {
     /// Parse the text of a trace.
     ///
@@ -65,7 +114,6 @@ impl Trace {
     /// geometry line, or an operation outside the geometry.
     pub fn parse(text: &str) -> Result<Trace, Error> {
         let mut geometry = None;
-        let mut data_offset = 0;
         let mut ops = Vec::new();
         let mut workload_start = 0;
         for (i, line) in text.lines().enumerate() {
@@ -73,56 +121,45 @@ impl Trace {
             if let Some(comment) = line.strip_prefix('#') {
                 let words: Vec<&str> = comment.split_whitespace().collect();
                 if words.first() == Some(&"peb_size") {
-                    let field = |key: &str| -> Result<u32, Error> {
-                        words
-                            .iter()
-                            .position(|w| *w == key)
-                            .and_then(|p| words.get(p + 1))
-                            .and_then(|v| v.parse().ok())
-                            .ok_or_else(|| bad(n, &format!("no {key} in the geometry line")))
-                    };
-                    let page = field("page")?;
-                    let sub_page = field("subpage")?;
-                    data_offset = field("data_offset")?;
-                    let g = Geometry {
-                        peb_size: field("peb_size")?,
-                        page_size: page,
-                        sub_page_size: sub_page,
-                        peb_count: field("peb_count")?,
-                        nop: (page / sub_page.max(1)).clamp(1, 255) as u8,
-                        ..Geometry::default()
-                    };
-                    g.validate()?;
-                    geometry = Some(g);
+                    geometry = Some(parse_geometry(&words, n)?);
                 } else if words == ["workload", "starts"] {
                     workload_start = ops.len();
                 }
                 continue;
             }
-            if line.trim().is_empty() {
-                continue;
-            }
             let f: Vec<&str> = line.split_whitespace().collect();
-            let num = |k: usize| -> Result<u32, Error> {
-                f.get(k)
-                    .and_then(|v| v.parse().ok())
-                    .ok_or_else(|| bad(n, "expected R|W|E pnum offset len"))
+            let Some(&kind) = f.first() else {
+                continue;
             };
-            let (peb, offset, len) = (num(1)?, num(2)?, num(3)?);
-            let op = match f[0] {
-                "R" => Op::Read { peb, offset, len },
-                "W" => Op::Write { peb, offset, len },
-                "E" => Op::Erase { peb },
+            let (g, _, _) =
+                geometry.ok_or_else(|| bad(n, "an operation before the geometry line"))?;
+            let op = match kind {
+                "S" if f.len() == 1 => Op::Sync,
+                "S" => return Err(bad(n, "a sync is a line S alone")),
+                "R" | "W" | "E" => {
+                    let num = |k: usize| -> Result<u32, Error> {
+                        f.get(k)
+                            .filter(|_| f.len() == 4)
+                            .and_then(|v| v.parse().ok())
+                            .ok_or_else(|| bad(n, "expected R|W|E pnum offset len"))
+                    };
+                    let (peb, offset, len) = (num(1)?, num(2)?, num(3)?);
+                    g.check_range(peb, offset, len as usize)?;
+                    match kind {
+                        "R" => Op::Read { peb, offset, len },
+                        "W" => Op::Write { peb, offset, len },
+                        _ => Op::Erase { peb },
+                    }
+                }
                 other => return Err(bad(n, &format!("unknown operation {other:?}"))),
             };
-            let g = geometry.ok_or_else(|| bad(n, "an operation before the geometry line"))?;
-            g.check_range(peb, offset, len as usize)?;
             ops.push(op);
         }
-        let geometry =
+        let (geometry, vid_hdr_offset, data_offset) =
             geometry.ok_or_else(|| Error::Format("a trace without its geometry line".into()))?;
         Ok(Trace {
             geometry,
+            vid_hdr_offset,
             data_offset,
             ops,
             workload_start,
@@ -159,8 +196,8 @@ impl Trace {
             .sum()
     }
 
-    /// Apply operations `range` to `flash`, in order; `at_workload` runs once when the workload
-    /// starts (to take the counts of the setup).
+    /// Apply the operations to `flash`, in order (a sync as [`Flash::sync`]); `at_workload` runs
+    /// once when the workload starts (to take the counts of the setup).
     ///
     /// Errors: what the flash answers (a trace from a real UBI keeps NAND's rules).
     pub fn replay(&self, flash: &dyn Flash, at_workload: &mut dyn FnMut()) -> Result<(), Error> {
@@ -182,10 +219,54 @@ impl Trace {
                     flash.program(peb, offset, &data[..len as usize])?
                 }
                 Op::Erase { peb } => flash.erase(peb)?,
+                Op::Sync => flash.sync()?,
             }
         }
         if self.workload_start >= self.ops.len() {
             at_workload();
+        }
+        Ok(())
+    }
+}
+
+/// The trace as text, in the format [`Trace::parse`] reads (a recorded trace saved this way
+/// parses back to an equal `Trace`): a header, the geometry line (with `oob` and `nop`), the
+/// operations with `# workload starts` before the first of the workload (an erase written as
+/// Linux's traces write it, `E pnum 0 peb_size`).
+impl fmt::Display for Trace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let g = &self.geometry;
+        writeln!(
+            f,
+            "# ubitrace v1 with S: one line per flash operation, in issue order: \"R|W|E pnum offset len\" or \"S\" (Flash::sync)"
+        )?;
+        writeln!(
+            f,
+            "# peb_size {} leb_size {} peb_count {} page {} subpage {} vid_hdr_offset {} data_offset {} oob {} nop {}",
+            g.peb_size,
+            g.peb_size.saturating_sub(self.data_offset),
+            g.peb_count,
+            g.page_size,
+            g.sub_page_size,
+            self.vid_hdr_offset,
+            self.data_offset,
+            g.oob_size,
+            g.nop
+        )?;
+        writeln!(f, "# ops {}", self.ops.len())?;
+        for (i, op) in self.ops.iter().enumerate() {
+            if i == self.workload_start {
+                writeln!(f, "# workload starts")?;
+            }
+            match *op {
+                Op::Read { peb, offset, len } => writeln!(f, "R {peb} {offset} {len}")?,
+                Op::Write { peb, offset, len } => writeln!(f, "W {peb} {offset} {len}")?,
+                Op::Erase { peb } => writeln!(f, "E {peb} 0 {}", g.peb_size)?,
+                Op::Sync => writeln!(f, "S")?,
+            }
+        }
+        if self.workload_start >= self.ops.len() {
+            writeln!(f, "# workload starts")?;
         }
         Ok(())
     }
@@ -216,6 +297,10 @@ mod tests {
             &format!("{GEOMETRY}X 0 0 1\n"),
             &format!("{GEOMETRY}W 9 0 512\n"),
             &format!("{GEOMETRY}W 1 0\n"),
+            &format!("{GEOMETRY}W 1 0 512 7\n"),
+            &format!("{GEOMETRY}S 1\n"),
+            "# peb_size 131072 leb_size 129024 peb_count 8 page 2048 subpage 512 data_offset 2048\n",
+            &GEOMETRY.replace("\n", " nop 300\n"),
         ] {
             assert!(
                 matches!(
@@ -225,5 +310,36 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn syncs_and_the_chip_extras_parse_and_print_back() {
+        let text = format!(
+            "{}R 0 0 64\nS\n# workload starts\nW 1 2048 2048\n  S  \nE 1 0 131072\n",
+            GEOMETRY.replace("\n", " oob 128 nop 8\n")
+        );
+        let t = Trace::parse(&text).unwrap();
+        assert_eq!((t.geometry.oob_size, t.geometry.nop), (128, 8));
+        assert_eq!((t.vid_hdr_offset, t.data_offset), (512, 2048));
+        assert_eq!(
+            (t.ops[1], t.ops[3], t.workload_start),
+            (Op::Sync, Op::Sync, 2)
+        );
+        let printed = t.to_string();
+        assert!(printed.contains(" oob 128 nop 8\n"), "{printed}");
+        assert_eq!(Trace::parse(&printed).unwrap(), t);
+    }
+
+    /// A trace of Linux's (the one kept with the CLI's tests) prints to text that parses back to
+    /// the same trace.
+    #[test]
+    fn a_linux_trace_round_trips_through_text() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../sectorcrypt/tests/data/C-iozone.trace.xz");
+        let linux = Trace::read(&path).unwrap();
+        assert_eq!((linux.vid_hdr_offset, linux.data_offset), (512, 2048));
+        assert_eq!(linux.geometry, Geometry::default());
+        assert!(linux.workload_start > 0 && !linux.ops.contains(&Op::Sync));
+        assert_eq!(Trace::parse(&linux.to_string()).unwrap(), linux);
     }
 }

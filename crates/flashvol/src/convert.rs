@@ -259,7 +259,10 @@ pub fn encrypt(
         Err(Error::NotEncrypted(_)) => start(&flash, new, passphrase)?,
         Err(e) => return Err(e),
     };
-    Converter::new(&flash, &header, &volume_key)?.run(Direction::Encrypt, progress)?;
+    let converter = Converter::new(&flash, &header, &volume_key)?;
+    converter.run(Direction::Encrypt, progress)?;
+    // The blocks left erased (the policy's free space) are hidden before the flash is opened.
+    converter.crypt.hide_free_space()?;
     set_conversion(&mut header, None)?;
     unlock(flash, passphrase, None)
 }
@@ -346,9 +349,12 @@ pub fn decrypt(
     let (copy, record) = header.area.journal();
     for b in [copy, record]
         .into_iter()
+        .chain(header.params.rewrite_journal())
         .chain(header.area.blocks().iter().rev().copied())
     {
-        flash.erase(b)?;
+        if !flash.is_bad(b)? {
+            flash.erase(b)?;
+        }
     }
     Ok(flash.sync()?)
 }

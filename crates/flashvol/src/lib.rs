@@ -3,7 +3,7 @@
 //! # Layout on the chip
 //!
 //! ```text
-//! good eraseblocks:  journal (2) | LUKS2 header area (n) | UBI, encrypted (the rest)
+//! good eraseblocks:  journal (2) | LUKS2 header area (n) | rewrite journal (j) | UBI, encrypted
 //! ```
 //!
 //! - The **header area** is a [`BlockArea`]: the first two good eraseblocks journal its block
@@ -13,6 +13,9 @@
 //!   opens, and every key command (add, remove, change, kill, backup, restore) works on it
 //!   unchanged. Its metadata is LUKS2's minimum (16 KiB a copy) and its keyslots area fills the
 //!   rest of its eraseblocks (room for four keyslots of the volume key at least).
+//! - The **rewrite journal** (only under the policies that hide free space at rest, which are
+//!   the default) keeps the encryption layer's read-modify-erase-writes atomic
+//!   ([`sectorcrypt_flash::crypt`]); it is [`rewrite_journal_blocks`] of the chip's blocks, bad ones skipped.
 //! - The **data segment** of that header describes the encrypted UBI as dm-crypt would see a
 //!   linear map of it: it starts at the byte offset of the first eraseblock after the area, its
 //!   sector size is the chip's sub-page (the unit [`CryptFlash`] encrypts), its IVs count
@@ -34,7 +37,7 @@ use std::sync::Arc;
 
 use sectorcrypt_cipher::{CipherSpec, SectorOptions};
 use sectorcrypt_flash::area::BlockArea;
-use sectorcrypt_flash::crypt::{CryptFlash, Policy};
+use sectorcrypt_flash::crypt::{rewrite_journal_blocks, CryptFlash, Policy};
 use sectorcrypt_flash::part::Partition;
 use sectorcrypt_flash::{Flash, Geometry};
 use sectorcrypt_luks::luks2::limits::KEYSLOTS_SIZE_MAX;
@@ -59,6 +62,10 @@ const MIN_KEYSLOTS: u64 = 4;
 /// The eraseblock where the journal starts.
 const FIRST_BLOCK: u32 = 0;
 
+/// The erased-space policy of new flashes: free space hidden at rest, for about the erases of
+/// plain UBI (`docs/BENCHMARKS.md`).
+pub const DEFAULT_POLICY: Policy = Policy::AtRest;
+
 /// A new encrypted flash.
 #[derive(Clone, Debug)]
 pub struct NewFlash {
@@ -80,6 +87,8 @@ pub struct FlashParams {
     pub conversion: Option<convert::Stage>,
     /// Eraseblocks of the header area (good ones; the journal's two not counted).
     pub header_blocks: u32,
+    /// Eraseblocks of the rewrite journal, just before UBI (0 under the policies without one).
+    pub rewrite_journal_blocks: u32,
     /// The first eraseblock of UBI.
     pub data_first: u32,
     /// The geometry the layout was made for.
@@ -87,6 +96,11 @@ pub struct FlashParams {
 }
 
 impl FlashParams {
+    /// The eraseblocks of the rewrite journal.
+    pub fn rewrite_journal(&self) -> std::ops::Range<u32> {
+        self.data_first - self.rewrite_journal_blocks..self.data_first
+    }
+
     fn to_token(self) -> Value {
         let g = self.geometry;
         json!({
@@ -94,6 +108,7 @@ impl FlashParams {
             "keyslots": [],
             "policy": self.policy.name(),
             "header_blocks": self.header_blocks,
+            "rewrite_journal_blocks": self.rewrite_journal_blocks,
             "data_first_block": self.data_first,
             "peb_size": g.peb_size,
             "page_size": g.page_size,
@@ -135,6 +150,17 @@ impl FlashParams {
                 made_for.0, made_for.1, made_for.2, made_for.3, have.0, have.1, have.2, have.3
             )));
         }
+        // Headers made before the rewrite journal existed have none.
+        let rewrite_journal_blocks = match t.get("rewrite_journal_blocks") {
+            None => 0,
+            Some(_) => num("rewrite_journal_blocks")?,
+        };
+        if policy.hides_at_rest() && rewrite_journal_blocks < 2 {
+            return Err(bad(&format!(
+                "gives the {} policy no rewrite journal",
+                policy.name()
+            )));
+        }
         let conversion = match t.get("conversion") {
             None | Some(Value::Null) => None,
             Some(v) => Some(
@@ -147,6 +173,7 @@ impl FlashParams {
             policy,
             conversion,
             header_blocks: num("header_blocks")?,
+            rewrite_journal_blocks,
             data_first: num("data_first_block")?,
             geometry: chip,
         })
@@ -256,6 +283,15 @@ impl EncryptedFlash {
             opts,
         )?)
     }
+
+    /// What to do when the flash is left (UBI detached, nothing writing): hide its free space
+    /// as the policy says ([`CryptFlash::hide_free_space`]) and sync the chip. Returns the bytes
+    /// of filler programmed.
+    pub fn detach(&self) -> Result<u64, Error> {
+        let filled = self.crypt.hide_free_space()?;
+        self.crypt.sync()?;
+        Ok(filled)
+    }
 }
 
 /// Unlock the encrypted flash on `flash` with `passphrase` (keyslot `keyslot` only, if given).
@@ -293,19 +329,21 @@ fn layer(flash: &Arc<dyn Flash>, h: &HeaderArea, volume_key: &[u8]) -> Result<Cr
     }
     let spec = CipherSpec::parse(&segment.cipher)?;
     let part = Arc::new(Partition::new(Arc::clone(flash), h.params.data_first)?);
-    Ok(CryptFlash::new(
-        part,
-        spec,
-        volume_key,
-        h.params.policy,
-        &SectorOptions::default(),
-    )?)
+    let (policy, options) = (h.params.policy, SectorOptions::default());
+    let journal = h.params.rewrite_journal_blocks;
+    Ok(if journal == 0 {
+        CryptFlash::new(part, spec, volume_key, policy, &options)?
+    } else {
+        let first = h.params.data_first - journal;
+        let journal = Arc::new(Partition::range(Arc::clone(flash), first, journal)?);
+        CryptFlash::with_journal(part, journal, spec, volume_key, policy, &options)?
+    })
 }
 
 /// Make `flash` an encrypted flash with one keyslot for `passphrase`: the header area written,
-/// every eraseblock after it erased through the encryption layer (so that, under
-/// [`Policy::Thesis`], the chip holds ciphertext only), and an empty UBI formatted inside.
-/// Returns the flash unlocked.
+/// every eraseblock after it erased through the encryption layer, an empty UBI formatted inside,
+/// and free space hidden as the policy says (so that, under every policy but
+/// [`Policy::Visible`], the chip holds ciphertext only). Returns the flash unlocked.
 ///
 /// Errors: [`Error::Luks`] for LUKS options the format refuses; [`Error::Geometry`] for a chip
 /// too small for the header and a UBI; [`Error::Flash`].
@@ -329,7 +367,7 @@ pub fn format(
         crypt: Arc::new(crypt),
     };
     drop(opened.attach(&AttachOptions::default())?);
-    opened.crypt.sync()?;
+    opened.detach()?;
     Ok(opened)
 }
 
@@ -338,6 +376,7 @@ pub fn format(
 struct Plan {
     area: BlockArea,
     header_blocks: u64,
+    rewrite_journal_blocks: u32,
     data_first: u32,
 }
 
@@ -364,7 +403,12 @@ impl Plan {
         let header_blocks =
             (2 * METADATA_SIZE + keyslots * keyslot_area_size(key_len)).div_ceil(peb);
         let area = BlockArea::open(Arc::clone(flash), FIRST_BLOCK, header_blocks as u32)?;
-        let data_first = area.end();
+        let rewrite_journal_blocks = if new.policy.hides_at_rest() {
+            rewrite_journal_blocks(g.peb_count)
+        } else {
+            0
+        };
+        let data_first = area.end() + rewrite_journal_blocks;
         // UBI needs its layout volume, the reserves and room for data: 16 blocks at the least.
         if data_first + 16 > g.peb_count {
             return Err(Error::Geometry(format!(
@@ -375,6 +419,7 @@ impl Plan {
         Ok(Plan {
             area,
             header_blocks,
+            rewrite_journal_blocks,
             data_first,
         })
     }
@@ -408,9 +453,17 @@ impl Plan {
             policy: new.policy,
             conversion,
             header_blocks: self.header_blocks as u32,
+            rewrite_journal_blocks: self.rewrite_journal_blocks,
             data_first: self.data_first,
             geometry: g,
         };
+        // Whatever the rewrite journal's blocks held (UBI's data, moved out of them), it is
+        // no record: the journal starts empty.
+        for b in params.rewrite_journal() {
+            if !flash.is_bad(b)? {
+                flash.erase(b)?;
+            }
+        }
         let (header, _) = h.import_token(&self.area, None, params.to_token())?;
         self.area.sync().map_err(Error::Storage)?;
         let header = HeaderArea {

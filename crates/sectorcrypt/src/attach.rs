@@ -3,10 +3,17 @@
 //! (FUSE) and as the NBD export `<volume name>` on the socket `DIR/<volume name>.sock`. Static
 //! volumes are read-only; a write into a dynamic volume replaces the LEBs it touches atomically
 //! (`ubi::block`).
+//!
+//! Under the policies that hide free space at rest, the free space the session leaves erased is
+//! hidden when it ends and, so that a power cut does not leave it visible for long, every
+//! `--hide-interval` seconds (UBI synced first). Each hiding costs, later, one erase per block
+//! written into again, so the interval trades exposure for wear.
 
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use sectorcrypt_fuse::{MountFile, MountOptions, Stop, Unmounted};
 use sectorcrypt_nbd::{Error as NbdError, Listen, Server, ServerOptions, StopHandle};
@@ -36,6 +43,10 @@ pub(crate) struct AttachArgs {
     /// Expose every volume read-only.
     #[arg(short = 'r', long)]
     readonly: bool,
+    /// Hide the free space left erased every this many seconds while attached (0: only when
+    /// detaching), under the policies that hide it at rest.
+    #[arg(long = "hide-interval", value_name = "SECONDS", default_value_t = 600)]
+    hide_interval: u64,
 }
 
 /// One exported volume: its name and the block view of it.
@@ -125,6 +136,7 @@ pub(crate) fn run(args: AttachArgs) -> Result<(), CliError> {
         });
     }
     let (_, opened) = args.open.unlock(args.readonly)?;
+    let opened = Arc::new(opened);
     let ubi = Arc::new(opened.attach(&AttachOptions::default())?);
     let exports = exports(&ubi, args.readonly)?;
     if exports.is_empty() {
@@ -151,6 +163,22 @@ pub(crate) fn run(args: AttachArgs) -> Result<(), CliError> {
         .into_iter()
         .map(|s| std::thread::spawn(move || s.run()))
         .collect();
+    let (stop_hiding, hiding) = mpsc::channel::<()>();
+    let hider = (!args.readonly && args.hide_interval > 0).then(|| {
+        let (ubi, opened) = (Arc::clone(&ubi), Arc::clone(&opened));
+        let every = Duration::from_secs(args.hide_interval);
+        std::thread::spawn(move || {
+            while let Err(RecvTimeoutError::Timeout) = hiding.recv_timeout(every) {
+                let hidden = ubi
+                    .sync()
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| opened.detach().map_err(|e| e.to_string()));
+                if let Err(e) = hidden {
+                    eprintln!("sectorcrypt: hiding free space: {e}");
+                }
+            }
+        })
+    });
     let result = match &args.mountpoint {
         Some(dir) => mount_until_done(dir, &exports),
         None => {
@@ -166,8 +194,16 @@ pub(crate) fn run(args: AttachArgs) -> Result<(), CliError> {
             eprintln!("sectorcrypt: {e}");
         }
     }
+    drop(stop_hiding);
+    if let Some(h) = hider {
+        let _ = h.join();
+    }
     result?;
-    Ok(ubi.sync()?)
+    ubi.sync()?;
+    if !args.readonly {
+        opened.detach()?;
+    }
+    Ok(())
 }
 
 /// Mount every export as a file in `dir` and serve until unmounted or signalled.

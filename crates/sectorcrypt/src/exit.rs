@@ -72,11 +72,20 @@ pub(crate) fn usage(e: clap::Error) -> ExitCode {
         }
         _ => {
             let text = e.render().to_string();
-            let first = text
-                .lines()
+            let mut lines = text.lines();
+            let mut first = lines
                 .next()
                 .unwrap_or("invalid arguments")
-                .trim_start_matches("error: ");
+                .trim_start_matches("error: ")
+                .to_string();
+            // "... not provided:" names what is missing on the indented lines after it.
+            if first.ends_with(':') {
+                let listed: Vec<&str> = lines
+                    .take_while(|l| l.starts_with("  "))
+                    .map(str::trim)
+                    .collect();
+                first = format!("{first} {}", listed.join(", "));
+            }
             CliError::usage(format!("{first} (see 'sectorcrypt --help')")).report()
         }
     }

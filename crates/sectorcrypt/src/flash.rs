@@ -3,7 +3,7 @@
 //! keys. DEVICE is a simulated NAND image (made by `flash format` when it does not exist yet) or
 //! a Linux MTD character device; the key commands (`add-key`, `dump`, ...) take it too.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -22,6 +22,7 @@ use crate::exit::{CliError, Code};
 use crate::keyfile::KeyArgs;
 use crate::keyslots::{confirm, new_passphrase, pbkdf_options};
 use crate::pbkdf_args::{CipherArgs, PbkdfArgs};
+use crate::progress::Steps;
 use crate::units::parse_size;
 
 #[derive(clap::Subcommand, Debug)]
@@ -164,7 +165,10 @@ pub(crate) struct FormatArgs {
 }
 
 fn parse_policy(name: &str) -> Result<Policy, String> {
-    Policy::from_name(name).ok_or_else(|| format!("unknown policy '{name}' (thesis or visible)"))
+    Policy::from_name(name).ok_or_else(|| {
+        let names: Vec<&str> = Policy::ALL.iter().map(|p| p.name()).collect();
+        format!("unknown policy '{name}' ({})", names.join(", "))
+    })
 }
 
 /// The header options `format` and `convert` share.
@@ -174,9 +178,11 @@ pub(crate) struct NewHeaderArgs {
     segment: CipherArgs,
     #[command(flatten)]
     pbkdf: PbkdfArgs,
-    /// How erased space is stored: thesis (encrypted, the chip shows no free space; every
-    /// program rewrites its eraseblock) or visible (left erased).
-    #[arg(long, value_name = "POLICY", default_value = "thesis", value_parser = parse_policy)]
+    /// How erased space is stored: at-rest (erased while attached, hidden with encrypted
+    /// filler when detached or idle: about plain UBI's erases), synced (hidden at every sync
+    /// too), thesis (always hidden; every program rewrites its eraseblock) or visible (left
+    /// erased: the chip shows its free space).
+    #[arg(long, value_name = "POLICY", default_value = sectorcrypt_flashvol::DEFAULT_POLICY.name(), value_parser = parse_policy)]
     policy: Policy,
     /// LUKS2 label.
     #[arg(long, value_name = "TEXT")]
@@ -299,7 +305,10 @@ fn with_ubi(open: &OpenArgs, f: impl FnOnce(&Ubi) -> Result<(), CliError>) -> Re
     let (_, opened) = open.unlock(false)?;
     let ubi = opened.attach(&AttachOptions::default())?;
     f(&ubi)?;
-    Ok(ubi.sync()?)
+    ubi.sync()?;
+    drop(ubi);
+    opened.detach()?;
+    Ok(())
 }
 
 /// A UBI error: "no such volume" and friends are usage errors (1), as ubi-utils report them.
@@ -581,6 +590,7 @@ fn import(args: ImportArgs) -> Result<(), CliError> {
     // that flash convert still has room for a header.
     if let Some(opened) = opened {
         drop(opened.attach(&attach)?);
+        opened.detach()?;
     }
     eprintln!(
         "{} eraseblocks of the image written, {} more formatted, {} bad",
@@ -712,6 +722,7 @@ fn info(args: InfoArgs) -> Result<(), CliError> {
         "policy": header.params.policy.name(),
         "keyslots": h.metadata().keyslots.iter().map(|(n, _)| n).collect::<Vec<_>>(),
         "header_blocks": header.area.blocks(),
+        "rewrite_journal_blocks": header.params.rewrite_journal().collect::<Vec<_>>(),
         "ubi_first_block": header.params.data_first,
         "conversion": header.params.conversion.map(|c| c.name()),
     });
@@ -842,6 +853,16 @@ fn info_text(v: &Value) -> String {
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct BenchArgs {
+    #[command(flatten)]
+    measure: MeasureArgs,
+    /// One JSON object per measurement, one per line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// How UBI's throughput is measured: `flash benchmark`'s options, and `flash study --report`'s.
+#[derive(clap::Args, Debug)]
+pub(crate) struct MeasureArgs {
     /// Bytes per LEB write or read (repeatable; default one page to a whole LEB).
     #[arg(long = "request-size", value_name = "BYTES", value_parser = parse_size)]
     request_sizes: Vec<u64>,
@@ -851,36 +872,46 @@ pub(crate) struct BenchArgs {
     /// Fresh stacks per measurement (the median is reported).
     #[arg(long, value_name = "N", default_value_t = 3)]
     rounds: usize,
-    /// One JSON object per measurement, one per line.
-    #[arg(long)]
-    json: bool,
+}
+
+impl MeasureArgs {
+    /// The request sizes to measure, checked.
+    fn sizes(&self) -> Result<Vec<usize>, CliError> {
+        let sizes: Vec<usize> = if self.request_sizes.is_empty() {
+            sectorcrypt_bench::flash::DEFAULT_REQUESTS.to_vec()
+        } else {
+            self.request_sizes.iter().map(|&s| s as usize).collect()
+        };
+        if let Some(bad) = sizes
+            .iter()
+            .find(|&&s| s == 0 || s % 2048 != 0 && s != 129_024)
+        {
+            return Err(CliError::usage(format!(
+                "--request-size {bad}: LEB writes go in whole 2048-byte pages (or a whole LEB, 129024)"
+            )));
+        }
+        Ok(sizes)
+    }
 }
 
 fn benchmark(args: BenchArgs) -> Result<(), CliError> {
-    use sectorcrypt_bench::flash::{default_stacks, measure, DEFAULT_REQUESTS};
-    let sizes: Vec<usize> = if args.request_sizes.is_empty() {
-        DEFAULT_REQUESTS.to_vec()
-    } else {
-        args.request_sizes.iter().map(|&s| s as usize).collect()
-    };
-    if let Some(bad) = sizes
-        .iter()
-        .find(|&&s| s == 0 || s % 2048 != 0 && s != 129_024)
-    {
-        return Err(CliError::usage(format!(
-            "--request-size {bad}: LEB writes go in whole 2048-byte pages (or a whole LEB, 129024)"
-        )));
-    }
+    use sectorcrypt_bench::flash::{default_stacks, measure};
+    let sizes = args.measure.sizes()?;
     let mut rows = Rows::new(args.json);
     rows.header(format!(
             "# UBI on a simulated 2 KiB-page SLC chip in memory, {} MiB per measurement; 'SLC' columns: the same\n# chip operations timed as a typical SLC chip (read 25 us/page, program 200 us/page, erase 2 ms)\n#{:>27} {:>8} {:>10} {:>10} {:>8} {:>9} {:>9} {:>8} {:>9} {:>9} {:>12} {:>7}\n",
-            args.bytes >> 20,
+            args.measure.bytes >> 20,
             "stack", "request", "write MB/s", "read MB/s", "vs plain", "SLC write", "SLC read", "vs plain", "erase/PEB", "calls/PEB", "cipher B/PEB", "cipher%"
         ))?;
     for &size in &sizes {
         let mut plain = None;
         for stack in default_stacks() {
-            let m = measure(stack, size, args.bytes as usize, args.rounds);
+            let m = measure(
+                stack,
+                size,
+                args.measure.bytes as usize,
+                args.measure.rounds,
+            );
             let (base, slc_base) =
                 *plain.get_or_insert((m.write_bytes_per_sec, m.slc_write_bytes_per_sec));
             rows.row(&m, || {
@@ -950,9 +981,7 @@ fn convert(args: ConvertArgs) -> Result<(), CliError> {
             ),
         )?;
     }
-    let bar = (std::io::stderr().is_terminal()).then(|| {
-        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr())
-    });
+    let bar = crate::progress::terminal_bar("{wide_bar} {pos}/{len}");
     let mut progress = |done: u32, all: u32| {
         if let Some(bar) = &bar {
             bar.set_length(u64::from(all));
@@ -971,13 +1000,33 @@ fn convert(args: ConvertArgs) -> Result<(), CliError> {
 }
 
 #[derive(clap::Args, Debug)]
+#[command(group(
+    clap::ArgGroup::new("throughput")
+        .args(["request_sizes", "bytes", "rounds"])
+        .multiple(true)
+        .requires("report")
+))]
 pub(crate) struct StudyArgs {
     /// Trace files (`R|W|E pnum offset len` lines, xz-compressed or not).
-    #[arg(value_name = "TRACE", required = true)]
+    #[arg(value_name = "TRACE", required_unless_present = "synthetic")]
     traces: Vec<PathBuf>,
+    /// Also replay the synthetic workloads (sequential and random LEB writes, UBIFS-like
+    /// journal appends, small synced writes, volume updates; run on this UBI, with syncs).
+    #[arg(long)]
+    synthetic: bool,
     /// One JSON object per trace and stack, one per line.
     #[arg(long)]
     json: bool,
+    /// Also measure the throughput (as flash benchmark) and write a report into DIR (made if
+    /// missing; files of the same names replaced): report.md with the tables and the figures,
+    /// an SVG figure per trace, ratio-by-workload.svg, throughput.svg, results.json.
+    #[arg(long, value_name = "DIR")]
+    report: Option<PathBuf>,
+    #[command(
+        flatten,
+        next_help_heading = "Throughput in the report (with --report)"
+    )]
+    measure: MeasureArgs,
 }
 
 /// Measurement output: a text table (with its header), or one JSON object per row (`--json`).
@@ -1023,13 +1072,32 @@ impl Rows {
     }
 }
 
+/// `DIR` made if missing; refused if it is something else.
+fn report_dir(dir: &Path) -> Result<(), CliError> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(CliError::usage(format!(
+            "--report {}: exists and is not a directory",
+            dir.display()
+        )));
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| CliError::io(format!("cannot make {}", dir.display()), e))
+}
+
 fn study(args: StudyArgs) -> Result<(), CliError> {
+    use sectorcrypt_bench::flash::{default_stacks, measure};
+    use sectorcrypt_bench::report::{Report, Throughput, TraceWear};
     use sectorcrypt_bench::wear::{replay, study_stacks};
-    let mut rows = Rows::new(args.json);
-    rows.header(format!(
-            "# erases per eraseblock, replayed on a simulated chip (the chip's own counts)\n#{:>29} {:>28} {:>22} {:>8} {:>22} {:>10}\n",
-            "trace", "stack", "workload min/mean/max", "vs plain", "whole run min/mean/max", "erases/GiB"
-        ))?;
+    let sizes = args.measure.sizes()?;
+    if let Some(dir) = &args.report {
+        report_dir(dir)?;
+    }
+    let measured = if args.report.is_some() {
+        sizes.len() * default_stacks().len()
+    } else {
+        0
+    };
+    let mut workloads = Vec::new();
     for path in &args.traces {
         let trace = sectorcrypt_flash::trace::Trace::read(path).map_err(|e| CliError {
             code: Code::Device,
@@ -1038,26 +1106,78 @@ fn study(args: StudyArgs) -> Result<(), CliError> {
         let name = path
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        workloads.push((name, trace));
+    }
+    if args.synthetic {
+        workloads.extend(sectorcrypt_bench::synthetic::synthetic_traces(false)?);
+    }
+    let steps = Steps::new((workloads.len() * study_stacks().len() + measured) as u64);
+    let mut traces = Vec::new();
+    let mut rows = Rows::new(args.json);
+    steps.print(|| rows.header(format!(
+            "# erases per eraseblock, replayed on a simulated chip (the chip's own counts)\n#{:>29} {:>28} {:>22} {:>8} {:>22} {:>10}\n",
+            "trace", "stack", "workload min/mean/max", "vs plain", "whole run min/mean/max", "erases/GiB"
+        )))?;
+    for (name, trace) in workloads {
         let mut plain = None;
+        let mut wear = Vec::new();
         for stack in study_stacks() {
-            let w = replay(&trace, &name, stack)?;
+            let w = steps.step(format!("replaying {name}"), || replay(&trace, &name, stack))?;
             let base = *plain.get_or_insert(w.workload.mean);
-            rows.row(&w, || {
-                format!(
-                    "{:>30} {:>28} {:>6}/{:>7.2}/{:>6} {:>7.2}x {:>6}/{:>7.2}/{:>6} {:>10.0}\n",
-                    w.trace,
-                    w.stack,
-                    w.workload.min,
-                    w.workload.mean,
-                    w.workload.max,
-                    w.workload.mean / base.max(f64::MIN_POSITIVE),
-                    w.whole.min,
-                    w.whole.mean,
-                    w.whole.max,
-                    w.erases_per_gib
-                )
+            steps.print(|| {
+                rows.row(&w, || {
+                    format!(
+                        "{:>30} {:>28} {:>6}/{:>7.2}/{:>6} {:>7.2}x {:>6}/{:>7.2}/{:>6} {:>10.0}\n",
+                        w.trace,
+                        w.stack,
+                        w.workload.min,
+                        w.workload.mean,
+                        w.workload.max,
+                        w.workload.mean / base.max(f64::MIN_POSITIVE),
+                        w.whole.min,
+                        w.whole.mean,
+                        w.whole.max,
+                        w.erases_per_gib
+                    )
+                })
             })?;
+            wear.push(w);
+        }
+        traces.push(TraceWear {
+            name,
+            geometry: trace.geometry,
+            workload_bytes: trace.workload_data_bytes(),
+            rows: wear,
+        });
+    }
+    let Some(dir) = args.report else {
+        return Ok(());
+    };
+    let (bytes, rounds) = (args.measure.bytes as usize, args.measure.rounds);
+    let mut measurements = Vec::new();
+    for &size in &sizes {
+        for stack in default_stacks() {
+            measurements.push(steps.step(format!("throughput, {size}-byte requests"), || {
+                measure(stack, size, bytes, rounds)
+            }));
         }
     }
+    let report = Report {
+        command: std::iter::once("sectorcrypt".to_string())
+            .chain(
+                std::env::args_os()
+                    .skip(1)
+                    .map(|a| a.to_string_lossy().into_owned()),
+            )
+            .collect(),
+        traces,
+        throughput: Throughput {
+            bytes,
+            rounds,
+            rows: measurements,
+        },
+    };
+    sectorcrypt_bench::report::write(&dir, &report)
+        .map_err(|e| CliError::io(format!("cannot write the report into {}", dir.display()), e))?;
     Ok(())
 }

@@ -13,6 +13,7 @@
 //! - [`sweep`]: power cut after every write and sync of an operation, every surviving image the
 //!   crash model allows checked (`sectorcrypt_storage::crash`).
 //! - [`vectors`]: the one parser of the standard test-vector files.
+//! - [`xml`]: whether a generated document (an SVG figure) is well-formed XML.
 //!
 //! And what every test file needs: a scratch folder, running a tool and checking it succeeded,
 //! cryptsetup with fast key derivation, data patterns.
@@ -22,6 +23,7 @@ pub mod openssl;
 pub mod sweep;
 pub mod tools;
 pub mod vectors;
+pub mod xml;
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};

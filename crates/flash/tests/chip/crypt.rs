@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use sectorcrypt_cipher::{BackendChoice, CipherSpec, SectorOptions};
 use sectorcrypt_flash::crypt::{CryptFlash, Policy};
+use sectorcrypt_flash::part::Partition;
 use sectorcrypt_flash::sim::SimNand;
 use sectorcrypt_flash::{Flash, Geometry};
 use sectorcrypt_storage::MemStorage;
@@ -12,29 +13,46 @@ use sectorcrypt_testkit::{openssl, pattern, scratch};
 
 use crate::small;
 
-const POLICIES: [Policy; 2] = [Policy::Thesis, Policy::Visible];
+const POLICIES: [Policy; 4] = Policy::ALL;
 
-fn chip(g: Geometry) -> Arc<SimNand> {
+/// Blocks at the end of a test chip kept for the journal of the hiding policies.
+pub(crate) const JOURNAL_BLOCKS: u32 = 3;
+
+pub(crate) fn chip(g: Geometry) -> Arc<SimNand> {
     let mem = MemStorage::new(vec![0; SimNand::image_len(&g) as usize]);
     Arc::new(SimNand::create(mem, g, &[]).unwrap())
 }
 
-fn layer(chip: &Arc<SimNand>, spec: &str, key: &[u8], policy: Policy) -> CryptFlash {
+/// The layer over `chip`; under the hiding policies over all but its last blocks, which hold
+/// the journal (the layer's block numbers are the chip's either way).
+pub(crate) fn layer(
+    chip: &Arc<SimNand>,
+    spec: &str,
+    key: &[u8],
+    policy: Policy,
+) -> Result<CryptFlash, sectorcrypt_flash::Error> {
     let opts = SectorOptions {
         backend: BackendChoice::Auto,
         ..SectorOptions::default()
     };
     let spec = CipherSpec::parse(spec).unwrap();
-    CryptFlash::new(Arc::clone(chip) as Arc<dyn Flash>, spec, key, policy, &opts).unwrap()
+    let whole = Arc::clone(chip) as Arc<dyn Flash>;
+    if !policy.hides_at_rest() {
+        return CryptFlash::new(whole, spec, key, policy, &opts);
+    }
+    let n = chip.geometry().peb_count - JOURNAL_BLOCKS;
+    let data = Arc::new(Partition::range(Arc::clone(&whole), 0, n)?);
+    let journal = Arc::new(Partition::range(whole, n, JOURNAL_BLOCKS)?);
+    CryptFlash::with_journal(data, journal, spec, key, policy, &opts)
 }
 
-fn read(f: &dyn Flash, peb: u32, offset: u32, len: usize) -> Vec<u8> {
+pub(crate) fn read(f: &dyn Flash, peb: u32, offset: u32, len: usize) -> Vec<u8> {
     let mut buf = vec![0; len];
     f.read(peb, offset, &mut buf).unwrap();
     buf
 }
 
-fn raw_chip(chip: &SimNand) -> Vec<u8> {
+pub(crate) fn raw_chip(chip: &SimNand) -> Vec<u8> {
     let g = chip.geometry();
     (0..g.peb_count)
         .flat_map(|peb| read(chip, peb, 0, g.peb_size as usize))
@@ -46,7 +64,7 @@ fn above_the_layer_the_chip_behaves_as_nand() {
     let key = pattern(64, 1);
     for policy in POLICIES {
         let c = chip(small());
-        let f = layer(&c, "aes-xts-plain64", &key, policy);
+        let f = layer(&c, "aes-xts-plain64", &key, policy).unwrap();
         f.erase(3).unwrap();
         assert_eq!(
             read(&f, 3, 0, 16384),
@@ -94,7 +112,7 @@ fn under_the_thesis_policy_the_chip_holds_nothing_but_ciphertext() {
         ..small()
     };
     let c = chip(g);
-    let f = layer(&c, "aes-xts-plain64", &key, Policy::Thesis);
+    let f = layer(&c, "aes-xts-plain64", &key, Policy::Thesis).unwrap();
     // What UBI leaves on a chip: every block erased, headers with their magic in the first two
     // sub-pages of some blocks (the rest of each header sub-page 0xFF), a marker in the data.
     let marker = b"PLAINTEXT-MARKER";
@@ -145,7 +163,7 @@ fn under_the_thesis_policy_the_chip_holds_nothing_but_ciphertext() {
 
     // The visible policy leaves free space erased on the chip, which is what the thesis hides.
     let c = chip(g);
-    let f = layer(&c, "aes-xts-plain64", &key, Policy::Visible);
+    let f = layer(&c, "aes-xts-plain64", &key, Policy::Visible).unwrap();
     f.erase(1).unwrap();
     assert_eq!(read(c.as_ref(), 1, 0, 16384), vec![0xFF; 16384]);
 }
@@ -158,7 +176,7 @@ fn the_ciphertext_decrypts_with_openssl_by_the_documented_iv_rule() {
             let key = pattern(key_len, 6);
             let g = small();
             let c = chip(g);
-            let f = layer(&c, spec, &key, policy);
+            let f = layer(&c, spec, &key, policy).unwrap();
             let peb = 5;
             f.erase(peb).unwrap();
             let data = pattern(3 * 2048, 7);
@@ -171,8 +189,9 @@ fn the_ciphertext_decrypts_with_openssl_by_the_documented_iv_rule() {
             assert_eq!(first, 5 * 32 + 4);
             let plain = openssl::decrypt_units(&file, spec, &key, unit, first);
             assert_eq!(plain, data, "{spec} {policy:?}");
-            if policy == Policy::Thesis {
-                // Free space is encrypted 0xFF under the same rule.
+            if policy != Policy::Visible {
+                // Free space is encrypted 0xFF under the same rule (once hidden).
+                f.hide_free_space().unwrap();
                 std::fs::write(&file, read(c.as_ref(), peb, 8192, 8192)).unwrap();
                 let plain =
                     openssl::decrypt_units(&file, spec, &key, unit, f.unit_number(peb, 8192));
@@ -187,7 +206,7 @@ fn the_thesis_policy_pays_an_erase_per_program_and_the_layer_counts_it() {
     let key = pattern(64, 8);
     for policy in POLICIES {
         let c = chip(small());
-        let f = layer(&c, "aes-xts-plain64", &key, policy);
+        let f = layer(&c, "aes-xts-plain64", &key, policy).unwrap();
         let before = c.erase_counts()[2];
         f.erase(2).unwrap();
         for page in 0..3 {

@@ -5,6 +5,7 @@
 mod area;
 mod crypt;
 mod dump;
+mod hiding;
 #[cfg(target_os = "linux")]
 mod mtd;
 mod sim;

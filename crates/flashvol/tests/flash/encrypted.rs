@@ -66,6 +66,7 @@ fn cryptsetup_reads_the_header_and_openssl_decrypts_the_chip() {
     for (policy, cipher) in [
         (Policy::Thesis, "aes-xts-plain64"),
         (Policy::Visible, "aes-cbc-essiv:sha256"),
+        (Policy::AtRest, "aes-xts-plain64"),
     ] {
         let raw = chip();
         let flash = raw.clone() as Arc<dyn Flash>;
@@ -100,6 +101,8 @@ fn cryptsetup_reads_the_header_and_openssl_decrypts_the_chip() {
         let data = pattern(126 * 1024, 9);
         ubi.write(id, 0, 0, &data).unwrap();
         drop(ubi);
+        // Detached: under every policy but the visible one, no unit is left erased.
+        opened.detach().unwrap();
         let first = opened.header.params.data_first;
         let g = geometry();
         let units = u64::from(g.peb_size / g.sub_page_size);
@@ -116,7 +119,7 @@ fn cryptsetup_reads_the_header_and_openssl_decrypts_the_chip() {
             let mut ours = vec![0u8; g.peb_size as usize];
             opened.crypt.read(peb, 0, &mut ours).unwrap();
             match policy {
-                Policy::Thesis => assert!(
+                Policy::Thesis | Policy::AtRest => assert!(
                     plain == ours,
                     "{cipher}: PEB {peb} decrypts to what UBI reads"
                 ),
@@ -139,44 +142,58 @@ fn cryptsetup_reads_the_header_and_openssl_decrypts_the_chip() {
 }
 
 #[test]
-fn under_the_thesis_policy_the_chip_holds_only_ciphertext() {
-    let raw = chip();
-    let flash = raw.clone() as Arc<dyn Flash>;
-    let opened = format(
-        Arc::clone(&flash),
-        &new_flash(Policy::Thesis, "aes-xts-plain64", None),
-        PASS,
-    )
-    .unwrap();
-    let ubi = opened.attach(&AttachOptions::default()).unwrap();
-    let id = ubi
-        .create_volume(&dynamic_volume("secret-volume-name", 8))
+fn detached_the_chip_holds_only_ciphertext_and_every_block_looks_alike() {
+    for policy in [Policy::Thesis, Policy::AtRest, Policy::Synced] {
+        let raw = chip();
+        let flash = raw.clone() as Arc<dyn Flash>;
+        let opened = format(
+            Arc::clone(&flash),
+            &new_flash(policy, "aes-xts-plain64", None),
+            PASS,
+        )
         .unwrap();
-    let marker = b"PLAINTEXT-MARKER".repeat(128);
-    ubi.write(id, 2, 0, &marker).unwrap();
-    drop(ubi);
-    let first = opened.header.params.data_first;
-    let g = geometry();
-    let bytes = blocks(&*flash, (first..g.peb_count).filter(|&b| b != 3));
-    let find = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
-    assert!(
-        !find(&EC_HDR_MAGIC.to_be_bytes()) && !find(&VID_HDR_MAGIC.to_be_bytes()),
-        "no UBI magic"
-    );
-    assert!(
-        !find(b"PLAINTEXT-MARKER") && !find(b"secret-volume-name"),
-        "no plaintext"
-    );
-    assert!(!find(&[0xFF; 32]), "no erased run: free space is hidden");
-    let mut histogram = [0u64; 256];
-    bytes.iter().for_each(|&b| histogram[b as usize] += 1);
-    let expected = bytes.len() as f64 / 256.0;
-    let chi2: f64 = histogram
-        .iter()
-        .map(|&n| (n as f64 - expected).powi(2) / expected)
-        .sum();
-    // 255 degrees of freedom: chi2 above 400 has a probability below 1e-8 for random bytes.
-    assert!(chi2 < 400.0, "byte histogram chi-square {chi2}");
+        let ubi = opened.attach(&AttachOptions::default()).unwrap();
+        let id = ubi
+            .create_volume(&dynamic_volume("secret-volume-name", 8))
+            .unwrap();
+        let marker = b"PLAINTEXT-MARKER".repeat(128);
+        ubi.write(id, 2, 0, &marker).unwrap();
+        // An append into a LEB written before the last detach: a journalled rewrite.
+        opened.detach().unwrap();
+        ubi.write(id, 2, 2048, &marker).unwrap();
+        drop(ubi);
+        opened.detach().unwrap();
+        // Everything after the header area: the rewrite journal, UBI's free and used blocks.
+        let g = geometry();
+        let from = opened.header.params.rewrite_journal().start;
+        let data: Vec<u32> = (from..g.peb_count).filter(|&b| b != 3).collect();
+        let bytes = blocks(&*flash, data.iter().copied());
+        let find = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+        assert!(
+            !find(&EC_HDR_MAGIC.to_be_bytes()) && !find(&VID_HDR_MAGIC.to_be_bytes()),
+            "{policy:?}: no UBI magic"
+        );
+        assert!(
+            !find(b"PLAINTEXT-MARKER") && !find(b"secret-volume-name"),
+            "{policy:?}: no plaintext"
+        );
+        assert!(
+            !find(&[0xFF; 32]),
+            "{policy:?}: no erased run: free space is hidden"
+        );
+        // Every block on its own, free or used, journal or data: bytes as uniform as random
+        // ones (255 degrees of freedom: a chi-square above 400 has a probability below 1e-8).
+        for (b, block) in data.iter().zip(bytes.chunks(g.peb_size as usize)) {
+            let mut histogram = [0u64; 256];
+            block.iter().for_each(|&x| histogram[x as usize] += 1);
+            let expected = block.len() as f64 / 256.0;
+            let chi2: f64 = histogram
+                .iter()
+                .map(|&n| (n as f64 - expected).powi(2) / expected)
+                .sum();
+            assert!(chi2 < 400.0, "{policy:?}: block {b}: chi-square {chi2}");
+        }
+    }
 }
 
 #[test]

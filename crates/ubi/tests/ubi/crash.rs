@@ -3,10 +3,8 @@
 //! table the old or the new volumes, never garbage, and attaching never refuses.
 
 use std::cell::Cell;
-use std::sync::Arc;
 
-use sectorcrypt_flash::sim::SimNand;
-use sectorcrypt_storage::{MemStorage, Window};
+use sectorcrypt_flash::sim::MemChip;
 use sectorcrypt_testkit::pattern;
 use sectorcrypt_ubi::{AttachOptions, Error, Ubi};
 
@@ -21,16 +19,14 @@ fn sweep(
     op: impl Fn(&Ubi) -> Result<(), Error>,
     verify: impl Fn(&Ubi),
 ) -> u64 {
-    let (chip, flash) = Chip::new(small(32));
+    let (base, flash) = MemChip::create(small(32), &[]).unwrap();
     let ubi = Ubi::attach(flash, opts).unwrap();
     prepare(&ubi);
     ubi.sync().unwrap();
     drop(ubi);
-    let base = chip.mem.contents();
     for n in 1.. {
-        let mem = Arc::new(MemStorage::new(base.clone()));
-        let len = base.len() as u64;
-        let open = || Arc::new(SimNand::open(Window::new(Arc::clone(&mem), 0, len)).unwrap());
+        let run = base.copy();
+        let open = || run.power_on().unwrap();
         let flash = open();
         let ubi = Ubi::attach(flash.clone(), opts).unwrap();
         flash.cut_power_at(Some(n));

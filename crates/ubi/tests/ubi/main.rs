@@ -10,9 +10,8 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
-use sectorcrypt_flash::sim::SimNand;
+use sectorcrypt_flash::sim::{MemChip, SimNand};
 use sectorcrypt_flash::{Flash, Geometry};
-use sectorcrypt_storage::{MemStorage, Window};
 use sectorcrypt_testkit::{ok, output};
 use sectorcrypt_ubi::media::VolType;
 use sectorcrypt_ubi::{AttachOptions, NewVolume, Ubi};
@@ -32,24 +31,18 @@ fn small(pebs: u32) -> Geometry {
 /// The bytes a LEB of [`small`] holds.
 const LEB: usize = 16 * 1024 - 2048;
 
-/// A chip in memory that outlives the [`SimNand`] on it, so that it can be opened again after a
-/// power cut.
-struct Chip {
-    mem: Arc<MemStorage>,
-    len: u64,
-}
+/// A chip in memory that can be powered on again after a cut.
+struct Chip(MemChip);
 
 impl Chip {
     fn new(g: Geometry) -> (Chip, Arc<SimNand>) {
-        let len = SimNand::image_len(&g);
-        let mem = Arc::new(MemStorage::new(vec![0; len as usize]));
-        let sim = SimNand::create(Window::new(Arc::clone(&mem), 0, len), g, &[]).unwrap();
-        (Chip { mem, len }, Arc::new(sim))
+        let (chip, sim) = MemChip::create(g, &[]).unwrap();
+        (Chip(chip), sim)
     }
 
     /// The chip as the next power-on finds it.
     fn power_on(&self) -> Arc<SimNand> {
-        Arc::new(SimNand::open(Window::new(Arc::clone(&self.mem), 0, self.len)).unwrap())
+        self.0.power_on().unwrap()
     }
 }
 
