@@ -560,24 +560,30 @@ impl CryptFlash {
     /// Read-modify-erase-write of `peb` with `merged` at `offset`: under the hiding policies
     /// journalled, leaving the block's tail erased; else as the thesis does it.
     fn rewrite(&self, peb: u32, offset: u32, merged: &[u8]) -> Result<(), Error> {
-        add(&self.counters.rewrites, 1);
         let size = self.geometry.peb_size as usize;
         let mut raw = vec![0u8; size];
         self.inner.read(peb, 0, &mut raw)?;
         let mut plain = raw.clone();
         self.decrypt_units(&mut plain, peb, 0)?;
-        let old = plain.clone();
         plain[offset as usize..offset as usize + merged.len()].copy_from_slice(merged);
+        self.rewrite_block(peb, &raw, plain)
+    }
+
+    /// Erase `peb`, whose raw contents are `raw`, and store `plain` in it; under the hiding
+    /// policies journalled: the units whose plaintext stays (and is not free) are copied first.
+    fn rewrite_block(&self, peb: u32, raw: &[u8], plain: Vec<u8>) -> Result<(), Error> {
+        add(&self.counters.rewrites, 1);
         if let Some(journal) = &self.journal {
-            // What the block keeps: its units with data that this program does not change.
             let unit = self.unit;
+            let mut old = raw.to_vec();
+            self.decrypt_units(&mut old, peb, 0)?;
             let kept: Vec<u32> = (0..self.units_per_block())
                 .filter(|&u| {
                     let r = u as usize * unit..(u as usize + 1) * unit;
-                    !is_erased(&old[r.clone()]) && old[r.clone()] == plain[r]
+                    !is_erased(&plain[r.clone()]) && old[r.clone()] == plain[r]
                 })
                 .collect();
-            self.journal_copy(journal, peb, &kept, &raw)?;
+            self.journal_copy(journal, peb, &kept, raw)?;
         }
         self.store_block(peb, plain)
     }
@@ -599,6 +605,11 @@ impl CryptFlash {
         let blocks = only
             .clone()
             .unwrap_or_else(|| (0..self.geometry.peb_count).collect());
+        // An empty sync fill leaves no record.
+        let marked = self.journal.as_ref().filter(|_| !blocks.is_empty());
+        if let Some(journal) = marked {
+            self.journal_fill_mark(journal, false)?;
+        }
         let mut filled = 0;
         let mut failed = None;
         for peb in blocks {
@@ -608,6 +619,9 @@ impl CryptFlash {
                     failed.get_or_insert(e);
                 }
             }
+        }
+        if let (Some(journal), None) = (marked, &failed) {
+            self.journal_fill_mark(journal, true)?;
         }
         // The journal's tail is hidden on a full fill only: filling it at every sync would cost
         // a journal erase per synced rewrite.

@@ -8,13 +8,16 @@
 //!    chip is still plain UBI throughout).
 //! 2. The header is written in those blocks, with a token that says an encryption is in
 //!    progress (the flash cannot be unlocked until it ends).
-//! 3. Every block of UBI's part is encrypted in place, through a journal in the header's two
-//!    journal blocks: its plaintext goes to the copy block, a record naming the block and the
-//!    copy's CRC to the record block, and only then is the block rewritten encrypted
+//! 3. Every block of UBI's part is encrypted in place, through a journal: its plaintext goes to
+//!    a copy block, a record naming the block, the copy's CRC and a sequence number to the
+//!    record block paired with it, and only then is the block rewritten encrypted
 //!    ([`CryptFlash::store`]: one erase, one program). A cut in the rewrite is finished from the
-//!    copy on the next run.
-//! 4. The journal blocks are erased (no plaintext stays behind) and the token says the flash is
-//!    ready.
+//!    newest record's copy on the next run. The pairs are the header's two journal blocks and,
+//!    under the policies that have one, the layer's rewrite journal (empty while converting),
+//!    taken in turn, so that the two erases each converted block costs are spread over all of
+//!    them rather than paid by two blocks.
+//! 4. The journal blocks are erased (no plaintext stays behind), the policy's free space hidden,
+//!    and the token says the flash is ready.
 //!
 //! Which blocks still need it is read off the blocks, not kept in a counter: a block is plain
 //! while its raw bytes start with a valid UBI erase-counter header (UBI gives every block one),
@@ -31,6 +34,7 @@
 //! that the header stays readable until the end, and UBI, attached on the whole chip again, finds
 //! them empty and gives them erase counters (the mean, as it does).
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use sectorcrypt_flash::area::put_block;
@@ -95,7 +99,11 @@ impl Stage {
 /// Reports progress: (blocks looked at, blocks in all).
 pub type Progress<'a> = &'a mut dyn FnMut(u32, u32);
 
-const RECORD_MAGIC: &[u8; 8] = b"SCFLCONV";
+/// A record of this version, with a sequence number.
+const RECORD_MAGIC: &[u8; 8] = b"SCFLCNV2";
+/// A record written before the journal was spread (one pair, no sequence number).
+const RECORD_MAGIC_V1: &[u8; 8] = b"SCFLCONV";
+const RECORD_LEN: usize = 29;
 
 /// The chip, the layer over UBI's part of it, and the journal.
 struct Converter {
@@ -103,9 +111,39 @@ struct Converter {
     part: Arc<dyn Flash>,
     crypt: CryptFlash,
     chip: Arc<dyn Flash>,
-    copy: u32,
-    record: u32,
+    /// The journal's (copy, record) block pairs, used in turn.
+    pairs: Vec<(u32, u32)>,
+    /// The pair the next conversion uses and the sequence number of its record.
+    next: Cell<(usize, u64)>,
     policy: Policy,
+}
+
+/// A valid record: the block it names, the CRC of its copy, its direction, its sequence.
+struct Record {
+    block: u32,
+    sum: u32,
+    decrypt: bool,
+    seq: u64,
+}
+
+impl Record {
+    fn parse(r: &[u8; RECORD_LEN]) -> Option<Record> {
+        let word = |i: usize| u32::from_le_bytes(r[i..i + 4].try_into().expect("4 bytes"));
+        let (seq, valid) = match &r[..8] {
+            m if m == RECORD_MAGIC => (
+                u64::from_le_bytes(r[17..25].try_into().expect("8 bytes")),
+                word(25) == crc(&r[..25]),
+            ),
+            m if m == RECORD_MAGIC_V1 => (0, word(17) == crc(&r[..17])),
+            _ => return None,
+        };
+        valid.then(|| Record {
+            block: word(8),
+            sum: word(12),
+            decrypt: r[16] == 1,
+            seq,
+        })
+    }
 }
 
 fn crc(data: &[u8]) -> u32 {
@@ -114,13 +152,20 @@ fn crc(data: &[u8]) -> u32 {
 
 impl Converter {
     fn new(chip: &Arc<dyn Flash>, h: &HeaderArea, volume_key: &[u8]) -> Result<Converter, Error> {
-        let (copy, record) = h.area.journal();
+        let mut pairs = vec![h.area.journal()];
+        let mut spare = Vec::new();
+        for b in h.params.rewrite_journal() {
+            if !chip.is_bad(b)? {
+                spare.push(b);
+            }
+        }
+        pairs.extend(spare.chunks_exact(2).map(|p| (p[0], p[1])));
         Ok(Converter {
             part: Arc::new(Partition::new(Arc::clone(chip), h.params.data_first)?),
             crypt: layer(chip, h, volume_key)?,
             chip: Arc::clone(chip),
-            copy,
-            record,
+            pairs,
+            next: Cell::new((0, 1)),
             policy: h.params.policy,
         })
     }
@@ -168,36 +213,52 @@ impl Converter {
         Ok(())
     }
 
-    /// Convert block `b` through the journal (see the module docs).
+    /// Convert block `b` through the journal's next pair (see the module docs).
     fn convert(&self, b: u32, text: Vec<u8>, dir: Direction) -> Result<(), Error> {
-        put_block(&*self.chip, self.copy, &text)?;
+        let (index, seq) = self.next.get();
+        let (copy, record) = self.pairs[index];
+        put_block(&*self.chip, copy, &text)?;
         let page = self.chip.geometry().page_size as usize;
         let mut r = vec![0xFFu8; page];
         r[..8].copy_from_slice(RECORD_MAGIC);
         r[8..12].copy_from_slice(&b.to_le_bytes());
         r[12..16].copy_from_slice(&crc(&text).to_le_bytes());
         r[16] = u8::from(dir == Direction::Decrypt);
-        let c = crc(&r[..17]);
-        r[17..21].copy_from_slice(&c.to_le_bytes());
-        self.chip.erase(self.record)?;
-        self.chip.program(self.record, 0, &r)?;
+        r[17..25].copy_from_slice(&seq.to_le_bytes());
+        let c = crc(&r[..25]);
+        r[25..29].copy_from_slice(&c.to_le_bytes());
+        self.chip.erase(record)?;
+        self.chip.program(record, 0, &r)?;
+        self.next.set(((index + 1) % self.pairs.len(), seq + 1));
         self.rewrite(b, text, dir)
     }
 
-    /// Finish a block rewrite a cut interrupted: the record names it and the copy is whole.
+    /// Finish the block rewrite a cut may have interrupted: the newest record's, if its copy is
+    /// whole (redoing a finished one writes the same again). The next record goes to the pair
+    /// after it, with a higher sequence number.
     fn recover(&self, dir: Direction) -> Result<(), Error> {
-        let mut r = [0u8; 21];
-        if self.chip.read(self.record, 0, &mut r).is_err()
-            || &r[..8] != RECORD_MAGIC
-            || u32::from_le_bytes([r[17], r[18], r[19], r[20]]) != crc(&r[..17])
-            || r[16] != u8::from(dir == Direction::Decrypt)
-        {
+        let mut newest: Option<(usize, Record)> = None;
+        for (index, &(_, record)) in self.pairs.iter().enumerate() {
+            let mut r = [0u8; RECORD_LEN];
+            if self.chip.read(record, 0, &mut r).is_err() {
+                continue;
+            }
+            if let Some(rec) = Record::parse(&r) {
+                if newest.as_ref().is_none_or(|(_, n)| rec.seq > n.seq) {
+                    newest = Some((index, rec));
+                }
+            }
+        }
+        let Some((index, rec)) = newest else {
+            return Ok(());
+        };
+        self.next.set(((index + 1) % self.pairs.len(), rec.seq + 1));
+        if rec.decrypt != (dir == Direction::Decrypt) {
             return Ok(());
         }
-        let b = u32::from_le_bytes([r[8], r[9], r[10], r[11]]);
-        let text = Self::read(&*self.chip, self.copy, self.block_len())?;
-        if crc(&text) == u32::from_le_bytes([r[12], r[13], r[14], r[15]]) {
-            self.rewrite(b, text, dir)?;
+        let text = Self::read(&*self.chip, self.pairs[index].0, self.block_len())?;
+        if crc(&text) == rec.sum {
+            self.rewrite(rec.block, text, dir)?;
         }
         Ok(())
     }
@@ -214,8 +275,10 @@ impl Converter {
             }
             progress(b + 1, blocks);
         }
-        self.chip.erase(self.copy)?;
-        self.chip.erase(self.record)?;
+        for &(copy, record) in &self.pairs {
+            self.chip.erase(copy)?;
+            self.chip.erase(record)?;
+        }
         Ok(self.chip.sync()?)
     }
 }

@@ -16,11 +16,21 @@
 //! target for another reason (an erase from above), a *void* record goes first, so that a later
 //! opening does not bring old data back over new.
 //!
+//! A fill (programming filler over free space) is bracketed by a *fill* record and a *filled*
+//! record. A power cut inside it leaves units half programmed: filler with some of its zero
+//! bits still one, which would decrypt to garbage where UBI expects erased space (and a later
+//! program there would be ANDed with it). So when the newest record is a fill without its
+//! filled, opening the layer looks for such units: a unit is torn filler when every one bit of
+//! its filler is set in it (a cut program only leaves bits it should have cleared; random
+//! ciphertext passes this with probability 2^-(bits of filler set), about 2^-2048 for 512 bytes),
+//! and each block that has one is rewritten without them (journalled as any rewrite), its tail
+//! erased again for the next fill.
+//!
 //! The header unit is encrypted under the IVs of the journal's own units (numbered after the
 //! data blocks'), and the copies are ciphertext: the journal looks like the rest of the chip,
 //! and a full fill programs filler over its free tail too. The journal never starts a record
-//! behind filler or a record it could not read: after opening or a fill, the next record goes
-//! to the next block of the ring.
+//! behind filler or a record it could not read: after a fill, or on opening unless all that
+//! follows the newest record is erased, the next record goes to the next block of the ring.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -30,6 +40,8 @@ use crate::{Error, Flash, Geometry};
 const MAGIC: &[u8; 8] = b"SCFLRWJ1";
 const KIND_COPY: u32 = 1;
 const KIND_VOID: u32 = 2;
+const KIND_FILL: u32 = 3;
+const KIND_FILLED: u32 = 4;
 /// Bytes of the header unit before the bitmap: magic, sequence, kind, target, count.
 const FIXED: usize = 28;
 /// Bytes of the CRC at the end of the header unit.
@@ -180,12 +192,25 @@ impl CryptFlash {
             }
         }
         let mut state = journal.state();
-        state.next = self.units_per_block();
-        let Some((index, record)) = newest else {
+        // Records go on after the newest if what follows it is erased (not filler, not a
+        // record cut short), else in the next block.
+        let (index, end) = newest
+            .as_ref()
+            .map_or((0, 0), |(i, r)| (*i, r.first + r.kept.len() as u32));
+        state.index = index;
+        state.next = if self.erased_from(journal, journal.blocks[index], end)? {
+            end
+        } else {
+            self.units_per_block()
+        };
+        let Some((_, record)) = newest else {
             return Ok(());
         };
         state.seq = record.seq;
-        state.index = index;
+        if record.kind == KIND_FILL {
+            drop(state);
+            return self.repair_torn_fill();
+        }
         if record.kind != KIND_COPY || record.target >= self.geometry.peb_count {
             return Ok(());
         }
@@ -217,6 +242,13 @@ impl CryptFlash {
         }
         state.live = Some(record);
         Ok(())
+    }
+
+    /// Whether journal block `block` is erased from unit `from` on.
+    fn erased_from(&self, journal: &Journal, block: u32, from: u32) -> Result<bool, Error> {
+        let unit = self.unit as u32;
+        let mut raw = vec![0u8; ((self.units_per_block() - from) * unit) as usize];
+        Ok(journal.flash.read(block, from * unit, &mut raw).is_ok() && is_erased(&raw))
     }
 
     /// Append a record of `kind` for `target` with the units `kept` of the block image `raw`.
@@ -294,6 +326,45 @@ impl CryptFlash {
         let live = journal.state().live.as_ref().map(|r| r.target);
         if live == Some(peb) {
             self.journal_append(journal, KIND_VOID, peb, &[], &[])?;
+        }
+        Ok(())
+    }
+
+    /// Record that a fill starts (`done` false) or has ended (see the module docs).
+    pub(super) fn journal_fill_mark(&self, journal: &Journal, done: bool) -> Result<(), Error> {
+        let kind = if done { KIND_FILLED } else { KIND_FILL };
+        self.journal_append(journal, kind, 0, &[], &[])
+    }
+
+    /// After a fill a power cut interrupted: rewrite every block that holds torn filler without
+    /// it.
+    fn repair_torn_fill(&self) -> Result<(), Error> {
+        let unit = self.unit;
+        let mut raw = vec![0u8; self.geometry.peb_size as usize];
+        for peb in 0..self.geometry.peb_count {
+            if self.inner.is_bad(peb)? || self.inner.read(peb, 0, &mut raw).is_err() {
+                continue;
+            }
+            let mut filler = vec![0xFF; raw.len()];
+            self.crypt(&mut filler, peb, 0, true)?;
+            let torn: Vec<usize> = raw
+                .chunks(unit)
+                .zip(filler.chunks(unit))
+                .enumerate()
+                .filter(|(_, (r, f))| {
+                    r != f && !is_erased(r) && r.iter().zip(*f).all(|(r, f)| r & f == *f)
+                })
+                .map(|(u, _)| u)
+                .collect();
+            if torn.is_empty() {
+                continue;
+            }
+            let mut plain = raw.clone();
+            self.decrypt_units(&mut plain, peb, 0)?;
+            for &u in &torn {
+                plain[u * unit..(u + 1) * unit].fill(0xFF);
+            }
+            self.rewrite_block(peb, &raw, plain)?;
         }
         Ok(())
     }

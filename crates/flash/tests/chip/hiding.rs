@@ -256,10 +256,20 @@ fn a_cut_anywhere_in_a_rewrite_or_a_fill_keeps_every_acknowledged_unit() {
             },
             |f| f.hide_free_space().map(drop),
             |f, n| {
+                // Free space reads erased after any cut: a unit the cut tore is found and its
+                // block rewritten without it when the layer opens.
+                let free = |f: &CryptFlash| {
+                    read(f, 3, 5 * 2048, 3 * 2048) == vec![0xFF; 3 * 2048]
+                        && read(f, 6, 0, 16384) == vec![0xFF; 16384]
+                };
                 check_old(f, n);
                 assert_eq!(read(f, 3, 4 * 2048, 2048), new, "cut {n}");
+                assert!(free(f), "cut {n}: free space reads as garbage");
                 f.hide_free_space().unwrap();
                 check_old(f, n);
+                assert!(free(f), "cut {n}: after the next fill");
+                f.program(3, 5 * 2048, &new).unwrap();
+                assert_eq!(read(f, 3, 5 * 2048, 2048), new, "cut {n}: a program after");
             },
         );
         // After a finished rewrite the block is erased and written anew: a cut in the new

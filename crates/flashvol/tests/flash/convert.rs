@@ -113,9 +113,10 @@ fn a_plain_ubi_flash_is_encrypted_in_place_and_decrypted_back() {
         .info()
         .erase_counters;
     let mut seen = 0;
+    let erases_before = sim.erase_counts();
     let opened = encrypt(
         sim.clone(),
-        &small_key(Policy::Thesis),
+        &small_key(Policy::AtRest),
         PASS,
         &mut |done, all| {
             assert!(done <= all);
@@ -124,6 +125,25 @@ fn a_plain_ubi_flash_is_encrypted_in_place_and_decrypted_back() {
     )
     .unwrap();
     assert!(seen > 30, "progress reported every block");
+    // The journal's two erases per converted block are spread over the header's journal pair
+    // and the rewrite journal's two pairs: no rewrite journal block took more than a third of
+    // them, give or take the erases of the start and the end (UBI moving its LEB out, the
+    // journal made empty, its last erase), where one pair alone took two per block.
+    let params = &opened.header.params;
+    let (copy, record) = opened.header.area.journal();
+    let converted = seen;
+    assert!(converted > 30 && copy < record && record < params.rewrite_journal().start);
+    // (The header's pair also journals every header block write: only the others are counted.)
+    let journal: Vec<u32> = params.rewrite_journal().collect();
+    assert_eq!(journal.len(), 4);
+    let erases_after = sim.erase_counts();
+    for b in journal {
+        let took = erases_after[b as usize] - erases_before[b as usize];
+        assert!(
+            (2..=converted / 3 + 4).contains(&took),
+            "journal block {b} took {took} erases for {converted} blocks"
+        );
+    }
     let ubi = opened.attach(&AttachOptions::default()).unwrap();
     assert_eq!(contents(&ubi), before, "the volumes, encrypted");
     let (min, _, max) = ubi.info().erase_counters;
@@ -132,7 +152,7 @@ fn a_plain_ubi_flash_is_encrypted_in_place_and_decrypted_back() {
         "erase counters kept"
     );
     drop((ubi, opened));
-    // The chip: no UBI header anywhere after the header blocks.
+    // The chip: no UBI header and no free space anywhere after the header blocks.
     let g = geometry();
     let mut raw = vec![0u8; g.peb_size as usize];
     for b in 7..g.peb_count {
@@ -142,12 +162,16 @@ fn a_plain_ubi_flash_is_encrypted_in_place_and_decrypted_back() {
             !raw.windows(4).any(|w| w == magic),
             "block {b} shows a UBI header"
         );
+        assert!(
+            !raw.windows(32).any(|w| w == [0xFF; 32]),
+            "block {b} shows free space"
+        );
     }
     // Running either again when it is done changes nothing.
     let snapshot = read_chip(&sim);
     encrypt(
         sim.clone(),
-        &small_key(Policy::Thesis),
+        &small_key(Policy::AtRest),
         PASS,
         &mut |_, _| {},
     )
@@ -268,7 +292,7 @@ fn an_encryption_cut_anywhere_finishes_when_run_again() {
     let before = plain_contents(sim);
     let cuts = sweep(
         &image,
-        |sim| encrypt(sim, &small_key(Policy::Thesis), PASS, &mut |_, _| {}).map(drop),
+        |sim| encrypt(sim, &small_key(Policy::AtRest), PASS, &mut |_, _| {}).map(drop),
         |sim| assert_eq!(encrypted_contents(sim), before),
     );
     assert!(cuts > 200, "{cuts} cut points");
@@ -279,7 +303,7 @@ fn a_decryption_cut_anywhere_finishes_when_run_again() {
     let image = plain_chip();
     let (mem, sim) = chip(&image);
     let before = plain_contents(sim.clone());
-    encrypt(sim, &small_key(Policy::Visible), PASS, &mut |_, _| {}).unwrap();
+    encrypt(sim, &small_key(Policy::AtRest), PASS, &mut |_, _| {}).unwrap();
     let encrypted = mem.contents();
     let cuts = sweep(
         &encrypted,

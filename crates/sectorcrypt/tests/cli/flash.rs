@@ -175,6 +175,25 @@ fn format_volumes_and_contents_round_trip() {
         (vols[0]["name"].as_str(), vols[0]["lebs"].as_u64()),
         (Some("data"), Some(4))
     );
+    // Every command that wrote left the free space hidden: from the rewrite journal on, the
+    // chip as nanddump reads it has no erased run.
+    let raw = dir.join("raw.bin");
+    ok(
+        sc(&["flash", "export", p(&img), p(&raw), "--raw"]),
+        "export --raw",
+    );
+    let raw = std::fs::read(&raw).unwrap();
+    let block = v["geometry"]["peb_size"].as_u64().unwrap() as usize;
+    let from = v["header"]["rewrite_journal_blocks"][0].as_u64().unwrap() as usize * block;
+    let longest = raw[from..]
+        .split(|&b| b != 0xFF)
+        .map(<[u8]>::len)
+        .max()
+        .unwrap();
+    assert!(
+        longest < 32,
+        "a run of {longest} bytes of 0xFF on the detached chip"
+    );
     // Refusals: exit codes as CLI.md says, nothing changed.
     let before = std::fs::read(&img).unwrap();
     sc_exits(
