@@ -18,6 +18,18 @@ pub enum Algorithm {
     Aes,
     /// LEA (KS X 3246, ISO/IEC 29192-2), 128/192/256-bit keys.
     Lea,
+    /// Serpent, 128/192/256-bit keys (portable only).
+    Serpent,
+    /// Twofish, 128/192/256-bit keys (portable only).
+    Twofish,
+    /// Camellia (RFC 3713), 128/192/256-bit keys (portable only).
+    Camellia,
+    /// ARIA (RFC 5794), 128/192/256-bit keys (portable only).
+    Aria,
+    /// SM4 (GB/T 32907), 128-bit keys only (portable only).
+    Sm4,
+    /// CAST6 (CAST-256, RFC 2612), 128/192/256-bit keys (portable only).
+    Cast6,
 }
 
 impl Algorithm {
@@ -26,6 +38,48 @@ impl Algorithm {
         match self {
             Algorithm::Aes => "aes",
             Algorithm::Lea => "lea",
+            Algorithm::Serpent => "serpent",
+            Algorithm::Twofish => "twofish",
+            Algorithm::Camellia => "camellia",
+            Algorithm::Aria => "aria",
+            Algorithm::Sm4 => "sm4",
+            Algorithm::Cast6 => "cast6",
+        }
+    }
+
+    /// Every block cipher, in the order of dm-crypt's usual listing.
+    pub const ALL: [Algorithm; 8] = [
+        Algorithm::Aes,
+        Algorithm::Serpent,
+        Algorithm::Twofish,
+        Algorithm::Camellia,
+        Algorithm::Aria,
+        Algorithm::Sm4,
+        Algorithm::Cast6,
+        Algorithm::Lea,
+    ];
+
+    /// The cipher of a dm-crypt name (`aes`, `serpent`, ...).
+    pub fn from_name(name: &str) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// The key lengths in bytes a volume key (or one XTS half) may have: 16, 24 and 32, SM4 only 16.
+    pub fn key_lens(self) -> &'static [usize] {
+        match self {
+            Algorithm::Sm4 => &[16],
+            _ => &[16, 24, 32],
+        }
+    }
+
+    /// Whether the cipher can be keyed with `len` bytes. Wider than [`Self::key_lens`] for
+    /// Serpent (any length up to 32 bytes, as the kernel's) and CAST6 (16 to 32 in steps of 4):
+    /// an ESSIV salt is the digest of the hash named, e.g. 20 bytes for `essiv:sha1`.
+    pub fn accepts_key_len(self, len: usize) -> bool {
+        match self {
+            Algorithm::Serpent => (1..=32).contains(&len),
+            Algorithm::Cast6 => (16..=32).contains(&len) && len.is_multiple_of(4),
+            _ => self.key_lens().contains(&len),
         }
     }
 
@@ -34,6 +88,7 @@ impl Algorithm {
         match self {
             Algorithm::Aes => &[Backend::Vaes512, Backend::AesNi, Backend::Portable],
             Algorithm::Lea => &[Backend::Avx512, Backend::Avx2, Backend::Portable],
+            _ => &[Backend::Portable],
         }
     }
 
@@ -51,7 +106,8 @@ impl Algorithm {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Backend {
-    /// Portable constant-time Rust (bitsliced AES, plain ARX LEA). Runs everywhere.
+    /// Portable Rust (constant-time bitsliced AES, plain ARX LEA, RustCrypto's implementations of
+    /// the other ciphers). Runs everywhere.
     Portable,
     /// AES-NI, 128-bit registers, eight blocks in flight.
     AesNi,

@@ -1,4 +1,5 @@
-//! The cipher core of sectorcrypt: block ciphers (AES, LEA) on portable and SIMD backends,
+//! The cipher core of sectorcrypt: block ciphers (AES and LEA on portable and SIMD backends;
+//! Serpent, Twofish, Camellia, ARIA, SM4 and CAST6 portable, from RustCrypto's crates),
 //! dm-crypt's sector modes (`xts-plain64`, `cbc-essiv:sha256`, ...), and the *extended request*:
 //! one call encrypts many sectors, computing all their tweaks as a batch.
 //!
@@ -21,9 +22,12 @@ mod aes;
 pub mod backend;
 pub mod engine;
 pub mod error;
+pub mod essiv;
 pub mod gf128;
+pub mod hash;
 mod lea;
 pub mod modes;
+mod portable;
 pub mod sector;
 pub mod spec;
 #[cfg(feature = "bench")]
@@ -38,23 +42,29 @@ pub use error::Error;
 pub use sector::{SectorCipher, SectorOptions};
 pub use spec::CipherSpec;
 
-/// A keyed block cipher: `key` must be 16, 24 or 32 bytes.
+/// A keyed block cipher: `key` must be 16, 24 or 32 bytes (SM4: 16; Serpent also any length up to
+/// 32 bytes, CAST6 16 to 32 in steps of 4, as ESSIV salts may need).
 pub fn block_cipher(
     alg: Algorithm,
     key: &[u8],
     choice: BackendChoice,
 ) -> Result<Box<dyn BlockEngine>, Error> {
-    if !matches!(key.len(), 16 | 24 | 32) {
+    if !alg.accepts_key_len(key.len()) {
         return Err(Error::KeySize {
             spec: alg.name().to_string(),
             bits: key.len() * 8,
-            allowed: "128, 192, 256",
+            allowed: if alg == Algorithm::Sm4 {
+                "128"
+            } else {
+                "128, 192, 256"
+            },
         });
     }
     let backend = choice.resolve(alg)?;
     let engine = match alg {
         Algorithm::Aes => aes::new_engine(key, backend),
         Algorithm::Lea => lea::new_engine(key, backend),
+        _ => portable::new_engine(alg, key),
     };
     engine.ok_or(Error::BackendUnavailable(backend))
 }

@@ -23,8 +23,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
-use zeroize::{Zeroize, Zeroizing};
+use zeroize::Zeroize;
 
 use crate::backend::{Backend, BackendChoice};
 use crate::engine::{Block, BlockEngine, Direction, BLOCK};
@@ -187,9 +186,9 @@ impl SectorCipher {
                 let kind = match spec.mode {
                     Mode::Xts => Kind::Xts(Xts::new(alg, key, choice)?),
                     Mode::Cbc => {
-                        let essiv = if spec.iv == IvMode::EssivSha256 {
-                            let salt = Zeroizing::new(<[u8; 32]>::from(Sha256::digest(key)));
-                            Some(crate::block_cipher(alg, &salt[..], choice)?)
+                        let essiv = if let IvMode::Essiv(hash) = spec.iv {
+                            let salt = hash.digest(key);
+                            Some(crate::block_cipher(alg, &salt, choice)?)
                         } else {
                             None
                         };
@@ -379,15 +378,24 @@ impl SectorCipher {
         Ok(())
     }
 
-    /// The IV input block of sector `sector` (before ESSIV encryption).
+    /// The IV input block of sector `sector` (before ESSIV or EBOIV encryption).
     pub fn iv_block(&self, sector: u64) -> Block {
         let n = (sector << self.iv_shift) + self.iv_offset;
         let mut iv = [0u8; BLOCK];
         match self.spec.iv {
             IvMode::Plain => iv[..4].copy_from_slice(&(n as u32).to_le_bytes()),
-            IvMode::Plain64 | IvMode::EssivSha256 => iv[..8].copy_from_slice(&n.to_le_bytes()),
+            IvMode::Plain64 | IvMode::Essiv(_) => iv[..8].copy_from_slice(&n.to_le_bytes()),
             IvMode::Plain64Be => iv[8..].copy_from_slice(&n.to_be_bytes()),
-            IvMode::None => {}
+            // dm-crypt: ((iv_sector << (9 - log2(block size))) + 1), big endian; the shift drops
+            // bits of IVs above 2^59, as the kernel's does.
+            IvMode::Benbi => iv[8..].copy_from_slice(&((n << 5).wrapping_add(1)).to_be_bytes()),
+            // The kernel multiplies the IV sector (in 512-byte units unless the IVs count large
+            // sectors) by the sector size, in 64 bits.
+            IvMode::Eboiv => {
+                let offset = n.wrapping_mul(self.sector_size as u64);
+                iv[..8].copy_from_slice(&offset.to_le_bytes());
+            }
+            IvMode::Null | IvMode::None => {}
         }
         iv
     }
@@ -405,7 +413,13 @@ impl SectorCipher {
                 return;
             }
             Kind::Xts(xts) => (&xts.data, Some(&xts.tweak)),
-            Kind::Cbc { data, essiv } => (data, essiv.as_ref()),
+            // EBOIV encrypts the IV block with the data key itself.
+            Kind::Cbc { data, essiv } => (
+                data,
+                essiv
+                    .as_ref()
+                    .or((self.spec.iv == IvMode::Eboiv).then_some(data)),
+            ),
         };
         let mut ivs = [[0u8; BLOCK]; IV_BATCH];
         for (i, piece) in buf.chunks_mut(IV_BATCH * ss).enumerate() {

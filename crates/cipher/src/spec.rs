@@ -1,11 +1,17 @@
 //! dm-crypt cipher specifications: `CIPHER-MODE-IV`, e.g. `aes-xts-plain64`, `aes-cbc-essiv:sha256`,
-//! `lea-xts-plain64`, `cipher_null-ecb`. The same strings LUKS stores in its headers.
+//! `serpent-xts-plain64`, `camellia-cbc-essiv:wp256`, `cipher_null-ecb`. The same strings LUKS
+//! stores in its headers.
+//!
+//! Ciphers: `aes`, `serpent`, `twofish`, `camellia`, `aria`, `sm4`, `cast6`, `lea` (and
+//! `cipher_null`); modes `xts`, `cbc`, `ecb`; IV generators `plain`, `plain64`, `plain64be`,
+//! `essiv:HASH` (CBC; [`EssivHash`] lists the hashes), `benbi`, `null` and `eboiv` (CBC).
 
 use std::fmt;
 use std::str::FromStr;
 
 use crate::backend::Algorithm;
 use crate::error::Error;
+pub use crate::essiv::EssivHash;
 
 /// The block cipher of a spec.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -39,8 +45,16 @@ pub enum IvMode {
     Plain64,
     /// `plain64be`: the 64-bit sector number, big endian, in the last eight bytes of the IV.
     Plain64Be,
-    /// `essiv:sha256`: the plain64 IV encrypted with the cipher keyed by SHA-256(volume key).
-    EssivSha256,
+    /// `essiv:HASH`: the plain64 IV encrypted with the cipher keyed by HASH(volume key).
+    Essiv(EssivHash),
+    /// `null`: an all-zero IV for every sector (dm-crypt's, for compatibility with old volumes).
+    Null,
+    /// `eboiv`: the sector's byte offset (the IV sector times the sector size), 64-bit little
+    /// endian, encrypted with the data key (BitLocker's CBC volumes; CBC only).
+    Eboiv,
+    /// `benbi`: the 64-bit big-endian "narrow block count" (the count of 16-byte blocks before
+    /// the sector, plus one) in the last eight bytes of the IV.
+    Benbi,
     /// No IV (ECB).
     None,
 }
@@ -72,11 +86,16 @@ impl CipherSpec {
         };
         let mut parts = spec.splitn(3, '-');
         let cipher = match parts.next().unwrap_or("") {
-            "aes" => CipherName::Block(Algorithm::Aes),
-            "lea" => CipherName::Block(Algorithm::Lea),
             "cipher_null" => CipherName::Null,
             "" => return Err(bad("it is empty")),
-            _ => return Err(bad("unknown cipher (use aes, lea or cipher_null)")),
+            name => match Algorithm::from_name(name) {
+                Some(alg) => CipherName::Block(alg),
+                None => {
+                    return Err(bad(
+                        "unknown cipher (use aes, serpent, twofish, camellia, aria, sm4, cast6, lea or cipher_null)",
+                    ))
+                }
+            },
         };
         let mode = match parts.next() {
             Some("xts") => Mode::Xts,
@@ -89,12 +108,18 @@ impl CipherSpec {
             Some("plain") => IvMode::Plain,
             Some("plain64") => IvMode::Plain64,
             Some("plain64be") => IvMode::Plain64Be,
-            Some("essiv:sha256") => IvMode::EssivSha256,
-            Some(_) => {
-                return Err(bad(
-                    "unknown IV generator (use plain, plain64, plain64be or essiv:sha256)",
-                ))
-            }
+            Some("null") => IvMode::Null,
+            Some("benbi") => IvMode::Benbi,
+            Some("eboiv") => IvMode::Eboiv,
+            Some(iv) => match iv.strip_prefix("essiv:").map(EssivHash::from_name) {
+                Some(Some(hash)) => IvMode::Essiv(hash),
+                Some(None) => return Err(bad(
+                    "unknown ESSIV hash (use sha1, sha224, sha256, sha384, sha512, sha3-224, sha3-256, sha3-384, sha3-512, rmd160, ripemd160, wp256, wp384, wp512, whirlpool, sm3, blake2s-256 or blake2b-512)",
+                )),
+                None => return Err(bad(
+                    "unknown IV generator (use plain, plain64, plain64be, essiv:HASH, benbi, null or eboiv)",
+                )),
+            },
             None => IvMode::None,
         };
         match (cipher, mode, iv) {
@@ -107,8 +132,18 @@ impl CipherSpec {
             (_, _, IvMode::None) => {
                 return Err(bad("XTS and CBC need an IV generator (e.g. -plain64)"))
             }
-            (_, Mode::Xts, IvMode::EssivSha256) => {
+            (_, Mode::Xts, IvMode::Essiv(_)) => {
                 return Err(bad("ESSIV is for CBC; XTS uses plain64"));
+            }
+            (_, Mode::Xts, IvMode::Eboiv) => {
+                return Err(bad("EBOIV is for CBC; XTS uses plain64"));
+            }
+            (CipherName::Block(alg), _, IvMode::Essiv(hash))
+                if !alg.accepts_key_len(hash.digest_len()) =>
+            {
+                return Err(bad(
+                    "the ESSIV hash's digest is not a key length of the cipher (e.g. AES needs a 16, 24 or 32-byte digest: essiv:sha256)",
+                ));
             }
             _ => {}
         }
@@ -127,17 +162,20 @@ impl CipherSpec {
     pub fn key_bits_allowed(&self) -> &'static [usize] {
         match (self.cipher, self.mode) {
             (CipherName::Null, _) => &[0, 128, 256, 512],
+            (CipherName::Block(Algorithm::Sm4), Mode::Xts) => &[256],
+            (CipherName::Block(Algorithm::Sm4), _) => &[128],
             (_, Mode::Xts) => &[256, 384, 512],
             _ => &[128, 192, 256],
         }
     }
 
-    /// cryptsetup's default key size for the spec (512 bits for XTS, 256 otherwise).
+    /// cryptsetup's default key size for the spec (512 bits for XTS, 256 otherwise), capped at
+    /// the largest the cipher takes (SM4: 256 for XTS, 128 otherwise).
     pub fn default_key_bits(&self) -> usize {
         match (self.cipher, self.mode) {
             (CipherName::Null, _) => 0,
-            (_, Mode::Xts) => 512,
-            _ => 256,
+            (_, Mode::Xts) => 512.min(*self.key_bits_allowed().last().unwrap_or(&512)),
+            _ => 256.min(*self.key_bits_allowed().last().unwrap_or(&256)),
         }
     }
 
@@ -146,8 +184,10 @@ impl CipherSpec {
         if self.cipher == CipherName::Null || self.key_bits_allowed().contains(&(bytes * 8)) {
             return Ok(());
         }
-        let allowed = match self.mode {
-            Mode::Xts => "256, 384 or 512 bits (two equal halves)",
+        let allowed = match (self.cipher, self.mode) {
+            (CipherName::Block(Algorithm::Sm4), Mode::Xts) => "256 bits (two equal halves)",
+            (CipherName::Block(Algorithm::Sm4), _) => "128 bits",
+            (_, Mode::Xts) => "256, 384 or 512 bits (two equal halves)",
             _ => "128, 192 or 256 bits",
         };
         Err(Error::KeySize {
@@ -181,7 +221,10 @@ impl fmt::Display for CipherSpec {
             IvMode::Plain => "plain",
             IvMode::Plain64 => "plain64",
             IvMode::Plain64Be => "plain64be",
-            IvMode::EssivSha256 => "essiv:sha256",
+            IvMode::Essiv(hash) => return write!(f, "-essiv:{hash}"),
+            IvMode::Null => "null",
+            IvMode::Benbi => "benbi",
+            IvMode::Eboiv => "eboiv",
             IvMode::None => return Ok(()),
         };
         write!(f, "-{iv}")
@@ -193,25 +236,26 @@ mod tests {
     use super::*;
 
     /// Every combination of the three parts, rather than a list of names: whatever `parse`
-    /// accepts prints back to the same spec, and it accepts exactly the 17 dm-crypt ones.
+    /// accepts prints back to the same spec, and it accepts exactly the dm-crypt ones.
     #[test]
     fn round_trips_every_supported_spec() {
-        let ciphers = [
-            CipherName::Block(Algorithm::Aes),
-            CipherName::Block(Algorithm::Lea),
-            CipherName::Null,
-        ];
-        let ivs = [
+        let mut ciphers: Vec<CipherName> =
+            Algorithm::ALL.into_iter().map(CipherName::Block).collect();
+        ciphers.push(CipherName::Null);
+        let mut ivs = vec![
             IvMode::Plain,
             IvMode::Plain64,
             IvMode::Plain64Be,
-            IvMode::EssivSha256,
+            IvMode::Null,
+            IvMode::Benbi,
+            IvMode::Eboiv,
             IvMode::None,
         ];
+        ivs.extend(EssivHash::ALL.into_iter().map(IvMode::Essiv));
         let mut supported = 0;
         for cipher in ciphers {
             for mode in [Mode::Xts, Mode::Cbc, Mode::Ecb] {
-                for iv in ivs {
+                for &iv in &ivs {
                     let spec = CipherSpec { cipher, mode, iv };
                     if let Ok(parsed) = CipherSpec::parse(&spec.to_string()) {
                         assert_eq!(parsed, spec, "{spec}");
@@ -220,9 +264,24 @@ mod tests {
                 }
             }
         }
-        // Per block cipher: XTS with plain, plain64 and plain64be; CBC with those and ESSIV;
-        // ECB. Plus cipher_null-ecb.
-        assert_eq!(supported, 2 * (3 + 4 + 1) + 1);
+        // Per block cipher: XTS and CBC with plain, plain64, plain64be, null and benbi; CBC also
+        // with eboiv and each ESSIV hash whose digest keys the cipher; ECB. Plus cipher_null-ecb.
+        let essiv = |alg: Algorithm| {
+            EssivHash::ALL
+                .into_iter()
+                .filter(|h| alg.accepts_key_len(h.digest_len()))
+                .count()
+        };
+        let want: usize = Algorithm::ALL
+            .into_iter()
+            .map(|alg| 2 * 5 + 1 + essiv(alg) + 1)
+            .sum::<usize>()
+            + 1;
+        assert_eq!(supported, want);
+        // AES: sha256, sha3-256, wp256, sm3, blake2s-256 (32 bytes), sha224/sha3-224 are 28.
+        assert_eq!(essiv(Algorithm::Aes), 5);
+        // Serpent takes any key up to 32 bytes: every hash of at most 32 bytes.
+        assert_eq!(essiv(Algorithm::Serpent), 10);
     }
 
     #[test]
@@ -237,6 +296,13 @@ mod tests {
             "aes-ecb-plain64",
             "cipher_null-xts-plain64",
             "aes-xts-essiv:sha256",
+            "aes-xts-eboiv",
+            "aes-cbc-essiv:sha512",
+            "aes-cbc-essiv:md5",
+            "aes-cbc-essiv:",
+            "sm4-cbc-essiv:sha256",
+            "blowfish-cbc-plain",
+            "serpent-lrw-benbi",
             "aes-gcm-random",
             "aes-xts-plain64-extra",
         ] {
@@ -254,5 +320,12 @@ mod tests {
         let cbc = CipherSpec::parse("aes-cbc-essiv:sha256").unwrap();
         assert!(cbc.check_key_len(32).is_ok());
         assert!(cbc.check_key_len(64).is_err());
+        let sm4 = CipherSpec::parse("sm4-xts-plain64").unwrap();
+        assert!(sm4.check_key_len(32).is_ok());
+        assert!(sm4.check_key_len(64).is_err());
+        assert_eq!(sm4.default_key_bits(), 256);
+        let serpent = CipherSpec::parse("serpent-cbc-essiv:sha1").unwrap();
+        assert_eq!(serpent.default_key_bits(), 256);
+        assert!(serpent.check_key_len(20).is_err());
     }
 }

@@ -292,7 +292,7 @@ fn bad_input_is_an_error_not_a_panic() {
     for s in [
         "aes-xts",
         "aes-xts-plain65",
-        "serpent-xts-plain64",
+        "blowfish-xts-plain64",
         "",
         "aes-ecb-plain",
     ] {

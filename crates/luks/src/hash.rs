@@ -1,68 +1,18 @@
-//! The hash functions LUKS names in its headers (`sha1`, `sha256`, `sha512`), for PBKDF2, the AF
-//! splitter's diffusion and digests.
+//! The hash functions LUKS names in its headers, for PBKDF2, the AF splitter's diffusion and
+//! digests: the cipher core's [`Hash`] (every hash cryptsetup 2.6 offers), parsed from a header or
+//! an option with this crate's error.
 
-use sha1::Sha1;
-use sha2::{Digest, Sha256, Sha512};
+pub use sectorcrypt_cipher::hash::Hash;
 
 use crate::error::Error;
 
-/// A hash function by its LUKS name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Hash {
-    /// SHA-1 (old LUKS1 volumes).
-    Sha1,
-    /// SHA-256 (cryptsetup's default).
-    Sha256,
-    /// SHA-512.
-    Sha512,
-}
-
-impl Hash {
-    /// Parse a LUKS hash name.
-    pub fn parse(name: &str) -> Result<Self, Error> {
-        match name.to_ascii_lowercase().as_str() {
-            "sha1" => Ok(Hash::Sha1),
-            "sha256" => Ok(Hash::Sha256),
-            "sha512" => Ok(Hash::Sha512),
-            _ => Err(Error::Unsupported(format!(
-                "hash '{name}' (use sha1, sha256 or sha512)"
-            ))),
-        }
-    }
-
-    /// The LUKS name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Hash::Sha1 => "sha1",
-            Hash::Sha256 => "sha256",
-            Hash::Sha512 => "sha512",
-        }
-    }
-
-    /// Digest length in bytes.
-    pub fn digest_len(self) -> usize {
-        match self {
-            Hash::Sha1 => 20,
-            Hash::Sha256 => 32,
-            Hash::Sha512 => 64,
-        }
-    }
-
-    /// Hash the concatenation of `parts` into the first `out.len()` bytes of the digest.
-    pub fn digest_into(self, parts: &[&[u8]], out: &mut [u8]) {
-        fn run<D: Digest>(parts: &[&[u8]], out: &mut [u8]) {
-            let mut d = D::new();
-            for p in parts {
-                d.update(p);
-            }
-            let full = d.finalize();
-            out.copy_from_slice(&full[..out.len()]);
-        }
-        match self {
-            Hash::Sha1 => run::<Sha1>(parts, out),
-            Hash::Sha256 => run::<Sha256>(parts, out),
-            Hash::Sha512 => run::<Sha512>(parts, out),
-        }
-    }
+/// Parse a LUKS hash name (ASCII case ignored, as cryptsetup).
+pub fn parse(name: &str) -> Result<Hash, Error> {
+    Hash::from_name(name).ok_or_else(|| {
+        Error::Unsupported(format!(
+            "hash '{name}' (use sha1, sha224, sha256, sha384, sha512, sha3-224, sha3-256, \
+             sha3-384, sha3-512, ripemd160, whirlpool, sm3, blake2b-160, blake2b-256, \
+             blake2b-384, blake2b-512, blake2s-160, blake2s-256, stribog256 or stribog512)"
+        ))
+    })
 }

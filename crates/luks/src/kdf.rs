@@ -71,17 +71,7 @@ impl Kdf {
                 if iterations == 0 {
                     return Err(Error::Corrupt("a PBKDF2 iteration count of 0".into()));
                 }
-                match hash {
-                    Hash::Sha1 => {
-                        pbkdf2::pbkdf2_hmac::<sha1::Sha1>(passphrase, salt, iterations, &mut out)
-                    }
-                    Hash::Sha256 => {
-                        pbkdf2::pbkdf2_hmac::<sha2::Sha256>(passphrase, salt, iterations, &mut out)
-                    }
-                    Hash::Sha512 => {
-                        pbkdf2::pbkdf2_hmac::<sha2::Sha512>(passphrase, salt, iterations, &mut out)
-                    }
-                }
+                hash.pbkdf2(passphrase, salt, iterations, &mut out);
             }
             Kdf::Argon2 {
                 variant,

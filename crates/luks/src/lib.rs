@@ -89,6 +89,23 @@ impl Header {
         }
     }
 
+    /// Open a keyslot as `cryptsetup open` checks a volume before activating it (and as
+    /// `open --test-passphrase` answers): LUKS2 verifies an in-place conversion's metadata with
+    /// its volume keys, and accepts keyslots bound to no segment when `unbound` (LUKS1 has none:
+    /// it is [`Header::unlock`] there). See `luks2::reencrypt::unlock_checked`.
+    pub fn unlock_checked(
+        &self,
+        dev: &dyn Storage,
+        passphrase: &[u8],
+        slot: Option<usize>,
+        unbound: bool,
+    ) -> Result<Unlocked, Error> {
+        match self {
+            Header::Luks1(h) => h.unlock(dev, passphrase, slot),
+            Header::Luks2(h) => h.unlock_checked(dev, passphrase, slot, unbound),
+        }
+    }
+
     /// The header as `cryptsetup luksDump DEVICE` prints it, headline included (LUKS1 names the
     /// device there, LUKS2 does not).
     pub fn dump_text(&self, device: &str) -> String {

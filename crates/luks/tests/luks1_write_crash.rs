@@ -55,10 +55,11 @@ fn mismatch(image: Vec<u8>, set: &[&[u8]], vk: &[u8]) -> Option<String> {
                 return Some(format!("{pass:?} opens with another volume key"))
             }
             Ok(_) => {}
-            Err(Error::WrongPassphrase) if expected => {
+            // With every keyslot gone the answer is "no usable keyslot", as cryptsetup's.
+            Err(Error::WrongPassphrase | Error::NoUsableKeyslot(_)) if expected => {
                 return Some(format!("{pass:?} does not open"))
             }
-            Err(Error::WrongPassphrase) => {}
+            Err(Error::WrongPassphrase | Error::NoUsableKeyslot(_)) => {}
             Err(e) => return Some(format!("{pass:?}: {e}")),
         }
     }

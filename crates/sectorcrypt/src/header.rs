@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use sectorcrypt_luks::luks2::metadata::SegmentEntry;
 use sectorcrypt_luks::Header;
 use sectorcrypt_storage::Storage;
 
@@ -83,8 +84,10 @@ pub(crate) fn dump(args: DumpArgs) -> Result<(), CliError> {
             });
             format!("{v}\n")
         } else {
+            let (name, mode, payload) = cipher_and_payload(&header);
             let mut s = format!(
-                "LUKS header information for {}\nUUID:          \t{}\nMK bits:       \t{}\nMK dump:\t",
+                "LUKS header information for {}\nCipher name:   \t{name}\nCipher mode:   \t{mode}\n\
+                 Payload offset:\t{payload}\nUUID:          \t{}\nMK bits:       \t{}\nMK dump:\t",
                 args.target.device.display(),
                 header.uuid(),
                 unlocked.volume_key.len() * 8
@@ -110,6 +113,28 @@ pub(crate) fn dump(args: DumpArgs) -> Result<(), CliError> {
     };
     out.write_all(text.as_bytes())
         .map_err(|e| CliError::io("cannot write the output", e))
+}
+
+/// What `cryptsetup luksDump --dump-volume-key` prints before the UUID: the data cipher's name
+/// and mode (LUKS2: of its first segment, split at the first `-`; a plaintext segment is
+/// `cipher_null-ecb`) and where the data starts, in 512-byte sectors.
+fn cipher_and_payload(header: &Header) -> (String, String, u64) {
+    let (spec, offset) = match header {
+        Header::Luks1(h) => {
+            return (
+                h.cipher_name.clone(),
+                h.cipher_mode.clone(),
+                u64::from(h.payload_offset),
+            )
+        }
+        Header::Luks2(h) => match h.metadata().segments.get(0) {
+            Some(SegmentEntry::Crypt(c)) => (c.encryption.as_str(), c.offset),
+            Some(SegmentEntry::Linear(l)) => ("cipher_null-ecb", l.offset),
+            _ => ("", 0),
+        },
+    };
+    let (name, mode) = spec.split_once('-').unwrap_or((spec, ""));
+    (name.to_string(), mode.to_string(), offset / 512)
 }
 
 /// `is-luks`: exit 0 for a LUKS header, 1 for anything else, 4 for a missing device (as

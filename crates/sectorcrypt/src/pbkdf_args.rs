@@ -10,7 +10,7 @@ use crate::exit::CliError;
 
 /// `--hash NAME`, checked once here.
 fn parse_hash(name: &str) -> Result<Hash, String> {
-    Hash::parse(name).map_err(|e| e.to_string())
+    sectorcrypt_luks::hash::parse(name).map_err(|e| e.to_string())
 }
 
 /// `--cipher`, `--key-size`, `--sector-size`: the data segment of a new volume (`format`,
@@ -47,7 +47,8 @@ pub(crate) struct PbkdfArgs {
     /// Skip calibration: PBKDF2 iterations or Argon2 time cost.
     #[arg(long = "pbkdf-force-iterations", value_name = "N")]
     pub force_iterations: Option<u32>,
-    /// Hash for PBKDF2, the AF splitter and the digest (sha1, sha256, sha512). cryptsetup's `-h`
+    /// Hash for PBKDF2, the AF splitter and the digest (sha256 default; sha1, sha224, sha384,
+    /// sha512, sha3-*, ripemd160, whirlpool, sm3, blake2b-*, blake2s-*, stribog*). cryptsetup's `-h`
     /// is not offered: it is `--help` here.
     #[arg(long, value_name = "NAME", value_parser = parse_hash)]
     pub hash: Option<Hash>,

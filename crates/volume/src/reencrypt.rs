@@ -187,7 +187,7 @@ pub fn run(
             Plan::EncryptForward | Plan::DecryptBackward | Plan::ReencryptForward,
             Resilience::Checksum { hash, sector_size },
         ) => Some(Checksums {
-            hash: Hash::parse(hash).map_err(luks)?,
+            hash: sectorcrypt_luks::hash::parse(hash).map_err(luks)?,
             block: u64::from(*sector_size),
             area: r.keyslot.area_offset,
         }),

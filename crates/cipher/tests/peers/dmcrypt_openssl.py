@@ -3,9 +3,11 @@
 
 Reads jobs from stdin, one per line:  SPEC KEY_HEX SECTOR_SIZE FIRST_SECTOR DIRECTION DATA_HEX
 and prints the result as hex, one line per job. IVs follow dm-crypt for LUKS2: the IV counts
-512-byte units; plain64 = little-endian 64-bit, plain = low 32 bits, essiv:sha256 = the plain64 IV
-encrypted with AES keyed by SHA-256(key). Written from the dm-crypt documentation, sharing no code
-with sectorcrypt.
+512-byte units; plain64 = little-endian 64-bit, plain = low 32 bits, plain64be = big-endian in the
+last 8 bytes, benbi = (n * 32 + 1) big-endian in the last 8 bytes, null = zero, eboiv = the
+little-endian byte offset (n * sector size) encrypted with AES under the data key, essiv:HASH = the
+plain64 IV encrypted with AES keyed by HASH(key). Written from the dm-crypt documentation, sharing
+no code with sectorcrypt.
 """
 import hashlib
 import struct
@@ -14,17 +16,30 @@ import sys
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 
-def iv_for(ivgen, key, n):
+def aes_ecb(key, block):
+    enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+    return enc.update(block) + enc.finalize()
+
+
+ESSIV_HASHES = {"sha256": "sha256", "sha3-256": "sha3_256", "blake2s-256": "blake2s"}
+
+
+def iv_for(ivgen, key, n, sector_size):
     if ivgen == "plain64":
         return struct.pack("<Q", n) + bytes(8)
     if ivgen == "plain":
         return struct.pack("<I", n & 0xFFFFFFFF) + bytes(12)
     if ivgen == "plain64be":
         return bytes(8) + struct.pack(">Q", n)
-    if ivgen == "essiv:sha256":
-        salt = hashlib.sha256(key).digest()
-        enc = Cipher(algorithms.AES(salt), modes.ECB()).encryptor()
-        return enc.update(struct.pack("<Q", n) + bytes(8)) + enc.finalize()
+    if ivgen == "benbi":
+        return bytes(8) + struct.pack(">Q", ((n << 5) + 1) & 0xFFFFFFFFFFFFFFFF)
+    if ivgen == "null":
+        return bytes(16)
+    if ivgen == "eboiv":
+        return aes_ecb(key, struct.pack("<Q", (n * sector_size) & 0xFFFFFFFFFFFFFFFF) + bytes(8))
+    if ivgen.startswith("essiv:") and ivgen[6:] in ESSIV_HASHES:
+        salt = hashlib.new(ESSIV_HASHES[ivgen[6:]], key).digest()
+        return aes_ecb(salt, struct.pack("<Q", n) + bytes(8))
     raise SystemExit(f"unsupported IV generator {ivgen}")
 
 
@@ -36,9 +51,9 @@ def run(spec, key, sector_size, first, direction, data):
         sector = data[i : i + sector_size]
         n = (first + i // sector_size) * (sector_size // 512)
         if mode == "xts":
-            m = modes.XTS(iv_for(ivgen, key, n))
+            m = modes.XTS(iv_for(ivgen, key, n, sector_size))
         elif mode == "cbc":
-            m = modes.CBC(iv_for(ivgen, key, n))
+            m = modes.CBC(iv_for(ivgen, key, n, sector_size))
         elif mode == "ecb":
             m = modes.ECB()
         else:

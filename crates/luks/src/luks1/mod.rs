@@ -87,28 +87,6 @@ const KEYSLOT_SIZE: usize = 48;
 const STRING_LEN: usize = 32;
 const UUID_LEN: usize = 40;
 
-/// Hash names cryptsetup (through its crypto backend) accepts for LUKS1 but sectorcrypt does not
-/// implement: a header naming one is valid but unsupported, any other unknown name is damage.
-const OTHER_LUKS_HASHES: &[&str] = &[
-    "sha224",
-    "sha384",
-    "ripemd160",
-    "whirlpool",
-    "sha3-224",
-    "sha3-256",
-    "sha3-384",
-    "sha3-512",
-    "sm3",
-    "stribog256",
-    "stribog512",
-    "blake2b-160",
-    "blake2b-256",
-    "blake2b-384",
-    "blake2b-512",
-    "blake2s-160",
-    "blake2s-256",
-];
-
 /// A parsed and validated LUKS1 header. The magic and version are implied (a `Header` is always
 /// version 1); every other field of the on-disk header is here.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -214,16 +192,11 @@ fn no_such_slot(slot: usize) -> Error {
     ))
 }
 
-/// Parse a header's hash name: cryptsetup's other hashes are valid but unsupported here, any
-/// other name (md5 included: LUKS1 needs at least 20 digest bytes) is damage.
+/// Parse a header's hash name: a name no cryptsetup backend offers (md5 included: LUKS1 needs at
+/// least 20 digest bytes) is damage.
 fn parse_hash(name: &str) -> Result<Hash, Error> {
-    Hash::parse(name).map_err(|e| {
-        if OTHER_LUKS_HASHES.contains(&name.to_ascii_lowercase().as_str()) {
-            e
-        } else {
-            Error::Corrupt(format!("the hash '{name}' is not a LUKS1 hash"))
-        }
-    })
+    Hash::from_name(name)
+        .ok_or_else(|| Error::Corrupt(format!("the hash '{name}' is not a LUKS1 hash")))
 }
 
 impl Keyslot {
@@ -539,6 +512,13 @@ impl Header {
             Some(s) => s..s + 1,
             None => 0..KEYSLOTS,
         };
+        // Nothing to try is cryptsetup's "No usable keyslot" (exit 1), not a wrong passphrase.
+        if !candidates.clone().any(|s| self.keyslots[s].active) {
+            return Err(Error::NoUsableKeyslot(match slot {
+                Some(s) => format!("keyslot {s} is not in use"),
+                None => "no keyslot is in use".into(),
+            }));
+        }
         for s in candidates {
             let ks = &self.keyslots[s];
             if !ks.active {
@@ -928,8 +908,14 @@ mod tests {
         };
         assert_corrupt(with_hash("sha257"), "the hash 'sha257' is not a LUKS1 hash");
         assert_corrupt(with_hash("md5"), "is not a LUKS1 hash");
-        assert!(matches!(with_hash("whirlpool"), Err(Error::Unsupported(_))));
-        assert!(matches!(with_hash("ripemd160"), Err(Error::Unsupported(_))));
+        assert_eq!(
+            with_hash("whirlpool").unwrap().hash().unwrap(),
+            Hash::Whirlpool
+        );
+        assert_eq!(
+            with_hash("ripemd160").unwrap().hash().unwrap(),
+            Hash::Ripemd160
+        );
         // cryptsetup lower-cases the name when it reads a header; so do the dumps.
         let h = with_hash("SHA512").unwrap();
         assert_eq!(h.hash().unwrap(), Hash::Sha512);
@@ -961,6 +947,10 @@ mod tests {
         );
         assert_corrupt(
             with_key("serpent-xts-plain64", 1 << 20),
+            "does not fit the cipher",
+        );
+        assert_corrupt(
+            with_key("blowfish-cbc-plain", 1 << 20),
             "larger than any cipher",
         );
         with_key("aes-xts-plain64", 48).unwrap();
@@ -1040,9 +1030,9 @@ mod tests {
     /// unsupported.
     #[test]
     fn an_unimplemented_cipher_parses_but_does_not_open() {
-        let h = header("twofish-cbc-essiv:sha256", 32, "sha256");
+        let h = header("blowfish-cbc-essiv:sha256", 32, "sha256");
         let back = Header::parse(&h.to_bytes(), volume_len(&h)).unwrap();
-        assert!(back.dump_text().contains("Cipher name:   \ttwofish\n"));
+        assert!(back.dump_text().contains("Cipher name:   \tblowfish\n"));
         let dev = MemStorage::new(vec![0; volume_len(&h) as usize]);
         assert!(matches!(
             back.unlock(&dev, b"x", None),
@@ -1108,10 +1098,18 @@ mod tests {
             assert_eq!((u.slot, &u.volume_key[..]), (5, &vk[..]), "{cipher}");
             let u = h.unlock(&dev, b"zero", Some(0)).unwrap();
             assert_eq!((u.slot, &u.volume_key[..]), (0, &vk[..]), "{cipher}");
+            // An inactive slot named is "no usable keyslot" (cryptsetup's exit 1), not a wrong
+            // passphrase.
+            assert!(
+                matches!(
+                    h.unlock(&dev, b"zero", Some(2)),
+                    Err(Error::NoUsableKeyslot(_))
+                ),
+                "{cipher}"
+            );
             for (pass, slot) in [
                 (&b"five"[..], Some(0)),
                 (b"zero", Some(5)),
-                (b"zero", Some(2)),
                 (b"fivE", None),
                 (b"", None),
             ] {

@@ -197,7 +197,7 @@ impl BinaryHeader {
 
     /// The checksum algorithm, if sectorcrypt implements it.
     pub fn checksum_hash(&self) -> Result<Hash, crate::Error> {
-        Hash::parse(&self.checksum_alg_name())
+        crate::hash::parse(&self.checksum_alg_name())
     }
 
     /// Compute the checksum for `json_area` and store it in the checksum field.

@@ -434,13 +434,34 @@ impl Header {
         passphrase: &[u8],
         slot: Option<usize>,
     ) -> Result<Unlocked, Error> {
-        unlock::unlock(
-            &self.metadata,
-            dev,
-            passphrase,
-            slot,
-            self.default_segment(),
-        )
+        self.unlock_in(dev, passphrase, slot, false)
+    }
+
+    /// [`Header::unlock`], or, when `unbound`, accepting keyslots bound to no segment too
+    /// (cryptsetup's `CRYPT_ANY_SEGMENT`: the keyslots `cryptsetup luksAddKey --unbound` makes;
+    /// their key is not the volume key).
+    pub fn unlock_in(
+        &self,
+        dev: &dyn Storage,
+        passphrase: &[u8],
+        slot: Option<usize>,
+        unbound: bool,
+    ) -> Result<Unlocked, Error> {
+        let segment = (!unbound).then(|| self.default_segment());
+        unlock::unlock(&self.metadata, dev, passphrase, slot, segment)
+    }
+
+    /// Open the volume as `cryptsetup open` checks it before activating, and as
+    /// `open --test-passphrase` answers: during an in-place conversion the old and new keys and
+    /// the reencryption digest (CVE-2021-4122) too. See [`reencrypt::unlock_checked`].
+    pub fn unlock_checked(
+        &self,
+        dev: &dyn Storage,
+        passphrase: &[u8],
+        slot: Option<usize>,
+        unbound: bool,
+    ) -> Result<Unlocked, Error> {
+        reencrypt::unlock_checked(self, dev, passphrase, slot, unbound)
     }
 
     /// The data segment (segment 0, which must be a `crypt` segment).

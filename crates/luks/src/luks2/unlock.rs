@@ -43,12 +43,11 @@ fn slot_corrupt(slot: u32, what: String) -> SlotFailure {
     SlotFailure::Failed(Error::Corrupt(format!("keyslot {slot}: {what}")))
 }
 
-/// A hash named in the header; names sectorcrypt does not implement are unsupported, not damage
-/// (cryptsetup's crypto backends know many more).
+/// A hash named in the header; a name no cryptsetup backend offers is unsupported, not damage.
 fn hash(name: &str, slot: u32, what: &str) -> Result<Hash, SlotFailure> {
-    Hash::parse(name).map_err(|_| {
+    Hash::from_name(name).ok_or_else(|| {
         SlotFailure::Failed(Error::Unsupported(format!(
-            "keyslot {slot} uses the {what} hash '{name}' (sectorcrypt has sha1, sha256 and sha512)"
+            "keyslot {slot} uses the unknown {what} hash '{name}'"
         )))
     })
 }
@@ -169,12 +168,14 @@ fn digest_ok(
     )?)
 }
 
-/// Try keyslot `slot` for the data segment `segment`.
+/// Try keyslot `slot` for the segment `segment` (`LUKS2_open_and_verify`); `None` is cryptsetup's
+/// `CRYPT_ANY_SEGMENT`: the slot need not be bound to any segment (an "unbound" keyslot, as
+/// `cryptsetup luksAddKey --unbound` makes), only its digest must match.
 pub(super) fn open_slot(
     meta: &Metadata,
     dev: &dyn Storage,
     slot: u32,
-    segment: u32,
+    segment: Option<u32>,
     passphrase: &[u8],
 ) -> Result<Unlocked, SlotFailure> {
     let Some(keyslot) = meta.keyslots.get(slot) else {
@@ -196,16 +197,18 @@ pub(super) fn open_slot(
             )))
         }
     };
-    // A slot whose digest does not cover the data segment holds some other key ("unbound").
     let Some((number, digest)) = meta.digest_of_keyslot(slot) else {
         return Err(SlotFailure::Unusable(format!(
             "keyslot {slot} has no digest"
         )));
     };
-    if !digest.segments().contains(&segment.to_string().as_str()) {
-        return Err(SlotFailure::Unusable(format!(
-            "keyslot {slot} is not bound to the data segment"
-        )));
+    // A slot whose digest does not cover the segment holds some other key ("unbound").
+    if let Some(segment) = segment {
+        if !digest.segments().contains(&segment.to_string().as_str()) {
+            return Err(SlotFailure::Unusable(format!(
+                "keyslot {slot} is not bound to the data segment"
+            )));
+        }
     }
     let (kdf, salt) = kdf(k, slot)?;
     let area = area(k, slot)?;
@@ -220,65 +223,122 @@ pub(super) fn open_slot(
     }
 }
 
+/// The verdict of the keyslots tried in one priority group, by cryptsetup's rule
+/// (`LUKS2_keyslot_open_priority`): a slot that opens wins; otherwise the **last** slot tried
+/// decides between "wrong passphrase" (`-EPERM`) and "not usable" (`-ENOENT`), so that, for
+/// example, a wrong passphrase on a volume whose last keyslot is unbound is "No usable keyslot"
+/// (exit 1), as with cryptsetup. Hard failures (damage, unsupported parameters, I/O) are kept
+/// apart: the first is reported if nothing opens.
+pub(super) struct Verdict {
+    pub(super) opened: Option<Unlocked>,
+    /// The last soft result: `None` when no slot was tried.
+    pub(super) last: Option<SlotFailure>,
+    pub(super) hard: Option<Error>,
+}
+
+impl Verdict {
+    /// Try `slots` in order with `try_slot` until one opens.
+    pub(super) fn of(
+        slots: impl IntoIterator<Item = u32>,
+        mut try_slot: impl FnMut(u32) -> Result<Unlocked, SlotFailure>,
+    ) -> Verdict {
+        let mut v = Verdict {
+            opened: None,
+            last: None,
+            hard: None,
+        };
+        for s in slots {
+            match try_slot(s) {
+                Ok(u) => {
+                    v.opened = Some(u);
+                    break;
+                }
+                Err(SlotFailure::Failed(e)) => {
+                    v.hard.get_or_insert(e);
+                }
+                Err(soft) => v.last = Some(soft),
+            }
+        }
+        v
+    }
+
+    /// Combine the "prefer" group's verdict with the "normal" group's (`LUKS2_keyslot_open`):
+    /// a wrong passphrase among the preferred slots beats "not usable" among the normal ones.
+    pub(super) fn resolve(prefer: Verdict, normal: Verdict, none: &str) -> Result<Unlocked, Error> {
+        if let Some(u) = prefer.opened.or(normal.opened) {
+            return Ok(u);
+        }
+        if let Some(e) = prefer.hard.or(normal.hard) {
+            return Err(e);
+        }
+        let prefer_wrong = matches!(prefer.last, Some(SlotFailure::WrongPassphrase));
+        match normal.last {
+            Some(SlotFailure::WrongPassphrase) => Err(Error::WrongPassphrase),
+            _ if prefer_wrong => Err(Error::WrongPassphrase),
+            Some(SlotFailure::Unusable(why)) => Err(no_usable(&why)),
+            _ => Err(no_usable(none)),
+        }
+    }
+}
+
 /// Open the keyslot `slot`, or else every candidate in cryptsetup's order: the preferred slots,
 /// then the normal ones, each group in header order; slots with priority "ignore" only when asked
-/// for by number.
+/// for by number. `segment` `None` accepts keyslots bound to no segment (cryptsetup's
+/// `CRYPT_ANY_SEGMENT`, what `open --test-passphrase --key-slot N` asks for).
 ///
 /// When none opens: the first hard failure (unsupported or damaged slot, I/O), since the
-/// passphrase could not be checked there; otherwise [`Error::WrongPassphrase`] if any slot was
-/// tried; otherwise "no usable keyslot" (cryptsetup's `-ENOENT`).
+/// passphrase could not be checked there; otherwise the verdict of [`Verdict::resolve`]:
+/// [`Error::WrongPassphrase`] or [`Error::NoUsableKeyslot`] as cryptsetup decides them.
 pub(super) fn unlock(
     meta: &Metadata,
     dev: &dyn Storage,
     passphrase: &[u8],
     slot: Option<usize>,
-    segment: u32,
+    segment: Option<u32>,
 ) -> Result<Unlocked, Error> {
-    let order: Vec<u32> = match slot {
-        Some(s) => match u32::try_from(s) {
-            Ok(s) => vec![s],
-            Err(_) => return Err(no_usable(&format!("keyslot {s} is not in use"))),
-        },
-        None => [Priority::Prefer, Priority::Normal]
-            .iter()
-            .flat_map(|p| {
-                meta.keyslots
-                    .iter()
-                    .filter(move |(_, k)| k.priority() == *p)
-                    .map(|(n, _)| n)
-            })
-            .collect(),
-    };
-    let mut hard: Option<Error> = None;
-    let mut wrong = false;
-    let mut unusable: Option<String> = None;
-    for s in order {
-        match open_slot(meta, dev, s, segment, passphrase) {
-            Ok(u) => return Ok(u),
-            Err(SlotFailure::WrongPassphrase) => wrong = true,
-            Err(SlotFailure::Failed(e)) => {
-                hard.get_or_insert(e);
-            }
-            Err(SlotFailure::Unusable(why)) => {
-                unusable.get_or_insert(why);
-            }
-        }
-    }
-    if let Some(e) = hard {
-        return Err(e);
-    }
-    if wrong {
-        return Err(Error::WrongPassphrase);
-    }
-    Err(no_usable(
-        unusable
-            .as_deref()
-            .unwrap_or("no keyslot may be tried without its number"),
-    ))
+    open_in_order(
+        meta,
+        slot,
+        |s| open_slot(meta, dev, s, segment, passphrase),
+        "no keyslot may be tried without its number",
+    )
 }
 
-/// cryptsetup's "No usable keyslot is available." The error enum has no variant of its own for it
-/// yet, so it is reported as unsupported, with the reason.
+/// Try keyslot `slot` with `try_slot`, or else every keyslot in cryptsetup's order (the preferred
+/// group, then the normal one unless a preferred slot opened), and give the verdict of
+/// [`Verdict::resolve`]; `none` is the reason when no slot could be tried.
+pub(super) fn open_in_order(
+    meta: &Metadata,
+    slot: Option<usize>,
+    try_slot: impl Fn(u32) -> Result<Unlocked, SlotFailure>,
+    none: &str,
+) -> Result<Unlocked, Error> {
+    let empty = || Verdict::of([], &try_slot);
+    match slot {
+        Some(s) => match u32::try_from(s) {
+            Ok(s) => Verdict::resolve(empty(), Verdict::of([s], &try_slot), none),
+            Err(_) => Err(no_usable(&format!("keyslot {s} is not in use"))),
+        },
+        None => {
+            let group = |p: Priority| -> Vec<u32> {
+                meta.keyslots
+                    .iter()
+                    .filter(|(_, k)| k.priority() == p)
+                    .map(|(n, _)| n)
+                    .collect()
+            };
+            let prefer = Verdict::of(group(Priority::Prefer), &try_slot);
+            let normal = if prefer.opened.is_some() {
+                empty()
+            } else {
+                Verdict::of(group(Priority::Normal), &try_slot)
+            };
+            Verdict::resolve(prefer, normal, none)
+        }
+    }
+}
+
+/// cryptsetup's "No usable keyslot is available.", with the reason.
 fn no_usable(why: &str) -> Error {
     Error::NoUsableKeyslot(why.to_string())
 }

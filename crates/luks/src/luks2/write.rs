@@ -845,7 +845,7 @@ impl Header {
                 d.kind()
             )));
         };
-        let hash = Hash::parse(&d.hash)?;
+        let hash = crate::hash::parse(&d.hash)?;
         if !digest_matches(volume_key, hash, d.iterations, &d.salt, &d.digest)? {
             return Err(Error::WrongPassphrase);
         }
@@ -1052,7 +1052,7 @@ impl Header {
             )));
         };
         let old_area = (old.area.offset, old.area.size);
-        let af_hash = Hash::parse(&old.af.hash)?;
+        let af_hash = crate::hash::parse(&old.af.hash)?;
         let priority = old.priority.clone();
         let digest = self.verified_digest(volume_key)?;
         let new_slot = self

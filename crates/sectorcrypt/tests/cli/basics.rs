@@ -222,7 +222,7 @@ fn bad_input_exits_1_with_one_line() {
     let cases: &[(&[&str], &str)] = &[
         (&["benchmark", "-c", "aes-xts-plain65"], "aes-xts-plain65"),
         (
-            &["benchmark", "-c", "twofish-xts-plain64"],
+            &["benchmark", "-c", "blowfish-xts-plain64"],
             "unknown cipher",
         ),
         (

@@ -26,6 +26,24 @@ pub(crate) fn cryptsetup_volume_key(img: &Path, key: &Path) -> String {
     hex::encode(sectorcrypt_testkit::cryptsetup_volume_key(img, key, &[]))
 }
 
+/// The volume key `sectorcrypt dump --dump-volume-key --json` reports for `img` with the
+/// passphrase in the file `key`, as hex.
+pub(crate) fn our_volume_key(img: &Path, key: &Path) -> String {
+    let out = ok(
+        sc(&[
+            "dump",
+            "--dump-volume-key",
+            "--json",
+            "--key-file",
+            p(key),
+            p(img),
+        ]),
+        "sectorcrypt dump --dump-volume-key",
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["volume_key"].as_str().unwrap().to_string()
+}
+
 /// sectorcrypt with `args` and fast key derivation ([`FAST_PBKDF`]).
 pub(crate) fn sc_fast(args: &[&str]) -> Output {
     sc(&with_fast_pbkdf(args))

@@ -85,16 +85,19 @@ fn volume_keys_match_cryptsetup_for_luks1_and_luks2() {
             want.len() * 4,
             "{name}"
         );
-        // The text form prints the same bytes as cryptsetup's "MK dump".
-        let out = sc(&[
+        // The text form is cryptsetup's, line for line (cipher, payload offset, UUID, key).
+        let args = [
             "luksDump",
             "--dump-volume-key",
             "-q",
             "--key-file",
             p(&key),
             p(&img),
-        ]);
-        let text = String::from_utf8(out.stdout).unwrap();
+        ];
+        let (ours, theirs) = (sc(&args), cs(&args));
+        assert!(theirs.status.success() && ours.status.success(), "{name}");
+        let text = String::from_utf8(ours.stdout).unwrap();
+        assert_eq!(text, String::from_utf8(theirs.stdout).unwrap(), "{name}");
         assert_eq!(
             text.split("MK dump:")
                 .nth(1)
@@ -104,6 +107,23 @@ fn volume_keys_match_cryptsetup_for_luks1_and_luks2() {
             want,
             "{name}"
         );
+        // No usable keyslot (an inactive slot named, or none left): exit 1, as cryptsetup.
+        let copy = dir.join(format!("{name}-killed.img"));
+        std::fs::copy(&img, &copy).unwrap();
+        for (image, slot) in [(&img, Some("3")), (&copy, None)] {
+            if image == &copy {
+                ok(cs(&["luksKillSlot", "-q", p(&copy), "0"]), "luksKillSlot");
+            }
+            let mut args = vec!["test-passphrase", "--key-file", p(&key), p(image)];
+            if let Some(s) = slot {
+                args.extend(["-S", s]);
+            }
+            let ours = sc(&args).status.code();
+            args[0] = "open";
+            args.insert(1, "--test-passphrase");
+            let theirs = cs(&args).status.code();
+            assert_eq!((ours, theirs), (Some(1), Some(1)), "{name} slot {slot:?}");
+        }
         // UUID as cryptsetup luksUUID.
         let theirs = cs(&["luksUUID", p(&img)]);
         let ours = sc(&["luksUUID", p(&img)]);

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::common::{
-    cryptsetup_volume_key, cs, cs_fast, ok, p, sc, sc_exits, sc_fast, scratch, with_fast_pbkdf,
-    FAST_PBKDF,
+    cryptsetup_volume_key, cs, cs_fast, ok, our_volume_key, p, sc, sc_exits, sc_fast, scratch,
+    with_fast_pbkdf, FAST_PBKDF,
 };
 use sectorcrypt_testkit::FAST_LUKS1;
 
@@ -44,22 +44,6 @@ fn opens_here(img: &Path, key: &Path) -> bool {
     sc(&["test-passphrase", "--key-file", p(key), p(img)])
         .status
         .success()
-}
-
-fn volume_key_here(img: &Path, key: &Path) -> String {
-    let out = ok(
-        sc(&[
-            "dump",
-            "--dump-volume-key",
-            "--json",
-            "--key-file",
-            p(key),
-            p(img),
-        ]),
-        "our dump key",
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["volume_key"].as_str().unwrap().to_string()
 }
 
 #[test]
@@ -111,7 +95,7 @@ fn formats_cryptsetup_accepts_with_the_given_volume_key() {
         ok(cs(&["luksDump", p(&img)]), name);
         assert!(opens_in_cryptsetup(&img, &k), "{name}");
         assert_eq!(cryptsetup_volume_key(&img, &k), vk_hex, "{name}");
-        assert_eq!(volume_key_here(&img, &k), vk_hex, "{name}");
+        assert_eq!(our_volume_key(&img, &k), vk_hex, "{name}");
         // cryptsetup's own repair finds nothing to change.
         let before = std::fs::read(&img).unwrap();
         ok(cs(&["repair", "-q", p(&img)]), name);
@@ -140,7 +124,7 @@ fn keyslots_added_and_removed_here_are_seen_by_cryptsetup_and_back() {
         );
         let img = image(&dir, version, 32);
         format_here(&img, &a, &["--type", version]);
-        let vk = volume_key_here(&img, &a);
+        let vk = our_volume_key(&img, &a);
         // Added here, opens in cryptsetup.
         ok(
             sc_fast(&["add-key", "--key-file", p(&a), "-S", "3", p(&img), p(&b)]),

@@ -3,6 +3,7 @@
 //! family of commands.
 
 mod basics;
+mod ciphers;
 mod common;
 mod convert;
 mod flash;

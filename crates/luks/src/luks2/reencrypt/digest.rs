@@ -183,7 +183,13 @@ pub(super) fn check_key(metadata: &Metadata, n: u32, vk: &[u8]) -> Result<(), Er
             "digest {n}, which is not a pbkdf2 digest"
         )));
     };
-    if digest_matches(vk, Hash::parse(&d.hash)?, d.iterations, &d.salt, &d.digest)? {
+    if digest_matches(
+        vk,
+        crate::hash::parse(&d.hash)?,
+        d.iterations,
+        &d.salt,
+        &d.digest,
+    )? {
         Ok(())
     } else {
         Err(Error::WrongPassphrase)
@@ -243,7 +249,7 @@ pub fn verify_metadata_digest(
     }
     digest_matches(
         &blob,
-        Hash::parse(&d.hash)?,
+        crate::hash::parse(&d.hash)?,
         d.iterations,
         &d.salt,
         &d.digest,

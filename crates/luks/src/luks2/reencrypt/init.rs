@@ -571,7 +571,7 @@ pub fn init_decrypt_datashift(
         assign_segment(&mut md, digest, id)?;
     }
     let hdr_size = header.binary().hdr_size;
-    let hash_len = Hash::parse(&hash)?.digest_len() as u64;
+    let hash_len = crate::hash::parse(&hash)?.digest_len() as u64;
     let md = finish_init(
         md,
         hdr_size,

@@ -73,10 +73,10 @@ use super::limits::{DIGESTS_MAX, DIGEST_ITER_TIME_MS, KDF_SALT_LEN, KEYSLOTS_MAX
 pub use super::metadata::{Direction, Mode, ReencryptKeyslot, Resilience};
 
 use super::metadata::{
-    CryptSegment, Digest, Keyslot, LinearSegment, Metadata, Pbkdf2Digest, Priority, Requirements,
+    CryptSegment, Digest, Keyslot, LinearSegment, Metadata, Pbkdf2Digest, Requirements,
     SegmentEntry,
 };
-use super::unlock::{open_slot, SlotFailure};
+use super::unlock::{open_in_order, open_slot, SlotFailure};
 use super::validate::{as_u32, str_to_u64};
 use super::Header;
 use crate::error::Error;
