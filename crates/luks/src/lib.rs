@@ -450,6 +450,24 @@ impl Header {
         }
     }
 
+    /// Add a keyslot holding `key` bound to no segment (`cryptsetup luksAddKey --unbound`): LUKS2
+    /// only. See [`luks2::Header::add_unbound_keyslot`].
+    pub fn add_unbound_keyslot(
+        &mut self,
+        dev: &dyn Storage,
+        key: &[u8],
+        passphrase: &[u8],
+        slot: Option<usize>,
+        pbkdf: &PbkdfOptions,
+    ) -> Result<usize, Error> {
+        match self {
+            Header::Luks1(_) => Err(Error::Unsupported(
+                "unbound keyslots on LUKS1 (they are a LUKS2 feature)".into(),
+            )),
+            Header::Luks2(h) => h.add_unbound_keyslot(dev, key, passphrase, slot, &pbkdf.luks2()?),
+        }
+    }
+
     /// Remove keyslot `slot`.
     pub fn kill_keyslot(&mut self, dev: &dyn Storage, slot: usize) -> Result<(), Error> {
         match self {

@@ -255,21 +255,10 @@ fn tampered(hdr: &Path, edit: impl Fn(&mut Value)) -> Header {
     read_header(&p)
 }
 
-/// The id of the reencrypt keyslot in a JSON value.
-fn reenc_slot(v: &Value) -> String {
-    v["keyslots"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .find(|(_, k)| k["type"] == "reencrypt")
-        .map(|(n, _)| n.clone())
-        .unwrap()
-}
-
 /// `theirs` with the iterations of the reencryption digest set to the count the builders are
 /// given: cryptsetup benchmarks that digest.
 fn with_forced_digest_iterations(mut theirs: Value) -> Value {
-    let slot = reenc_slot(&theirs);
+    let slot = reencrypt_keyslot(&theirs);
     for d in theirs["digests"].as_object_mut().unwrap().values_mut() {
         if d["keyslots"] == json!([slot]) {
             d["iterations"] = json!(1000);
@@ -285,7 +274,7 @@ type Edit = Box<dyn Fn(&mut Value)>;
 /// a change of the regular segments does not.
 fn assert_tampering_detected(hdr: &Path, old: Option<&[u8]>, new: Option<&[u8]>) {
     let v = json_at(&std::fs::read(hdr).unwrap(), 0);
-    let ks = reenc_slot(&v);
+    let ks = reencrypt_keyslot(&v);
     let prev = find_flag(&v, "backup-previous");
     let edits: Vec<(&str, Edit)> = vec![
         (

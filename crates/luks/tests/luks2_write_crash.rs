@@ -109,6 +109,41 @@ fn add_keyslot_survives_every_power_cut() {
     assert!(report.operations + 1 >= 9, "cut points");
 }
 
+/// An unbound keyslot (`add-key --unbound`): at every cut the volume opens with the old
+/// passphrase and key, and the new keyslot either is not named or opens with its own key.
+#[test]
+fn add_unbound_keyslot_survives_every_power_cut() {
+    let (start, vk) = formatted(b"A");
+    let unbound = [7u8; 24];
+    let report = sweep::sweep(
+        &[start],
+        |devs| {
+            let dev = &devs[0];
+            let mut h = Header::read(dev)?;
+            h.add_unbound_keyslot(dev, &unbound, b"B", None, &pbkdf())
+                .map(|_| ())
+        },
+        |s| {
+            let dev = MemStorage::new(s.devices[0].contents());
+            let h = Header::read(&dev).map_err(|e| format!("header: {e}"))?;
+            let u = h.unlock(&dev, b"A", None).map_err(|e| format!("A: {e}"))?;
+            if u.volume_key[..] != vk[..] {
+                return Err("the volume key changed".into());
+            }
+            let named = h.metadata().keyslots.get(1).is_some();
+            match h.unlock_in(&dev, b"B", Some(1), true) {
+                Ok(u) if u.volume_key[..] == unbound => Ok(()),
+                Ok(_) => Err("the unbound keyslot gives another key".into()),
+                Err(e) if named => Err(format!("keyslot 1 is named but does not open: {e}")),
+                Err(_) if s.complete => Err("finished without the unbound keyslot".into()),
+                Err(_) => Ok(()),
+            }
+        },
+    );
+    report.assert_no_loss("add_unbound_keyslot");
+    assert!(report.operations + 1 >= 5, "cut points");
+}
+
 #[test]
 fn kill_keyslot_survives_every_power_cut() {
     let (start, vk) = formatted(b"A");

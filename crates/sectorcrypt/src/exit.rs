@@ -97,13 +97,18 @@ impl From<LuksError> for CliError {
     fn from(e: LuksError) -> Self {
         let code = match &e {
             LuksError::NotLuks { .. } => Code::Device,
-            LuksError::WrongPassphrase => Code::Permission,
+            // cryptsetup answers -EPERM (2) for conversion metadata that does not verify, as for
+            // a wrong passphrase: the keys opened, but not for this metadata.
+            LuksError::WrongPassphrase | LuksError::DigestMismatch(_) => Code::Permission,
             _ => Code::Usage,
         };
         let message = match e {
             LuksError::NotLuks { device } => format!("Device {device} is not a valid LUKS device."),
             LuksError::WrongPassphrase => "No key available with this passphrase.".to_string(),
             LuksError::NoUsableKeyslot(why) => format!("No usable keyslot is available ({why})."),
+            LuksError::DigestMismatch(what) => format!(
+                "Reencryption metadata is invalid: {what} does not verify with the volume keys                  (changed by someone without them)."
+            ),
             other => chain(&other),
         };
         CliError { code, message }

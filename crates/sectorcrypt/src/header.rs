@@ -49,9 +49,13 @@ pub(crate) struct DumpArgs {
     dump_volume_key: bool,
     #[command(flatten)]
     key: KeyArgs,
-    /// Only try this keyslot.
+    /// With --unbound, the unbound keyslot whose key to print; otherwise accepted and ignored,
+    /// as by `cryptsetup luksDump` (the volume key comes from any keyslot bound to the data).
     #[arg(short = 'S', long = "key-slot", value_name = "N")]
     key_slot: Option<usize>,
+    /// Print the key of the unbound keyslot --key-slot N (LUKS2; needs its passphrase).
+    #[arg(long, requires = "key_slot", conflicts_with = "dump_volume_key")]
+    unbound: bool,
     /// Do not ask for confirmation.
     #[arg(short = 'q', long = "batch-mode")]
     batch: bool,
@@ -60,7 +64,9 @@ pub(crate) struct DumpArgs {
 pub(crate) fn dump(args: DumpArgs) -> Result<(), CliError> {
     let (dev, header) = args.target.read()?;
     let mut out = std::io::stdout().lock();
-    let text = if args.dump_volume_key {
+    let text = if args.unbound {
+        unbound_key_text(&args, &*dev, &header)?
+    } else if args.dump_volume_key {
         // cryptsetup asks before printing a volume key on a terminal; so do we.
         confirm(
             args.batch,
@@ -71,7 +77,10 @@ pub(crate) fn dump(args: DumpArgs) -> Result<(), CliError> {
             "Enter passphrase for {}: ",
             args.target.device.display()
         ))?;
-        let unlocked = header.unlock(&*dev, &pass, args.key_slot)?;
+        // cryptsetup reads the key from any slot (`CRYPT_ANY_SLOT`, whatever `-S` says) and,
+        // since printing a key activates nothing, checks no conversion metadata.
+        let _ = args.key_slot;
+        let unlocked = header.unlock(&*dev, &pass, None)?;
         let key_hex = hex::encode(&unlocked.volume_key[..]);
         if args.json {
             let v = serde_json::json!({
@@ -92,15 +101,7 @@ pub(crate) fn dump(args: DumpArgs) -> Result<(), CliError> {
                 header.uuid(),
                 unlocked.volume_key.len() * 8
             );
-            for (i, line) in unlocked.volume_key.chunks(16).enumerate() {
-                if i > 0 {
-                    s += "\t\t";
-                }
-                for b in line {
-                    s += &format!("{b:02x} ");
-                }
-                s += "\n";
-            }
+            s += &hex_lines(&unlocked.volume_key, "\t\t");
             s
         }
     } else if args.json {
@@ -113,6 +114,72 @@ pub(crate) fn dump(args: DumpArgs) -> Result<(), CliError> {
     };
     out.write_all(text.as_bytes())
         .map_err(|e| CliError::io("cannot write the output", e))
+}
+
+/// `key` as cryptsetup prints keys: 16 bytes a line, each `xx `, lines after the first indented.
+fn hex_lines(key: &[u8], indent: &str) -> String {
+    let mut s = String::new();
+    for (i, line) in key.chunks(16).enumerate() {
+        if i > 0 {
+            s += indent;
+        }
+        for b in line {
+            s += &format!("{b:02x} ");
+        }
+        s += "\n";
+    }
+    s
+}
+
+/// `dump --unbound -S N` (`cryptsetup luksDump --unbound`): the key of an unbound keyslot, in
+/// cryptsetup's lines, or `--json` as `{"keyslot": N, "key_bits": ..., "key": "<hex>"}`.
+fn unbound_key_text(
+    args: &DumpArgs,
+    dev: &dyn Storage,
+    header: &Header,
+) -> Result<String, CliError> {
+    let Header::Luks2(h) = header else {
+        return Err(CliError::usage(
+            "unbound keyslots are a LUKS2 feature; this is a LUKS1 volume",
+        ));
+    };
+    let slot = args.key_slot.unwrap_or_default();
+    let unbound = u32::try_from(slot)
+        .ok()
+        .and_then(|s| h.metadata().digest_of_keyslot(s));
+    if !unbound.is_some_and(|(_, d)| d.segments().is_empty()) {
+        return Err(CliError::usage(format!(
+            "Keyslot {slot} does not contain unbound key."
+        )));
+    }
+    confirm(
+        args.batch,
+        "The header dump with the unbound key is sensitive information.",
+    )?;
+    let pass = args.key.read(&format!(
+        "Enter passphrase for {}: ",
+        args.target.device.display()
+    ))?;
+    let unlocked = h.unlock_in(dev, &pass, args.key_slot, true)?;
+    let key = &unlocked.volume_key;
+    if args.json {
+        let v = serde_json::json!({
+            "device": args.target.device.display().to_string(),
+            "uuid": header.uuid(),
+            "keyslot": unlocked.slot,
+            "key_bits": key.len() * 8,
+            "key": hex::encode(&key[..]),
+        });
+        return Ok(format!("{v}\n"));
+    }
+    Ok(format!(
+        "LUKS header information for {}\nUUID:    \t{}\nKeyslot: \t{}\nKey bits:\t{}\nUnbound Key:\t{}",
+        args.target.device.display(),
+        header.uuid(),
+        unlocked.slot,
+        key.len() * 8,
+        hex_lines(key, "\t\t")
+    ))
 }
 
 /// What `cryptsetup luksDump --dump-volume-key` prints before the UUID: the data cipher's name
@@ -171,19 +238,25 @@ pub(crate) struct TestArgs {
     target: DeviceArgs,
     #[command(flatten)]
     key: KeyArgs,
-    /// Only try this keyslot.
+    /// Only try this keyslot (it may be unbound, as with cryptsetup's `open --test-passphrase`).
     #[arg(short = 'S', long = "key-slot", value_name = "N")]
     key_slot: Option<usize>,
+    /// Also try keyslots bound to no segment (`add-key --unbound`), as cryptsetup's `--unbound`.
+    #[arg(long)]
+    unbound: bool,
 }
 
-/// `test-passphrase`: exit 0 if the passphrase opens a keyslot, 2 if not.
+/// `test-passphrase`: exit 0 if the passphrase opens a keyslot, 2 if not; checked as
+/// `cryptsetup open --test-passphrase` checks before it would activate (during an in-place
+/// conversion, the old and new keys and the conversion metadata's digest too).
 pub(crate) fn test_passphrase(args: TestArgs) -> Result<(), CliError> {
     let (dev, header) = args.target.read()?;
     let pass = args.key.read(&format!(
         "Enter passphrase for {}: ",
         args.target.device.display()
     ))?;
-    let unlocked = header.unlock(&*dev, &pass, args.key_slot)?;
+    let unbound = args.unbound || args.key_slot.is_some();
+    let unlocked = header.unlock_checked(&*dev, &pass, args.key_slot, unbound)?;
     eprintln!("Key slot {} unlocked.", unlocked.slot);
     Ok(())
 }

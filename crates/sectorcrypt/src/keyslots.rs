@@ -263,12 +263,37 @@ pub(crate) struct AddKeyArgs {
     slot: SlotArgs,
     #[command(flatten)]
     new: NewKeyArgs,
+    /// Add a keyslot bound to no segment (LUKS2), holding a new random key of --key-size bits
+    /// (default: the volume key's size) or the key in --volume-key-file; no existing passphrase
+    /// is asked, as with cryptsetup.
+    #[arg(long)]
+    unbound: bool,
+    /// With --unbound: the size of the new random key in bits.
+    #[arg(
+        short = 's',
+        long = "key-size",
+        value_name = "BITS",
+        requires = "unbound"
+    )]
+    key_size: Option<usize>,
+    /// With --unbound: store the key in FILE instead of a random one.
+    #[arg(
+        long = "volume-key-file",
+        alias = "master-key-file",
+        value_name = "FILE",
+        requires = "unbound",
+        conflicts_with = "key_size"
+    )]
+    volume_key_file: Option<PathBuf>,
 }
 
 pub(crate) fn add_key(args: AddKeyArgs) -> Result<(), CliError> {
     let s = &args.slot;
     let (dev, mut header) = s.open()?;
     let pbkdf = pbkdf_options(&s.pbkdf)?;
+    if args.unbound {
+        return add_unbound_key(&args, &*dev, &mut header, &pbkdf);
+    }
     let existing = s.key.read("Enter any existing passphrase: ")?;
     let unlocked = header.unlock(&*dev, &existing, None)?;
     let new = new_passphrase(
@@ -277,6 +302,44 @@ pub(crate) fn add_key(args: AddKeyArgs) -> Result<(), CliError> {
         "Enter new passphrase for key slot: ",
     )?;
     header.add_keyslot(&*dev, &unlocked.volume_key, &new, s.key_slot, &pbkdf)?;
+    Ok(())
+}
+
+/// `add-key --unbound`: the key and the new passphrase are checked before anything is written.
+fn add_unbound_key(
+    args: &AddKeyArgs,
+    dev: &dyn Storage,
+    header: &mut Header,
+    pbkdf: &PbkdfOptions,
+) -> Result<(), CliError> {
+    let Header::Luks2(h) = &*header else {
+        return Err(CliError::usage(
+            "unbound keyslots are a LUKS2 feature; this is a LUKS1 volume",
+        ));
+    };
+    let key = match (&args.volume_key_file, args.key_size) {
+        (Some(path), _) => Zeroizing::new(std::fs::read(path).map_err(|e| {
+            CliError::io(format!("cannot read volume key file {}", path.display()), e)
+        })?),
+        (None, Some(bits)) if bits == 0 || bits % 8 != 0 || bits > 4096 => {
+            return Err(CliError::usage(format!(
+                "--key-size {bits}: the key size must be a multiple of 8 bits, 8 to 4096"
+            )))
+        }
+        (None, bits) => {
+            let len = match bits {
+                Some(b) => b / 8,
+                None => h.volume_key_len()?,
+            };
+            sectorcrypt_luks::luks2::random_bytes(len)
+        }
+    };
+    let new = new_passphrase(
+        args.new.new_key_file.as_ref(),
+        &KeyArgs::default(),
+        "Enter new passphrase for key slot: ",
+    )?;
+    header.add_unbound_keyslot(dev, &key, &new, args.slot.key_slot, pbkdf)?;
     Ok(())
 }
 

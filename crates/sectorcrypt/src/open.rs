@@ -77,6 +77,9 @@ impl VolumeArgs {
         let pass = self
             .key
             .read(&format!("Enter passphrase for {}: ", self.device.display()))?;
+        // As `cryptsetup open` checks before activating: the passphrase, and during an in-place
+        // conversion its metadata's digest, before anything is finished or written.
+        let mut unlocked = header.unlock_checked(&*header_dev, &pass, self.key_slot, false)?;
         match convert::at_open(&header, &self.device.display().to_string(), self.readonly) {
             Ok(AtOpen::Open) => {}
             Ok(AtOpen::FinishFirst(mode)) => {
@@ -92,6 +95,7 @@ impl VolumeArgs {
                 };
                 finish_conversion(&*header_rw, &*data, &pass, self.threads(), &hint)?;
                 header = Header::read(&*header_dev)?;
+                unlocked = header.unlock(&*header_dev, &pass, self.key_slot)?;
             }
             Err(VolumeError::InProgress { mode, .. }) => {
                 let verb = mode.as_str();
@@ -104,7 +108,6 @@ impl VolumeArgs {
             }
             Err(e) => return Err(e.into()),
         }
-        let unlocked = header.unlock(&*header_dev, &pass, self.key_slot)?;
         let volume = Volume::open(
             &header,
             data,

@@ -19,6 +19,7 @@
 //! cryptsetup with fast key derivation, data patterns.
 
 pub mod fault;
+pub mod luks2_json;
 pub mod openssl;
 pub mod sweep;
 pub mod tools;

@@ -464,6 +464,24 @@ impl Header {
         reencrypt::unlock_checked(self, dev, passphrase, slot, unbound)
     }
 
+    /// The volume key's length in bytes: the `key_size` of the keyslots whose digest covers the
+    /// data segment (cryptsetup's `crypt_get_volume_key_size`).
+    pub fn volume_key_len(&self) -> Result<usize, Error> {
+        let md = &self.metadata;
+        md.digest_of_segment(self.default_segment())
+            .and_then(|(_, d)| {
+                d.keyslots()
+                    .iter()
+                    .find_map(|s| match md.keyslots.get(s.parse().ok()?) {
+                        Some(metadata::Keyslot::Luks2(k)) => Some(k.key_size as usize),
+                        _ => None,
+                    })
+            })
+            .ok_or_else(|| {
+                Error::NoUsableKeyslot("no passphrase keyslot holds the volume key".into())
+            })
+    }
+
     /// The data segment (segment 0, which must be a `crypt` segment).
     ///
     /// Errors: [`Error::Unsupported`] while the header has mandatory requirements (an

@@ -388,11 +388,12 @@ fn keyslot_area_cipher(segment_cipher: &str, key_len: usize) -> (String, usize) 
     }
 }
 
-/// Build a keyslot holding `volume_key` for `passphrase` at `offset`, encrypted like the data
-/// segment (`segment_cipher`, see [`keyslot_area_cipher`]), as `luks2_keyslot_alloc` and
-/// `luks2_keyslot_set_key` do.
+/// Build a keyslot holding `volume_key` for `passphrase` at `offset`, its area encrypted like the
+/// data segment (`segment_cipher` with an `area_key_len`-byte key, see [`keyslot_area_cipher`]),
+/// as `luks2_keyslot_alloc` and `luks2_keyslot_set_key` do.
 fn make_keyslot(
     segment_cipher: &str,
+    area_key_len: usize,
     af_hash: Hash,
     volume_key: &[u8],
     passphrase: &[u8],
@@ -400,7 +401,7 @@ fn make_keyslot(
     offset: u64,
 ) -> Result<NewKeyslot, Error> {
     let key_len = volume_key.len();
-    let (cipher, area_key_len) = keyslot_area_cipher(segment_cipher, key_len);
+    let (cipher, area_key_len) = keyslot_area_cipher(segment_cipher, area_key_len);
     let kdf = pbkdf.resolve(area_key_len)?;
     let salt = random_bytes(KDF_SALT_LEN);
     let area = KeyslotArea {
@@ -726,6 +727,7 @@ pub fn format(
     }
     let ks = make_keyslot(
         &params.cipher,
+        volume_key.len(),
         params.hash,
         &volume_key,
         passphrase,
@@ -880,7 +882,8 @@ impl Header {
     }
 
     /// Seal a keyslot for `passphrase` into a free area (avoiding `avoid` too) and write and sync
-    /// its material; the metadata is not touched.
+    /// its material; the metadata is not touched. The area is encrypted with `area` (a cipher and
+    /// its key length), or else like the data segment with a key as long as `volume_key`.
     #[allow(clippy::too_many_arguments)] // each is a separate choice of the three callers
     fn stage_keyslot(
         &self,
@@ -890,14 +893,14 @@ impl Header {
         pbkdf: &Pbkdf,
         avoid: &[(u64, u64)],
         af_hash: Hash,
-        cipher: Option<&str>,
+        area: Option<(&str, usize)>,
     ) -> Result<Luks2Keyslot, Error> {
-        let cipher = match cipher {
-            Some(c) => {
-                check_cipher(c, volume_key)?;
-                c.to_string()
+        let (cipher, area_key_len) = match area {
+            Some((c, len)) => {
+                check_cipher(c, &vec![0; len])?;
+                (c.to_string(), len)
             }
-            None => self.keyslot_cipher(volume_key)?,
+            None => (self.keyslot_cipher(volume_key)?, volume_key.len()),
         };
         let length = keyslot_area_size(volume_key.len());
         let offset = self
@@ -908,7 +911,15 @@ impl Header {
                     "no free space for a {length}-byte keyslot area in the keyslots area"
                 ))
             })?;
-        let ks = make_keyslot(&cipher, af_hash, volume_key, passphrase, pbkdf, offset)?;
+        let ks = make_keyslot(
+            &cipher,
+            area_key_len,
+            af_hash,
+            volume_key,
+            passphrase,
+            pbkdf,
+            offset,
+        )?;
         dev.write_at(&ks.material, offset).map_err(|e| io(dev, e))?;
         dev.sync().map_err(|e| io(dev, e))?;
         Ok(ks.json)
@@ -956,6 +967,63 @@ impl Header {
         pbkdf: &Pbkdf,
         cipher: Option<&str>,
     ) -> Result<Header, Error> {
+        let area = cipher.map(|c| (c, new_vk.len()));
+        self.stage_with_own_digest(dev, new_vk, passphrase, slot, pbkdf, area)
+    }
+
+    /// Add a keyslot holding `key`, which need not be the volume key, bound to no segment
+    /// (`cryptsetup luksAddKey --unbound`), under a pbkdf2 digest of its own: in `slot` or the
+    /// first free one, its area encrypted like the data segment's keyslots (the data cipher with
+    /// a key as long as the volume key, whatever `key`'s length). Returns the slot number.
+    ///
+    /// Crash safety: as [`Header::add_keyslot`], the material is written and synced before the
+    /// metadata names it.
+    pub fn add_unbound_keyslot(
+        &mut self,
+        dev: &dyn Storage,
+        key: &[u8],
+        passphrase: &[u8],
+        slot: Option<usize>,
+        pbkdf: &Pbkdf,
+    ) -> Result<usize, Error> {
+        if key.is_empty() || key.len() > 512 {
+            return Err(Error::Unsupported(format!(
+                "an unbound key of {} bytes (1 to 512)",
+                key.len()
+            )));
+        }
+        let cipher = self.data_segment()?.cipher;
+        let area_key_len = self.volume_key_len()?;
+        let staged = self.stage_with_own_digest(
+            dev,
+            key,
+            passphrase,
+            slot,
+            pbkdf,
+            Some((&cipher, area_key_len)),
+        )?;
+        let slot = staged
+            .metadata
+            .keyslots
+            .iter()
+            .map(|(n, _)| n)
+            .find(|n| self.metadata.keyslots.get(*n).is_none())
+            .expect("the staged header has one more keyslot");
+        self.commit(dev, &staged.metadata)?;
+        Ok(slot as usize)
+    }
+
+    /// Seal `key` into a new keyslot under a new pbkdf2 digest that lists no segment; the
+    /// material is written and synced, the metadata returned in a header that is not written.
+    fn stage_with_own_digest(
+        &self,
+        dev: &dyn Storage,
+        new_vk: &[u8],
+        passphrase: &[u8],
+        slot: Option<usize>,
+        pbkdf: &Pbkdf,
+        area: Option<(&str, usize)>,
+    ) -> Result<Header, Error> {
         self.check_writable()?;
         let slot = self.pick_slot(slot)?;
         let hash = Hash::Sha256;
@@ -969,7 +1037,7 @@ impl Header {
         let number = (0..DIGESTS_MAX)
             .find(|n| self.metadata.digests.get(*n).is_none())
             .ok_or_else(|| Error::Unsupported("all 8 digests are in use".into()))?;
-        let ks = self.stage_keyslot(dev, new_vk, passphrase, pbkdf, &[], hash, cipher)?;
+        let ks = self.stage_keyslot(dev, new_vk, passphrase, pbkdf, &[], hash, area)?;
         let mut md = self.metadata.clone();
         md.keyslots.0.push((slot, Keyslot::Luks2(Box::new(ks))));
         md.digests.0.push((

@@ -8,7 +8,11 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use serde_json::Value;
-use sha2::{Digest, Sha256};
+// Each test binary uses some of these.
+#[allow(unused_imports)]
+pub(crate) use sectorcrypt_testkit::luks2_json::{
+    edit_json, hdr_size, json_at, put_json_text, reencrypt_keyslot, reseal,
+};
 
 /// A fresh directory for one test under the target's temporary directory.
 pub(crate) fn scratch(name: &str) -> PathBuf {
@@ -147,47 +151,4 @@ pub(crate) fn cryptsetup_dump(dir: &Path, bytes: &[u8]) -> Option<String> {
     out.status
         .success()
         .then(|| String::from_utf8(out.stdout).unwrap())
-}
-
-/// `hdr_size` of the primary binary header.
-pub(crate) fn hdr_size(bytes: &[u8]) -> usize {
-    u64::from_be_bytes(bytes[8..16].try_into().unwrap()) as usize
-}
-
-/// Recompute the SHA-256 checksum of the copy at `offset`: the binary header with its checksum
-/// field zeroed, then the JSON area.
-pub(crate) fn reseal(bytes: &mut [u8], offset: usize) {
-    let size = u64::from_be_bytes(bytes[offset + 8..offset + 16].try_into().unwrap()) as usize;
-    bytes[offset + 448..offset + 512].fill(0);
-    let sum = Sha256::digest(&bytes[offset..offset + size]);
-    bytes[offset + 448..offset + 448 + 32].copy_from_slice(&sum);
-}
-
-/// The JSON metadata of the copy at `offset`.
-pub(crate) fn json_at(bytes: &[u8], offset: usize) -> Value {
-    let size = hdr_size(&bytes[offset..]);
-    let area = &bytes[offset + 4096..offset + size];
-    let end = area.iter().position(|&b| b == 0).unwrap();
-    serde_json::from_slice(&area[..end]).unwrap()
-}
-
-/// Store raw JSON text in the copy at `offset` (zero-filling the rest of the area, which must
-/// have room) and reseal it.
-pub(crate) fn put_json_text(bytes: &mut [u8], offset: usize, text: &[u8]) {
-    let size = hdr_size(&bytes[offset..]);
-    let area = &mut bytes[offset + 4096..offset + size];
-    area.fill(0);
-    area[..text.len()].copy_from_slice(text);
-    reseal(bytes, offset);
-}
-
-/// Apply `edit` to the JSON metadata of both copies, store it back compactly and reseal both.
-pub(crate) fn edit_json(bytes: &mut [u8], edit: impl Fn(&mut Value)) {
-    let size = hdr_size(bytes);
-    for offset in [0, size] {
-        let mut v = json_at(bytes, offset);
-        edit(&mut v);
-        let text = serde_json::to_vec(&v).unwrap();
-        put_json_text(bytes, offset, &text);
-    }
 }

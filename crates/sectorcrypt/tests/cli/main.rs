@@ -11,3 +11,4 @@ mod fuse;
 mod luks_read;
 mod luks_write;
 mod nbd;
+mod parity;

@@ -143,8 +143,8 @@ pub fn unlock_checked(
     }
     if !verify_metadata_digest(md, key(&keys.old), key(&keys.new))? {
         return Err(Error::DigestMismatch(
-            "the reencryption metadata (keyslot, mode, direction, resilience area and backup \
-             segments)"
+            "the digest over the reencrypt keyslot (mode, direction, resilience area) and the backup \
+             segments"
                 .into(),
         ));
     }

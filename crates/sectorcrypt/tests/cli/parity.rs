@@ -1,0 +1,356 @@
+//! The same verdict as cryptsetup 2.6.1 on the cases where the two once disagreed (issue 14):
+//! every case is built with the real cryptsetup (or by editing its header as an attacker or a
+//! damaged disk would, checksums recomputed), and `sectorcrypt test-passphrase` must exit as
+//! `cryptsetup open --test-passphrase` does with the same options.
+//!
+//! - In-place conversions whose metadata was tampered with (CVE-2021-4122): the reencryption
+//!   digest is checked on every path that unlocks a volume for use.
+//! - Unbound keyslots (`luksAddKey --unbound`), `-S` on them, `--unbound`, and the verdict when a
+//!   passphrase opens only such slots.
+//! - Reencryptions with the old and new keys in different keyslots, `-S` on each.
+//! - "No usable keyslot" (exit 1) against "wrong passphrase" (exit 2).
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use crate::common::{cs, cs_fast, ok, p, sc, scratch};
+use sectorcrypt_testkit::luks2_json::{edit_json, json_at, reencrypt_keyslot};
+
+/// `cryptsetup open --test-passphrase` and `sectorcrypt test-passphrase` with `extra` options and
+/// the passphrase in `key`, on `device`: their exit codes.
+fn verdicts(device: &Path, key: &Path, extra: &[&str]) -> (Option<i32>, Option<i32>) {
+    let mut theirs = vec!["open", "--test-passphrase", "--key-file", p(key)];
+    theirs.extend_from_slice(extra);
+    theirs.push(p(device));
+    let mut ours = vec!["test-passphrase", "--key-file", p(key)];
+    ours.extend_from_slice(extra);
+    ours.push(p(device));
+    (cs(&theirs).status.code(), sc(&ours).status.code())
+}
+
+/// Assert both tools answer `want` (an exit code) for each case `(extra options, key, want)`.
+fn assert_same(device: &Path, cases: &[(&[&str], &Path, i32)], what: &str) {
+    for (extra, key, want) in cases {
+        let (theirs, ours) = verdicts(device, key, extra);
+        assert_eq!(
+            (theirs, ours),
+            (Some(*want), Some(*want)),
+            "{what}, {extra:?} with {}: (cryptsetup, sectorcrypt)",
+            key.display()
+        );
+    }
+}
+
+fn key(dir: &Path, name: &str) -> std::path::PathBuf {
+    let k = dir.join(name);
+    std::fs::write(&k, format!("passphrase {name}")).unwrap();
+    k
+}
+
+/// A sparse `len`-byte LUKS2 volume made by cryptsetup with the passphrase in `key`.
+fn luks2_volume(path: &Path, len: u64, key: &Path) {
+    std::fs::File::create(path).unwrap().set_len(len).unwrap();
+    ok(
+        cs_fast(&[
+            "luksFormat",
+            "-q",
+            "--type",
+            "luks2",
+            "--key-file",
+            p(key),
+            p(path),
+        ]),
+        "luksFormat",
+    );
+}
+
+#[test]
+fn unbound_keyslots_and_unusable_slots_get_cryptsetups_verdicts() {
+    let dir = scratch("parity_cli-unbound");
+    let (a, b, wrong) = (key(&dir, "a"), key(&dir, "b"), key(&dir, "wrong"));
+    let img = dir.join("v.img");
+    luks2_volume(&img, 20 << 20, &a);
+    // An unbound keyslot (cryptsetup asks no existing passphrase for one).
+    ok(
+        cs_fast(&["luksAddKey", "--unbound", "-s", "256", p(&img), p(&b)]),
+        "luksAddKey --unbound",
+    );
+    let cases: &[(&[&str], &Path, i32)] = &[
+        (&[], &a, 0),
+        // A passphrase that opens only an unbound keyslot, the last one tried: not usable.
+        (&[], &b, 1),
+        (&["-S", "1"], &b, 0),
+        (&["--unbound"], &b, 0),
+        (&["--unbound"], &a, 0),
+        (&["-S", "1"], &a, 2),
+        (&[], &wrong, 1),
+        (&["-S", "0"], &wrong, 2),
+        (&["-S", "5"], &a, 1),
+    ];
+    assert_same(&img, cases, "unbound keyslot 1");
+    // `luksDump --dump-volume-key` reads the key from any slot bound to the data (cryptsetup
+    // ignores `-S` there): the same exit code and text from both.
+    for (extra, key) in [
+        (&[][..], &a),
+        (&["-S", "1"][..], &a),
+        (&[][..], &b),
+        (&["-S", "1"][..], &b),
+    ] {
+        let mut args = vec!["luksDump", "--dump-volume-key", "-q", "--key-file", p(key)];
+        args.extend_from_slice(extra);
+        args.push(p(&img));
+        let (theirs, ours) = (cs(&args), sc(&args));
+        assert_eq!(
+            ours.status.code(),
+            theirs.status.code(),
+            "dump {extra:?} {key:?}"
+        );
+        assert_eq!(ours.stdout, theirs.stdout, "dump {extra:?} {key:?}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn reencryption_keys_and_tampered_conversion_metadata_get_cryptsetups_verdicts() {
+    let dir = scratch("parity_cli-reencrypt");
+    let (a, b, wrong) = (key(&dir, "a"), key(&dir, "b"), key(&dir, "wrong"));
+
+    // A reencryption to a new key of a volume with two passphrases, started by cryptsetup: the
+    // new key in keyslot 2 (for a) and the reencrypt keyslot 3.
+    let img = dir.join("r.img");
+    luks2_volume(&img, 24 << 20, &a);
+    ok(
+        cs_fast(&["luksAddKey", "-q", "--key-file", p(&a), p(&img), p(&b)]),
+        "luksAddKey",
+    );
+    ok(
+        cs_fast(&[
+            "reencrypt",
+            "--init-only",
+            "--force-offline-reencrypt",
+            "-q",
+            "--key-slot",
+            "0",
+            "--key-file",
+            p(&a),
+            p(&img),
+        ]),
+        "reencrypt --init-only",
+    );
+    let cases: &[(&[&str], &Path, i32)] = &[
+        (&[], &a, 0),
+        // b opens only the old key: the new one is missing.
+        (&[], &b, 2),
+        (&["-S", "0"], &a, 1),
+        (&["-S", "1"], &a, 2),
+        (&["-S", "2"], &a, 1),
+        (&["-S", "2"], &b, 2),
+        (&["-S", "3"], &a, 1),
+        (&["--unbound"], &a, 1),
+        // The reencrypt keyslot, tried last, is not usable: "no usable keyslot".
+        (&[], &wrong, 1),
+    ];
+    assert_same(&img, cases, "reencryption to a new key");
+
+    // An encryption with a detached header, started by cryptsetup, then edited.
+    let data = dir.join("data.img");
+    std::fs::write(&data, sectorcrypt_testkit::pattern(8 << 20, 3)).unwrap();
+    let hdr = dir.join("hdr.img");
+    ok(
+        cs_fast(&[
+            "reencrypt",
+            "--encrypt",
+            "--init-only",
+            "--type",
+            "luks2",
+            "--header",
+            p(&hdr),
+            "--force-offline-reencrypt",
+            "-q",
+            "--key-file",
+            p(&a),
+            p(&data),
+        ]),
+        "reencrypt --encrypt --init-only",
+    );
+    let pristine = std::fs::read(&hdr).unwrap();
+    let v = json_at(&pristine, 0);
+    let ks = reencrypt_keyslot(&v);
+    type Edit<'a> = (&'a str, Box<dyn Fn(&mut Value) + 'a>, i32);
+    let edits: Vec<Edit> = vec![
+        ("unchanged", Box::new(|_: &mut Value| {}), 0),
+        (
+            "direction",
+            Box::new(|v: &mut Value| v["keyslots"][&ks]["direction"] = json!("backward")),
+            2,
+        ),
+        (
+            "mode",
+            Box::new(|v: &mut Value| v["keyslots"][&ks]["mode"] = json!("decrypt")),
+            2,
+        ),
+        (
+            "resilience area type",
+            Box::new(|v: &mut Value| {
+                let area = &mut v["keyslots"][&ks]["area"];
+                let (offset, size) = (area["offset"].clone(), area["size"].clone());
+                *area = json!({"type": "none", "offset": offset, "size": size});
+            }),
+            2,
+        ),
+        (
+            "new segment's cipher",
+            Box::new(|v: &mut Value| {
+                for seg in v["segments"].as_object_mut().unwrap().values_mut() {
+                    if seg["type"] == "crypt" {
+                        seg["encryption"] = json!("aes-cbc-essiv:sha256");
+                    }
+                }
+            }),
+            2,
+        ),
+        (
+            "backup-previous segment offset",
+            Box::new(|v: &mut Value| {
+                for seg in v["segments"].as_object_mut().unwrap().values_mut() {
+                    if seg["flags"] == json!(["backup-previous"]) {
+                        seg["offset"] = json!("4096");
+                    }
+                }
+            }),
+            2,
+        ),
+        (
+            "old online-reencrypt requirement",
+            Box::new(|v: &mut Value| {
+                v["config"]["requirements"]["mandatory"] = json!(["online-reencrypt"])
+            }),
+            2,
+        ),
+        (
+            "reencryption digest removed",
+            Box::new(|v: &mut Value| {
+                let digests = v["digests"].as_object_mut().unwrap();
+                digests.retain(|_, d| d["keyslots"] != json!([ks.clone()]));
+            }),
+            1,
+        ),
+    ];
+    let tampered = dir.join("tampered.hdr");
+    for (what, edit, want) in &edits {
+        let mut bytes = pristine.clone();
+        edit_json(&mut bytes, edit);
+        std::fs::write(&tampered, &bytes).unwrap();
+        let cases: &[(&[&str], &Path, i32)] = &[(&["--header", p(&tampered)], &a, *want)];
+        assert_same(&data, cases, &format!("encryption, {what}"));
+        // The ways in that unlock the volume for use refuse it too, and change nothing.
+        if *want != 0 {
+            let before = std::fs::read(&data).unwrap();
+            let out = sc(&[
+                "serve",
+                p(&data),
+                "--header",
+                p(&tampered),
+                "--key-file",
+                p(&a),
+                "--socket",
+                p(&dir.join("s.sock")),
+            ]);
+            assert_eq!(out.status.code(), Some(*want), "serve, {what}");
+            assert_eq!(std::fs::read(&tampered).unwrap(), bytes, "serve, {what}");
+            assert!(std::fs::read(&data).unwrap() == before, "serve, {what}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn add_key_unbound_makes_keyslots_cryptsetup_reads_and_dumps() {
+    let dir = scratch("parity_cli-add-unbound");
+    let (a, b, c) = (key(&dir, "a"), key(&dir, "b"), key(&dir, "c"));
+    let img = dir.join("u.img");
+    luks2_volume(&img, 20 << 20, &a);
+    let before = std::fs::read(&img).unwrap();
+    // Refused before any write: --key-size without --unbound.
+    assert_eq!(
+        sc(&["add-key", "-s", "128", p(&img), p(&b)]).status.code(),
+        Some(1)
+    );
+    assert!(std::fs::read(&img).unwrap() == before);
+    // A given key in keyslot 4, a random 128-bit one in the first free slot (1); no existing
+    // passphrase is asked.
+    let given = dir.join("given.key");
+    std::fs::write(&given, sectorcrypt_testkit::pattern(24, 9)).unwrap();
+    let fast = &crate::common::FAST_PBKDF;
+    let mut args = vec![
+        "add-key",
+        "--unbound",
+        "--volume-key-file",
+        p(&given),
+        "-S",
+        "4",
+    ];
+    args.extend_from_slice(fast);
+    args.extend([p(&img), p(&b)]);
+    ok(sc(&args), "add-key --unbound --volume-key-file");
+    let mut args = vec!["add-key", "--unbound", "--key-size", "128"];
+    args.extend_from_slice(fast);
+    args.extend([p(&img), p(&c)]);
+    ok(sc(&args), "add-key --unbound --key-size");
+    let dump = String::from_utf8(ok(cs(&["luksDump", p(&img)]), "luksDump").stdout).unwrap();
+    assert!(
+        dump.contains("  1: luks2 (unbound)\n\tKey:        128 bits"),
+        "{dump}"
+    );
+    assert!(
+        dump.contains("  4: luks2 (unbound)\n\tKey:        192 bits"),
+        "{dump}"
+    );
+    // The volume still opens as before; each new passphrase opens its own unbound slot only.
+    let cases: &[(&[&str], &Path, i32)] = &[
+        (&[], &a, 0),
+        (&["-S", "4"], &b, 0),
+        (&["-S", "1"], &c, 0),
+        (&["-S", "1"], &b, 2),
+        (&[], &b, 1),
+    ];
+    assert_same(&img, cases, "unbound keyslots added here");
+    // The unbound keys as cryptsetup prints them, the given one byte for byte.
+    for (slot, key) in [("4", &b), ("1", &c), ("0", &a), ("4", &a), ("7", &b)] {
+        let args = [
+            "luksDump",
+            "--unbound",
+            "-S",
+            slot,
+            "-q",
+            "--key-file",
+            p(key),
+            p(&img),
+        ];
+        let (theirs, ours) = (cs(&args), sc(&args));
+        assert_eq!(
+            ours.status.code(),
+            theirs.status.code(),
+            "--unbound -S {slot}"
+        );
+        assert_eq!(ours.stdout, theirs.stdout, "--unbound -S {slot}");
+    }
+    let out = ok(
+        sc(&[
+            "dump",
+            "--unbound",
+            "-S",
+            "4",
+            "--json",
+            "--key-file",
+            p(&b),
+            p(&img),
+        ]),
+        "dump --unbound --json",
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["key"], hex::encode(sectorcrypt_testkit::pattern(24, 9)));
+    assert_eq!(v["key_bits"], 192);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
