@@ -16,7 +16,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
 debs=(g++ libcrypto++-dev libcrypto++-utils openssl python3 cryptsetup-bin qemu-utils
   qemu-user strace nbdkit libnbd-bin fio fuse3 e2fsprogs fuse2fs util-linux mount mtd-utils
-  squashfs-tools)
+  squashfs-tools fdisk)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -32,6 +32,15 @@ pub enum Error {
     /// A digest over metadata does not verify with the right keys: the metadata was changed by
     /// someone without them (the reencryption digest of CVE-2021-4122). The text says which.
     DigestMismatch(String),
+    /// A LUKS2 header copy needs recovery but the device also holds another signature (an LVM
+    /// physical volume, a file system, a partition table): cryptsetup's "ambiguous signatures,
+    /// cannot auto-recover LUKS2". Which one is current only the user can tell.
+    AmbiguousSignatures {
+        /// libblkid's name of the other signature.
+        kind: String,
+        /// The byte offset of its magic.
+        offset: u64,
+    },
 }
 
 impl fmt::Display for Error {
@@ -44,6 +53,12 @@ impl fmt::Display for Error {
             Error::WrongPassphrase => f.write_str("no key available with this passphrase"),
             Error::NoUsableKeyslot(why) => write!(f, "no usable keyslot is available ({why})"),
             Error::Cipher(e) => write!(f, "{e}"),
+            Error::AmbiguousSignatures { kind, offset } => write!(
+                f,
+                "the device contains ambiguous signatures: a {kind} signature (at byte {offset}) \
+                 besides a LUKS2 header with a damaged or stale copy, so the header cannot be \
+                 trusted or auto-recovered"
+            ),
             Error::DigestMismatch(what) => write!(
                 f,
                 "{what} does not verify: the metadata was changed without the keys"

@@ -13,6 +13,7 @@ pub mod kdf;
 pub mod keyslot;
 pub mod luks1;
 pub mod luks2;
+pub mod signatures;
 pub mod uuid;
 
 pub use error::Error;

@@ -106,6 +106,12 @@ impl From<LuksError> for CliError {
             LuksError::NotLuks { device } => format!("Device {device} is not a valid LUKS device."),
             LuksError::WrongPassphrase => "No key available with this passphrase.".to_string(),
             LuksError::NoUsableKeyslot(why) => format!("No usable keyslot is available ({why})."),
+            LuksError::AmbiguousSignatures { kind, offset } => format!(
+                "Device contains ambiguous signatures ({kind} at byte {offset}) and a damaged or \
+                 stale LUKS2 header copy, cannot auto-recover LUKS2. If the device is meant to \
+                 be LUKS, remove the other signature (wipefs lists and erases it) or restore a header \
+                 backup (header-restore); if it now holds the {kind}, the LUKS header is stale."
+            ),
             LuksError::DigestMismatch(what) => format!(
                 "Reencryption metadata is invalid: {what} does not verify with the volume keys                  (changed by someone without them)."
             ),

@@ -277,7 +277,9 @@ impl Header {
     ///
     /// Errors: [`Error::NotLuks`] if neither copy has a LUKS2 magic with version 2;
     /// [`Error::Corrupt`] naming what is wrong with each copy if neither is usable, or if the
-    /// device is shorter than the header copies and keyslots area; [`Error::Io`] if reading fails.
+    /// device is shorter than the header copies and keyslots area;
+    /// [`Error::AmbiguousSignatures`] if a copy is damaged or stale and the device holds a
+    /// foreign signature ([`crate::signatures`]); [`Error::Io`] if reading fails.
     pub fn read(dev: &dyn Storage) -> Result<Header, Error> {
         let dev_len = dev.len().map_err(|e| io_error(dev, e))?;
         let primary_probe = probe(dev, dev_len, 0, HeaderCopy::Primary)?;
@@ -338,6 +340,17 @@ impl Header {
             metadata: chosen.metadata,
             health,
         };
+        // As cryptsetup (`LUKS2_disk_hdr_read`): a copy that would need recovery is recovered
+        // only if the device holds no other signature, so that a LUKS header is never trusted
+        // over an LVM volume or file system made on the device since.
+        if header.health.needs_repair() {
+            if let Some(sig) = crate::signatures::probe(dev)? {
+                return Err(Error::AmbiguousSignatures {
+                    kind: sig.kind.to_string(),
+                    offset: sig.offset,
+                });
+            }
+        }
         // As cryptsetup (device_check_size): the device must hold both copies and the keyslots.
         let needed = header.hdr_and_areas_size();
         if needed > dev_len {

@@ -354,3 +354,138 @@ fn add_key_unbound_makes_keyslots_cryptsetup_reads_and_dumps() {
     assert_eq!(v["key_bits"], 192);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// An LVM2 physical-volume label in sector 1, as `pvcreate` writes it (its checksum computed here
+/// from LVM2's documented CRC, not with the code under test).
+fn write_lvm2_label(img: &Path) {
+    let mut s = [0u8; 512];
+    s[0..8].copy_from_slice(b"LABELONE");
+    s[8..16].copy_from_slice(&1u64.to_le_bytes());
+    s[20..24].copy_from_slice(&32u32.to_le_bytes());
+    s[24..32].copy_from_slice(b"LVM2 001");
+    s[32..64].copy_from_slice(b"abcdefghijklmnopqrstuvwxyz012345");
+    s[64..72].copy_from_slice(&(20u64 << 20).to_le_bytes());
+    let mut crc: u32 = 0xf597_a6cf;
+    for &b in &s[20..] {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    s[16..20].copy_from_slice(&crc.to_le_bytes());
+    let mut bytes = std::fs::read(img).unwrap();
+    bytes[512..1024].copy_from_slice(&s);
+    std::fs::write(img, bytes).unwrap();
+}
+
+/// The first `len` bytes of `src` written over the start of `img`.
+fn overlay(img: &Path, src: &Path, len: usize) {
+    let mut bytes = std::fs::read(img).unwrap();
+    bytes[..len].copy_from_slice(&std::fs::read(src).unwrap()[..len]);
+    std::fs::write(img, bytes).unwrap();
+}
+
+#[test]
+fn foreign_signatures_over_a_header_copy_are_refused_like_cryptsetup() {
+    let dir = scratch("parity_cli-signatures");
+    let a = key(&dir, "a");
+    let img = dir.join("v.img");
+    luks2_volume(&img, 20 << 20, &a);
+    let pristine = std::fs::read(&img).unwrap();
+    // Real swap and ext4 starts, made by the real tools on their own files.
+    let swap = dir.join("swap.img");
+    std::fs::File::create(&swap)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    ok(
+        crate::common::run(std::process::Command::new("mkswap").arg(&swap)),
+        "mkswap",
+    );
+    let ext4 = dir.join("ext4.img");
+    std::fs::File::create(&ext4)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    ok(
+        crate::common::run(std::process::Command::new("mkfs.ext4").args(["-q", p(&ext4)])),
+        "mkfs.ext4",
+    );
+    type Damage<'a> = Box<dyn Fn(&Path) + 'a>;
+    let cases: Vec<(&str, Damage)> = vec![
+        ("LVM2_member", Box::new(write_lvm2_label)),
+        ("swap", Box::new(|i: &Path| overlay(i, &swap, 4096))),
+        ("ext4", Box::new(|i: &Path| overlay(i, &ext4, 4096))),
+        (
+            "dos",
+            Box::new(|i: &Path| {
+                let mut cmd = std::process::Command::new("sfdisk");
+                cmd.args(["-q", "--wipe", "never", p(i)]);
+                cmd.stdin(std::process::Stdio::piped());
+                let mut child = cmd.spawn().expect("sfdisk (fdisk package)");
+                use std::io::Write;
+                child
+                    .stdin
+                    .take()
+                    .unwrap()
+                    .write_all(b"start=2048, type=83\n")
+                    .unwrap();
+                assert!(child.wait().unwrap().success(), "sfdisk");
+            }),
+        ),
+    ];
+    for (kind, damage) in &cases {
+        std::fs::write(&img, &pristine).unwrap();
+        damage(&img);
+        // libblkid itself sees the signature (LUKS filtered out, as cryptsetup filters it).
+        let blkid = crate::common::run(std::process::Command::new("blkid").args([
+            "-p",
+            "-n",
+            "nocrypto_LUKS",
+            "-o",
+            "value",
+            "-s",
+            "TYPE",
+            "-s",
+            "PTTYPE",
+            p(&img),
+        ]));
+        assert_eq!(
+            String::from_utf8_lossy(&blkid.stdout).trim(),
+            *kind,
+            "blkid"
+        );
+        let damaged = std::fs::read(&img).unwrap();
+        let ours = sc(&["test-passphrase", "--key-file", p(&a), p(&img)]);
+        let err = String::from_utf8_lossy(&ours.stderr);
+        assert_eq!(ours.status.code(), Some(1), "{kind}: {err}");
+        assert!(
+            err.contains("ambiguous signatures") && err.contains(kind),
+            "{err}"
+        );
+        assert!(std::fs::read(&img).unwrap() == damaged, "{kind}: changed");
+        let theirs = cs(&["open", "--test-passphrase", "--key-file", p(&a), p(&img)]);
+        assert_eq!(theirs.status.code(), Some(1), "{kind}: cryptsetup");
+        assert!(String::from_utf8_lossy(&theirs.stderr).contains("ambiguous signatures"));
+    }
+    // No foreign signature: the good copy is used (here without writing; cryptsetup recovers
+    // the damaged copy as it reads, which sectorcrypt leaves to an explicit repair).
+    std::fs::write(&img, &pristine).unwrap();
+    let mut bytes = pristine.clone();
+    bytes[..4096].fill(0);
+    std::fs::write(&img, &bytes).unwrap();
+    ok(
+        sc(&["test-passphrase", "--key-file", p(&a), p(&img)]),
+        "no signature",
+    );
+    assert!(std::fs::read(&img).unwrap() == bytes);
+    ok(
+        cs(&["open", "--test-passphrase", "--key-file", p(&a), p(&img)]),
+        "cryptsetup, no signature",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
