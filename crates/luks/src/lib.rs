@@ -477,6 +477,25 @@ impl Header {
         }
     }
 
+    /// Remove every keyslot, one after the other as [`Header::kill_keyslot`] does (`cryptsetup
+    /// luksErase`): the volume can no longer be opened with any passphrase. Returns how many
+    /// keyslots were removed.
+    pub fn erase(&mut self, dev: &dyn Storage) -> Result<usize, Error> {
+        let slots: Vec<usize> = match self {
+            Header::Luks1(_) => self.active_keyslots(),
+            Header::Luks2(h) => h
+                .metadata()
+                .keyslots
+                .iter()
+                .map(|(n, _)| n as usize)
+                .collect(),
+        };
+        for &slot in &slots {
+            self.kill_keyslot(dev, slot)?;
+        }
+        Ok(slots.len())
+    }
+
     /// Replace the passphrase of `old_slot`; returns the slot now holding the new one.
     pub fn change_keyslot(
         &mut self,

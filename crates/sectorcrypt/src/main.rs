@@ -4,6 +4,7 @@
 mod attach;
 mod benchmark;
 mod chip;
+mod config;
 mod convert;
 mod exit;
 mod flash;
@@ -71,6 +72,14 @@ enum Command {
     /// Restore the header and keyslots from a backup file (cryptsetup luksHeaderRestore).
     #[command(name = "header-restore", alias = "luksHeaderRestore")]
     HeaderRestore(keyslots::BackupArgs),
+    /// Set the label, subsystem or a keyslot's priority of a LUKS2 header (cryptsetup config).
+    Config(config::ConfigArgs),
+    /// Remove every keyslot: no passphrase opens the volume any more (cryptsetup luksErase).
+    #[command(alias = "luksErase")]
+    Erase(config::EraseArgs),
+    /// Import, export or remove LUKS2 JSON tokens (cryptsetup token).
+    #[command(subcommand)]
+    Token(config::TokenCommand),
     /// Encrypt a plaintext device in place, resumably: header to a file (--header) or onto the
     /// device, the data shifted (--reduce-device-size).
     Encrypt(Box<convert::EncryptArgs>),
@@ -107,6 +116,9 @@ fn main() -> ExitCode {
         Command::KillSlot(args) => keyslots::kill_slot(args),
         Command::HeaderBackup(args) => keyslots::header_backup(args),
         Command::HeaderRestore(args) => keyslots::header_restore(args),
+        Command::Config(args) => config::config(args),
+        Command::Erase(args) => config::erase(args),
+        Command::Token(command) => config::token(command),
         Command::Serve(args) => serve::run(*args),
         Command::Encrypt(args) => convert::encrypt(*args),
         Command::Decrypt(args) => convert::decrypt(*args),

@@ -34,21 +34,42 @@ impl Header {
         id: Option<u32>,
         token: Value,
     ) -> Result<(Header, u32), Error> {
+        self.put_token(dev, id, token, false)
+    }
+
+    /// [`Header::import_token`], or with `replace` over token `id` if it exists (`cryptsetup
+    /// token import --token-replace`). cryptsetup's built-in `luks2-keyring` type is taken with
+    /// its `key_description`; other `luks2-` types are refused as cryptsetup refuses them.
+    pub fn put_token(
+        &self,
+        dev: &dyn Storage,
+        id: Option<u32>,
+        token: Value,
+        replace: bool,
+    ) -> Result<(Header, u32), Error> {
         let refuse = |why: String| Err(Error::Unsupported(why));
         let kind = token.get("type").and_then(Value::as_str).unwrap_or("");
         if kind.is_empty() || !token.get("keyslots").is_some_and(Value::is_array) {
             return refuse("a token is an object with a \"type\" and a \"keyslots\" array".into());
         }
-        if kind.starts_with("luks2-") {
+        let keyring =
+            kind == "luks2-keyring" && token.get("key_description").is_some_and(Value::is_string);
+        if kind.starts_with("luks2-") && !keyring {
             return refuse(format!(
-                "token type {kind}: luks2- types are cryptsetup's own"
+                "token type {kind}: luks2- types are cryptsetup's own (luks2-keyring needs a \
+                 key_description)"
             ));
         }
         let mut md = self.metadata().clone();
+        if replace {
+            if let Some(n) = id {
+                md.tokens.0.retain(|(t, _)| *t != n);
+            }
+        }
         let taken = |n: u32| md.tokens.get(n).is_some();
         let id = match id {
             Some(n) if n >= TOKENS_MAX => return refuse(format!("token {n} (0 to 31)")),
-            Some(n) if taken(n) => return refuse(format!("token {n} exists already")),
+            Some(n) if taken(n) => return refuse(format!("token {n} is in use")),
             Some(n) => n,
             None => match (0..TOKENS_MAX).find(|&n| !taken(n)) {
                 Some(n) => n,
@@ -59,6 +80,25 @@ impl Header {
         md.tokens.0.sort_by_key(|(n, _)| *n);
         write_metadata(dev, &self.next_fields(), &md)?;
         Ok((Header::read(dev)?, id))
+    }
+
+    /// Token `id`, if the header has it.
+    pub fn token(&self, id: u32) -> Option<&Value> {
+        self.metadata().tokens.get(id)
+    }
+
+    /// Remove token `id` from both header copies on `dev` (`cryptsetup token remove`). Returns
+    /// the header as written.
+    ///
+    /// Errors: [`Error::Unsupported`] if there is no such token; [`Error::Io`] for a failed write.
+    pub fn remove_token(&self, dev: &dyn Storage, id: u32) -> Result<Header, Error> {
+        let mut md = self.metadata().clone();
+        if md.tokens.get(id).is_none() {
+            return Err(Error::Unsupported(format!("token {id} is not in use")));
+        }
+        md.tokens.0.retain(|(n, _)| *n != id);
+        write_metadata(dev, &self.next_fields(), &md)?;
+        Header::read(dev)
     }
 
     /// Replace token `id` with `token` (of the same type) in both header copies on `dev`.
@@ -133,6 +173,10 @@ mod tests {
             (None, json!({"keyslots": []})),
             (None, json!({"type": "t"})),
             (None, json!({"type": "luks2-keyring", "keyslots": []})),
+            (
+                None,
+                json!({"type": "luks2-other", "keyslots": [], "key_description": "k"}),
+            ),
             (Some(TOKENS_MAX), json!({"type": "t", "keyslots": []})),
         ] {
             assert!(matches!(

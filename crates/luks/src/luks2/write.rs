@@ -31,7 +31,7 @@ use super::limits::{
 };
 use super::metadata::{
     Af, Area, Config, CryptSegment, Digest, Keyslot, KeyslotKdf, Luks2Keyslot, Metadata, Numbered,
-    Pbkdf2Digest, SegmentEntry,
+    Pbkdf2Digest, Priority, SegmentEntry,
 };
 use super::Header;
 use crate::error::Error;
@@ -1056,6 +1056,57 @@ impl Header {
         let mut staged = self.clone();
         staged.metadata = md;
         Ok(staged)
+    }
+
+    /// Set the label and/or the subsystem in both binary headers (`cryptsetup config --label
+    /// --subsystem`); `None` keeps a field as it is, `Some("")` clears it.
+    pub fn set_label(
+        &mut self,
+        dev: &dyn Storage,
+        label: Option<&str>,
+        subsystem: Option<&str>,
+    ) -> Result<(), Error> {
+        let mut fields = self.next_fields();
+        if let Some(l) = label {
+            fields.label = text_field(l, "label")?;
+        }
+        if let Some(s) = subsystem {
+            fields.subsystem = text_field(s, "subsystem")?;
+        }
+        write_metadata(dev, &fields, &self.metadata)?;
+        *self = Header::read(dev)?;
+        Ok(())
+    }
+
+    /// Set the priority of passphrase keyslot `slot` (`cryptsetup config --priority`): `ignore`
+    /// (tried only when named), `normal` or `prefer` (tried first).
+    pub fn set_priority(
+        &mut self,
+        dev: &dyn Storage,
+        slot: usize,
+        priority: Priority,
+    ) -> Result<(), Error> {
+        let value = match priority {
+            Priority::Ignore => 0,
+            Priority::Normal => 1,
+            Priority::Prefer => 2,
+            Priority::Invalid => {
+                return Err(Error::Unsupported("an invalid keyslot priority".into()))
+            }
+        };
+        let mut md = self.metadata.clone();
+        let Some(Keyslot::Luks2(k)) = u32::try_from(slot)
+            .ok()
+            .and_then(|s| md.keyslots.0.iter_mut().find(|(n, _)| *n == s))
+            .map(|(_, k)| k)
+        else {
+            return Err(Error::Unsupported(format!(
+                "keyslot {slot} is not a passphrase keyslot in use"
+            )));
+        };
+        // cryptsetup leaves the field out for "normal".
+        k.priority = (value != 1).then(|| Value::from(value));
+        self.commit(dev, &md)
     }
 
     /// Remove keyslot `slot` (`cryptsetup luksKillSlot`): the metadata without it first, then

@@ -489,3 +489,134 @@ fn foreign_signatures_over_a_header_copy_are_refused_like_cryptsetup() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `config`, `token` and `erase` run the same way on two copies of one volume, by cryptsetup
+/// and by sectorcrypt: the same exit codes, the same `luksDump` afterwards, each tool reading
+/// what the other wrote, and nothing written when refused.
+#[test]
+fn config_tokens_and_erase_match_cryptsetup() {
+    let dir = scratch("parity_cli-config");
+    let a = key(&dir, "a");
+    let theirs = dir.join("theirs.img");
+    luks2_volume(&theirs, 20 << 20, &a);
+    let ours = dir.join("ours.img");
+    std::fs::copy(&theirs, &ours).unwrap();
+    let token = dir.join("token.json");
+    std::fs::write(
+        &token,
+        r#"{"type":"example-tool","keyslots":["0"],"z":1,"a":{"n":[1,2]}}"#,
+    )
+    .unwrap();
+    let keyring = dir.join("keyring.json");
+    std::fs::write(
+        &keyring,
+        r#"{"type":"luks2-keyring","keyslots":[],"key_description":"vol1"}"#,
+    )
+    .unwrap();
+    let reserved = dir.join("reserved.json");
+    std::fs::write(&reserved, r#"{"type":"luks2-other","keyslots":[]}"#).unwrap();
+    let dangling = dir.join("dangling.json");
+    std::fs::write(&dangling, r#"{"type":"t","keyslots":["5"]}"#).unwrap();
+    let steps: Vec<(Vec<&str>, i32)> = vec![
+        (
+            vec!["config", "--label", "data", "--subsystem", "backup"],
+            0,
+        ),
+        (vec!["config", "--priority", "prefer", "-S", "0"], 0),
+        (vec!["config", "--priority", "ignore", "-S", "3"], 1),
+        (
+            vec![
+                "token",
+                "import",
+                "--json-file",
+                p(&token),
+                "--token-id",
+                "3",
+            ],
+            0,
+        ),
+        (vec!["token", "import", "--json-file", p(&keyring)], 0),
+        (
+            vec![
+                "token",
+                "import",
+                "--json-file",
+                p(&token),
+                "--token-id",
+                "3",
+            ],
+            1,
+        ),
+        (vec!["token", "import", "--json-file", p(&reserved)], 1),
+        (vec!["token", "import", "--json-file", p(&dangling)], 1),
+        (
+            vec![
+                "token",
+                "import",
+                "--json-file",
+                p(&keyring),
+                "--token-id",
+                "3",
+                "--token-replace",
+            ],
+            0,
+        ),
+        (vec!["token", "remove", "--token-id", "0"], 0),
+        (vec!["token", "remove", "--token-id", "0"], 1),
+        (
+            vec![
+                "token",
+                "import",
+                "--json-file",
+                p(&token),
+                "--token-id",
+                "5",
+            ],
+            0,
+        ),
+        (vec!["token", "export", "--token-id", "9"], 1),
+    ];
+    for (step, want) in &steps {
+        let before = std::fs::read(&ours).unwrap();
+        let run = |img: &Path, sectorcrypt: bool| {
+            let mut args = step.clone();
+            args.push(p(img));
+            if sectorcrypt {
+                sc(&args)
+            } else {
+                cs(&args)
+            }
+        };
+        let (t, o) = (run(&theirs, false), run(&ours, true));
+        assert_eq!(
+            (t.status.code(), o.status.code()),
+            (Some(*want), Some(*want)),
+            "{step:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        if *want != 0 {
+            assert!(std::fs::read(&ours).unwrap() == before, "{step:?} wrote");
+        }
+        let dump = |img: &Path| ok(cs(&["luksDump", p(img)]), "luksDump").stdout;
+        assert_eq!(
+            String::from_utf8(dump(&ours)).unwrap(),
+            String::from_utf8(dump(&theirs)).unwrap(),
+            "after {step:?}"
+        );
+    }
+    // Each tool exports what the other imported, byte for byte.
+    for id in ["3", "5"] {
+        let args = ["token", "export", "--token-id", id];
+        let mine = ok(sc(&[&args[..], &[p(&theirs)]].concat()), "export").stdout;
+        let cs_out = ok(cs(&[&args[..], &[p(&ours)]].concat()), "export").stdout;
+        assert_eq!(mine, cs_out, "token {id}");
+    }
+    // luksErase: no keyslot left, the same header, and no passphrase opens either.
+    ok(cs(&["luksErase", "-q", p(&theirs)]), "luksErase");
+    ok(sc(&["erase", "-q", p(&ours)]), "erase");
+    let dump = |img: &Path| ok(cs(&["luksDump", p(img)]), "luksDump").stdout;
+    assert_eq!(dump(&ours), dump(&theirs));
+    assert_same(&ours, &[(&[], &a, 1)], "after erase (ours)");
+    assert_same(&theirs, &[(&[], &a, 1)], "after erase (cryptsetup's)");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
