@@ -1,6 +1,6 @@
 //! Header maintenance without a passphrase, as cryptsetup has it: `config` (label, subsystem,
-//! keyslot priority), `erase` (luksErase: every keyslot removed) and `token import|export|remove`
-//! (LUKS2 JSON tokens). Each checks its input and the header before its first write; the
+//! keyslot priority), `erase` (luksErase: every keyslot removed), `repair` (a damaged or stale
+//! LUKS2 header copy rewritten, explicitly) and `token import|export|remove` (LUKS2 JSON tokens). Each checks its input and the header before its first write; the
 //! updates are the LUKS layer's, written in its crash-safe order.
 
 use std::io::{Read, Write};
@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use sectorcrypt_luks::luks2::metadata::Priority;
 use sectorcrypt_luks::luks2::Header as Luks2Header;
-use sectorcrypt_luks::Header;
+use sectorcrypt_luks::{Error as LuksError, Header};
 use sectorcrypt_storage::Storage;
 
 use crate::chip::open_header;
@@ -118,6 +118,49 @@ pub(crate) fn erase(args: EraseArgs) -> Result<(), CliError> {
         ),
     )?;
     header.erase(&*dev)?;
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct RepairArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Do not ask for confirmation.
+    #[arg(short = 'q', long = "batch-mode")]
+    batch: bool,
+}
+
+/// `repair` (cryptsetup repair): a damaged or out-of-date LUKS2 header copy rewritten from the
+/// good one, also over a foreign signature (after a warning: the user asked for it, and the
+/// foreign structure is overwritten). LUKS1 headers that read need nothing.
+pub(crate) fn repair(args: RepairArgs) -> Result<(), CliError> {
+    let path = args.target.header.as_deref().unwrap_or(&args.target.device);
+    let dev = open_header(path, false)?;
+    let mut h = match Luks2Header::read_for_repair(&*dev) {
+        Ok(h) => h,
+        Err(LuksError::NotLuks { .. }) => {
+            return Header::read(&*dev).map(|_| ()).map_err(CliError::from);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if !h.health().needs_repair() {
+        return Ok(());
+    }
+    if let Some(sig) = sectorcrypt_luks::signatures::probe(&*dev)? {
+        eprintln!(
+            "WARNING: Device {} already contains a '{}' superblock signature.",
+            path.display(),
+            sig.kind
+        );
+        confirm(
+            args.batch,
+            &format!(
+                "Repairing the LUKS2 header overwrites the {} signature at byte {}.",
+                sig.kind, sig.offset
+            ),
+        )?;
+    }
+    h.repair(&*dev)?;
     Ok(())
 }
 

@@ -77,6 +77,8 @@ enum Command {
     /// Remove every keyslot: no passphrase opens the volume any more (cryptsetup luksErase).
     #[command(alias = "luksErase")]
     Erase(config::EraseArgs),
+    /// Rewrite a damaged or out-of-date LUKS2 header copy from the good one (cryptsetup repair).
+    Repair(config::RepairArgs),
     /// Import, export or remove LUKS2 JSON tokens (cryptsetup token).
     #[command(subcommand)]
     Token(config::TokenCommand),
@@ -118,6 +120,7 @@ fn main() -> ExitCode {
         Command::HeaderRestore(args) => keyslots::header_restore(args),
         Command::Config(args) => config::config(args),
         Command::Erase(args) => config::erase(args),
+        Command::Repair(args) => config::repair(args),
         Command::Token(command) => config::token(command),
         Command::Serve(args) => serve::run(*args),
         Command::Encrypt(args) => convert::encrypt(*args),

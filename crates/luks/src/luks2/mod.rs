@@ -281,6 +281,16 @@ impl Header {
     /// [`Error::AmbiguousSignatures`] if a copy is damaged or stale and the device holds a
     /// foreign signature ([`crate::signatures`]); [`Error::Io`] if reading fails.
     pub fn read(dev: &dyn Storage) -> Result<Header, Error> {
+        Self::read_probing(dev, true)
+    }
+
+    /// [`Header::read`] without the foreign-signature probe: for an explicit repair, which the
+    /// user asked for knowing the device (cryptsetup's `repair` reads so too).
+    pub fn read_for_repair(dev: &dyn Storage) -> Result<Header, Error> {
+        Self::read_probing(dev, false)
+    }
+
+    fn read_probing(dev: &dyn Storage, probe_signatures: bool) -> Result<Header, Error> {
         let dev_len = dev.len().map_err(|e| io_error(dev, e))?;
         let primary_probe = probe(dev, dev_len, 0, HeaderCopy::Primary)?;
         // A primary copy with a right checksum tells where the secondary is; otherwise every
@@ -343,7 +353,7 @@ impl Header {
         // As cryptsetup (`LUKS2_disk_hdr_read`): a copy that would need recovery is recovered
         // only if the device holds no other signature, so that a LUKS header is never trusted
         // over an LVM volume or file system made on the device since.
-        if header.health.needs_repair() {
+        if probe_signatures && header.health.needs_repair() {
             if let Some(sig) = crate::signatures::probe(dev)? {
                 return Err(Error::AmbiguousSignatures {
                     kind: sig.kind.to_string(),

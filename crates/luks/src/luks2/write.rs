@@ -1058,6 +1058,19 @@ impl Header {
         Ok(staged)
     }
 
+    /// Rewrite a damaged or stale header copy from the good one (`cryptsetup repair`): both
+    /// copies are written as the next version, the stale one first, so a power cut leaves at
+    /// least one good copy. Returns whether anything was written (nothing when both copies are
+    /// good and current).
+    pub fn repair(&mut self, dev: &dyn Storage) -> Result<bool, Error> {
+        if !self.health.needs_repair() {
+            return Ok(false);
+        }
+        write_metadata(dev, &self.next_fields(), &self.metadata)?;
+        *self = Header::read_for_repair(dev)?;
+        Ok(true)
+    }
+
     /// Set the label and/or the subsystem in both binary headers (`cryptsetup config --label
     /// --subsystem`); `None` keeps a field as it is, `Some("")` clears it.
     pub fn set_label(

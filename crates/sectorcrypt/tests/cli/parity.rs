@@ -620,3 +620,54 @@ fn config_tokens_and_erase_match_cryptsetup() {
     assert_same(&theirs, &[(&[], &a, 1)], "after erase (cryptsetup's)");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `repair` rewrites the damaged copy explicitly, over a foreign signature too (after a warning),
+/// as `cryptsetup repair` does; a healthy header is left byte for byte as it was.
+#[test]
+fn repair_restores_a_damaged_copy_like_cryptsetup() {
+    let dir = scratch("parity_cli-repair");
+    let a = key(&dir, "a");
+    let img = dir.join("v.img");
+    luks2_volume(&img, 20 << 20, &a);
+    let pristine = std::fs::read(&img).unwrap();
+    ok(sc(&["repair", p(&img)]), "repair, healthy");
+    assert!(
+        std::fs::read(&img).unwrap() == pristine,
+        "a healthy header was rewritten"
+    );
+    let theirs = dir.join("theirs.img");
+    for damage in [write_lvm2_label as fn(&Path), |i: &Path| {
+        let mut b = std::fs::read(i).unwrap();
+        b[100..200].fill(0xA5);
+        std::fs::write(i, b).unwrap();
+    }] {
+        std::fs::write(&img, &pristine).unwrap();
+        damage(&img);
+        std::fs::copy(&img, &theirs).unwrap();
+        ok(sc(&["repair", p(&img)]), "repair");
+        // Repaired here: cryptsetup finds nothing left to recover (it would rewrite a bad copy).
+        let repaired = std::fs::read(&img).unwrap();
+        ok(cs(&["repair", p(&img)]), "cryptsetup repair of ours");
+        assert!(
+            std::fs::read(&img).unwrap() == repaired,
+            "cryptsetup still repaired"
+        );
+        ok(cs(&["repair", p(&theirs)]), "cryptsetup repair");
+        for i in [&img, &theirs] {
+            // Nothing foreign left, and the volume opens.
+            let blkid = crate::common::run(std::process::Command::new("blkid").args([
+                "-p",
+                "-n",
+                "nocrypto_LUKS",
+                "-o",
+                "value",
+                "-s",
+                "TYPE",
+                p(i),
+            ]));
+            assert_eq!(String::from_utf8_lossy(&blkid.stdout).trim(), "");
+            assert_same(i, &[(&[], &a, 0)], "repaired");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
