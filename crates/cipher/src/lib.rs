@@ -26,6 +26,7 @@ pub mod essiv;
 pub mod gf128;
 pub mod hash;
 mod lea;
+pub mod lrw;
 pub mod modes;
 mod portable;
 pub mod sector;

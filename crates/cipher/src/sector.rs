@@ -28,6 +28,7 @@ use zeroize::Zeroize;
 use crate::backend::{Backend, BackendChoice};
 use crate::engine::{Block, BlockEngine, Direction, BLOCK};
 use crate::error::Error;
+use crate::lrw::Lrw;
 use crate::modes::Xts;
 use crate::spec::{CipherName, CipherSpec, IvMode, Mode};
 
@@ -96,6 +97,7 @@ enum Kind {
     Ecb {
         data: Box<dyn BlockEngine>,
     },
+    Lrw(Lrw),
     Null,
 }
 
@@ -200,6 +202,7 @@ impl SectorCipher {
                     Mode::Ecb => Kind::Ecb {
                         data: crate::block_cipher(alg, key, choice)?,
                     },
+                    Mode::Lrw => Kind::Lrw(Lrw::new(alg, key, choice)?),
                 };
                 (kind, backend)
             }
@@ -409,6 +412,13 @@ impl SectorCipher {
                 match dir {
                     Direction::Encrypt => data.encrypt_ecb(buf),
                     Direction::Decrypt => data.decrypt_ecb(buf),
+                }
+                return;
+            }
+            Kind::Lrw(lrw) => {
+                for (i, unit) in buf.chunks_exact_mut(ss).enumerate() {
+                    // Sector sizes are whole blocks of at most 4096 bytes: cannot fail.
+                    let _ = lrw.unit(unit, &self.iv_block(first_sector + i as u64), dir);
                 }
                 return;
             }

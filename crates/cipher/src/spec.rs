@@ -33,6 +33,9 @@ pub enum Mode {
     Cbc,
     /// ECB: every block on its own (no IV).
     Ecb,
+    /// LRW (IEEE P1619 drafts): a tweak per block from a 16-byte tweak key at the end of the key
+    /// and the IV as a big-endian block index (`benbi`).
+    Lrw,
 }
 
 /// How the per-sector IV is derived from the sector number (dm-crypt's IV generators).
@@ -99,9 +102,10 @@ impl CipherSpec {
         };
         let mode = match parts.next() {
             Some("xts") => Mode::Xts,
+            Some("lrw") => Mode::Lrw,
             Some("cbc") => Mode::Cbc,
             Some("ecb") => Mode::Ecb,
-            Some(_) => return Err(bad("unknown mode (use xts, cbc or ecb)")),
+            Some(_) => return Err(bad("unknown mode (use xts, cbc, ecb or lrw)")),
             None => return Err(bad("the mode is missing (e.g. aes-xts-plain64)")),
         };
         let iv = match parts.next() {
@@ -130,7 +134,12 @@ impl CipherSpec {
             (_, Mode::Ecb, IvMode::None) => {}
             (_, Mode::Ecb, _) => return Err(bad("ECB takes no IV generator")),
             (_, _, IvMode::None) => {
-                return Err(bad("XTS and CBC need an IV generator (e.g. -plain64)"))
+                return Err(bad("XTS, CBC and LRW need an IV generator (e.g. -plain64)"))
+            }
+            (_, Mode::Lrw, IvMode::Essiv(_) | IvMode::Eboiv) => {
+                return Err(bad(
+                    "LRW takes a counting IV (benbi, plain64, ...), not ESSIV or EBOIV",
+                ));
             }
             (_, Mode::Xts, IvMode::Essiv(_)) => {
                 return Err(bad("ESSIV is for CBC; XTS uses plain64"));
@@ -162,15 +171,18 @@ impl CipherSpec {
     pub fn key_bits_allowed(&self) -> &'static [usize] {
         match (self.cipher, self.mode) {
             (CipherName::Null, _) => &[0, 128, 256, 512],
-            (CipherName::Block(Algorithm::Sm4), Mode::Xts) => &[256],
+            (CipherName::Block(Algorithm::Sm4), Mode::Xts | Mode::Lrw) => &[256],
             (CipherName::Block(Algorithm::Sm4), _) => &[128],
             (_, Mode::Xts) => &[256, 384, 512],
+            // The cipher key and the 128-bit tweak key.
+            (_, Mode::Lrw) => &[256, 320, 384],
             _ => &[128, 192, 256],
         }
     }
 
-    /// cryptsetup's default key size for the spec (512 bits for XTS, 256 otherwise), capped at
-    /// the largest the cipher takes (SM4: 256 for XTS, 128 otherwise).
+    /// cryptsetup's default key size for the spec (512 bits for XTS, 256 otherwise: for LRW an
+    /// AES-128 key and the tweak key), capped at the largest the cipher takes (SM4: 256 for XTS,
+    /// 128 otherwise).
     pub fn default_key_bits(&self) -> usize {
         match (self.cipher, self.mode) {
             (CipherName::Null, _) => 0,
@@ -186,8 +198,10 @@ impl CipherSpec {
         }
         let allowed = match (self.cipher, self.mode) {
             (CipherName::Block(Algorithm::Sm4), Mode::Xts) => "256 bits (two equal halves)",
+            (CipherName::Block(Algorithm::Sm4), Mode::Lrw) => "256 bits (key and tweak key)",
             (CipherName::Block(Algorithm::Sm4), _) => "128 bits",
             (_, Mode::Xts) => "256, 384 or 512 bits (two equal halves)",
+            (_, Mode::Lrw) => "256, 320 or 384 bits (the cipher key and a 128-bit tweak key)",
             _ => "128, 192 or 256 bits",
         };
         Err(Error::KeySize {
@@ -215,6 +229,7 @@ impl fmt::Display for CipherSpec {
             Mode::Xts => "xts",
             Mode::Cbc => "cbc",
             Mode::Ecb => "ecb",
+            Mode::Lrw => "lrw",
         };
         write!(f, "{cipher}-{mode}")?;
         let iv = match self.iv {
@@ -254,7 +269,7 @@ mod tests {
         ivs.extend(EssivHash::ALL.into_iter().map(IvMode::Essiv));
         let mut supported = 0;
         for cipher in ciphers {
-            for mode in [Mode::Xts, Mode::Cbc, Mode::Ecb] {
+            for mode in [Mode::Xts, Mode::Cbc, Mode::Ecb, Mode::Lrw] {
                 for &iv in &ivs {
                     let spec = CipherSpec { cipher, mode, iv };
                     if let Ok(parsed) = CipherSpec::parse(&spec.to_string()) {
@@ -264,8 +279,9 @@ mod tests {
                 }
             }
         }
-        // Per block cipher: XTS and CBC with plain, plain64, plain64be, null and benbi; CBC also
-        // with eboiv and each ESSIV hash whose digest keys the cipher; ECB. Plus cipher_null-ecb.
+        // Per block cipher: XTS, CBC and LRW with plain, plain64, plain64be, null and benbi; CBC
+        // also with eboiv and each ESSIV hash whose digest keys the cipher; ECB. Plus
+        // cipher_null-ecb.
         let essiv = |alg: Algorithm| {
             EssivHash::ALL
                 .into_iter()
@@ -274,7 +290,7 @@ mod tests {
         };
         let want: usize = Algorithm::ALL
             .into_iter()
-            .map(|alg| 2 * 5 + 1 + essiv(alg) + 1)
+            .map(|alg| 3 * 5 + 1 + essiv(alg) + 1)
             .sum::<usize>()
             + 1;
         assert_eq!(supported, want);
@@ -302,7 +318,8 @@ mod tests {
             "aes-cbc-essiv:",
             "sm4-cbc-essiv:sha256",
             "blowfish-cbc-plain",
-            "serpent-lrw-benbi",
+            "serpent-lrw-essiv:sha256",
+            "aes-lrw",
             "aes-gcm-random",
             "aes-xts-plain64-extra",
         ] {

@@ -43,6 +43,32 @@ def iv_for(ivgen, key, n, sector_size):
     raise SystemExit(f"unsupported IV generator {ivgen}")
 
 
+def gf_mul(a, b):
+    """GF(2^128) product of 128-bit integers whose bit i is the coefficient of x^i, reduced by
+    x^128 + x^7 + x^2 + x + 1 (LRW's convention)."""
+    r = 0
+    for i in range(128):
+        if (b >> i) & 1:
+            r ^= a
+        a = ((a << 1) ^ (0x87 if a >> 127 else 0)) & ((1 << 128) - 1)
+    return r
+
+
+def lrw(key, iv, sector, encrypt):
+    """LRW: block j is E_K1(P ^ T) ^ T with T = K2 * (I + j), I the IV as a big-endian index."""
+    k1, k2 = key[:-16], int.from_bytes(key[-16:], "big")
+    index = int.from_bytes(iv, "big")
+    c = Cipher(algorithms.AES(k1), modes.ECB())
+    op = c.encryptor() if encrypt else c.decryptor()
+    out = bytearray()
+    for j in range(0, len(sector), 16):
+        t = gf_mul(k2, (index + j // 16) % (1 << 128)).to_bytes(16, "big")
+        x = bytes(p ^ q for p, q in zip(sector[j : j + 16], t))
+        y = op.update(x)
+        out += bytes(p ^ q for p, q in zip(y, t))
+    return bytes(out)
+
+
 def run(spec, key, sector_size, first, direction, data):
     cipher, mode, ivgen = (spec.split("-", 2) + [""])[:3]
     assert cipher == "aes", spec
@@ -50,6 +76,9 @@ def run(spec, key, sector_size, first, direction, data):
     for i in range(0, len(data), sector_size):
         sector = data[i : i + sector_size]
         n = (first + i // sector_size) * (sector_size // 512)
+        if mode == "lrw":
+            out += lrw(key, iv_for(ivgen, key, n, sector_size), sector, direction == "encrypt")
+            continue
         if mode == "xts":
             m = modes.XTS(iv_for(ivgen, key, n, sector_size))
         elif mode == "cbc":
