@@ -7,7 +7,7 @@ use std::sync::Arc;
 use sectorcrypt_luks::Header;
 use sectorcrypt_storage::{FileStorage, Storage};
 use sectorcrypt_volume::convert::{self, AtOpen};
-use sectorcrypt_volume::{Error as VolumeError, Volume, VolumeOptions};
+use sectorcrypt_volume::{Error as VolumeError, Layout, Volume, VolumeOptions};
 
 use crate::convert::{finish_conversion, resume_hint};
 use crate::exit::{CliError, Code};
@@ -40,6 +40,12 @@ pub(crate) struct VolumeArgs {
     /// (default: $SECTORCRYPT_BACKEND, else auto).
     #[arg(long, value_name = "NAME")]
     pub backend: Option<String>,
+    /// Expose only the first N 512-byte sectors of the data (cryptsetup open --size).
+    #[arg(long, value_name = "SECTORS", conflicts_with = "device_size")]
+    pub size: Option<u64>,
+    /// Expose only the first BYTES bytes of the data (cryptsetup open --device-size).
+    #[arg(long = "device-size", value_name = "BYTES")]
+    pub device_size: Option<u64>,
 }
 
 impl VolumeArgs {
@@ -108,9 +114,31 @@ impl VolumeArgs {
             }
             Err(e) => return Err(e.into()),
         }
-        let volume = Volume::open(
-            &header,
+        let mut layout = Layout::from_header(&header, data.len().map_err(VolumeError::from)?)?;
+        let wanted = match (self.size, self.device_size) {
+            (Some(sectors), _) => Some(
+                sectors
+                    .checked_mul(512)
+                    .ok_or_else(|| CliError::usage(format!("--size {sectors}: too large")))?,
+            ),
+            (None, bytes) => bytes,
+        };
+        if let Some(bytes) = wanted {
+            // As dm-crypt: a whole number of encryption sectors, within the data.
+            let sector = layout.sector_size as u64;
+            if bytes == 0 || bytes % sector != 0 || bytes > layout.size {
+                return Err(CliError::usage(format!(
+                    "a size of {bytes} bytes for {}: it must be a positive multiple of the \
+                     {sector}-byte encryption sector, at most the {} bytes of data",
+                    self.device.display(),
+                    layout.size
+                )));
+            }
+            layout.size = bytes;
+        }
+        let volume = Volume::with_layout(
             data,
+            layout,
             &unlocked.volume_key,
             &VolumeOptions {
                 read_only: self.readonly,

@@ -1484,3 +1484,46 @@ fn the_serving_uri_works_with_spaces_in_the_socket_path_and_export_name() {
     );
     server.stop();
 }
+
+/// `--size` / `--device-size` (cryptsetup open's) expose a prefix of the data: the export has
+/// that size, what is written through it is the start of the full volume, and sizes that are
+/// not whole encryption sectors within the data are refused.
+#[test]
+fn size_options_expose_a_prefix_of_the_data() {
+    let dir = Scratch::new("size-options");
+    let key = key_file(&dir);
+    let img = format(&dir, "v", 32, &key, &["--sector-size", "4096"]);
+    let full = payload_size(&img, &img);
+    let noise = dir.join("noise.bin");
+    write_file(&noise, &pattern(7, 4 * MIB as usize));
+    for extra in [&["--size", "8192"][..], &["--device-size", "4194304"][..]] {
+        let server = Served::unix(&dir, "s.sock", &img, &key, extra);
+        assert_eq!(nbdinfo(&server.uri)["export-size"].as_u64(), Some(4 * MIB));
+        assert_eq!(server.size, 4 * MIB);
+        tool("nbdcopy", &[p(&noise), &server.uri]);
+        server.stop();
+    }
+    let server = Served::unix(&dir, "s.sock", &img, &key, &[]);
+    let whole = read_export(&dir, &server.uri, "whole.bin");
+    assert_eq!(whole.len() as u64, full);
+    assert_same(
+        &whole[..4 * MIB as usize],
+        &pattern(7, 4 * MIB as usize),
+        "prefix",
+    );
+    server.stop();
+    let sock = dir.join("r.sock");
+    for bad in ["1000", "4097", &(full + 4096).to_string(), "0"] {
+        let (code, err) = serve_refused(&[
+            p(&img),
+            "--key-file",
+            p(&key),
+            "--socket",
+            p(&sock),
+            "--device-size",
+            bad,
+        ]);
+        assert_eq!(code, Some(1), "--device-size {bad}: {err}");
+        assert!(err.contains("encryption sector"), "{err}");
+    }
+}
