@@ -29,12 +29,17 @@ pub struct SpeedCase {
     pub backend: BackendChoice,
 }
 
-/// Rows of the default table (cryptsetup benchmark's shape, with LEA and cipher_null added).
-pub const DEFAULT_TABLE: [(&str, usize); 9] = [
+/// Rows of the default table (cryptsetup benchmark's: AES, Serpent and Twofish in CBC and XTS;
+/// with LEA and cipher_null added).
+pub const DEFAULT_TABLE: [(&str, usize); 13] = [
     ("aes-cbc-essiv:sha256", 128),
     ("aes-cbc-essiv:sha256", 256),
+    ("serpent-cbc-essiv:sha256", 256),
+    ("twofish-cbc-essiv:sha256", 256),
     ("aes-xts-plain64", 256),
     ("aes-xts-plain64", 512),
+    ("serpent-xts-plain64", 512),
+    ("twofish-xts-plain64", 512),
     ("lea-cbc-essiv:sha256", 128),
     ("lea-cbc-essiv:sha256", 256),
     ("lea-xts-plain64", 256),
