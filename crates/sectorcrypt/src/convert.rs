@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use sectorcrypt_luks::luks2::reencrypt::{InitOptions, Mode};
+use sectorcrypt_luks::luks2::reencrypt::{InitOptions, Mode, ResilienceKind};
 use sectorcrypt_luks::{FormatOptions, Header};
 use sectorcrypt_storage::{FileStorage, FsDirectory, Storage};
 use sectorcrypt_volume::convert::{self, read_luks2, ExportPlan, Placement, ShiftedPlan};
@@ -70,6 +70,40 @@ pub(crate) struct RunArgs {
     /// Progress as JSON lines on standard output (one per step) instead of a bar.
     #[arg(long)]
     json: bool,
+    /// How a step in place is protected against a crash, when starting: checksum (default:
+    /// a hash per block), journal (the step's old data copied into the header first; smaller
+    /// steps) or none (nothing: a crash inside a step loses that step's data). A data shift is
+    /// always protected by its copy.
+    #[arg(long, value_name = "MODE", value_parser = parse_resilience)]
+    resilience: Option<ResilienceKind>,
+}
+
+fn parse_resilience(s: &str) -> Result<ResilienceKind, String> {
+    match s {
+        "checksum" => Ok(ResilienceKind::Checksum(
+            sectorcrypt_luks::hash::Hash::Sha256,
+        )),
+        "journal" => Ok(ResilienceKind::Journal),
+        "none" => Ok(ResilienceKind::None),
+        "datashift" | "datashift-checksum" | "datashift-journal" => Err(format!(
+            "{s} is chosen by itself: encrypt --reduce-device-size shifts the data"
+        )),
+        other => Err(format!(
+            "unknown resilience '{other}' (use checksum, journal or none)"
+        )),
+    }
+}
+
+/// `--resilience` given where the data moves: refused, as the move protects itself.
+fn refuse_resilience_with_shift(run: &RunArgs) -> Result<(), CliError> {
+    match run.resilience {
+        Some(_) => Err(CliError::usage(
+            "--resilience applies to conversions in place; a conversion that moves the data \
+             (--reduce-device-size, or decrypting a volume whose header is on it) is protected \
+             by its own copy",
+        )),
+        None => Ok(()),
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -179,12 +213,14 @@ fn check_in_progress(path: &Path, mode: Mode) -> Result<(), CliError> {
 /// The reencryption's start options: cryptsetup's defaults, but with `--pbkdf-force-iterations`
 /// the reencryption digest takes the minimum PBKDF2 count instead of a calibration, as
 /// cryptsetup's does.
-fn init_options(pbkdf: &PbkdfArgs) -> InitOptions {
+fn init_options(pbkdf: &PbkdfArgs, run: &RunArgs) -> InitOptions {
+    let default = InitOptions::default();
     InitOptions {
         digest_iterations: pbkdf
             .force_iterations
             .map(|_| sectorcrypt_luks::kdf::PBKDF2_MIN_ITERATIONS),
-        ..InitOptions::default()
+        resilience: run.resilience.unwrap_or(default.resilience),
+        ..default
     }
 }
 
@@ -212,7 +248,10 @@ pub(crate) fn encrypt(args: EncryptArgs) -> Result<(), CliError> {
              nothing needs to move",
         )),
         (Some(header_path), None) => encrypt_detached(&args, header_path),
-        (None, Some(reduce)) => encrypt_shifted(&args, Some(reduce)),
+        (None, Some(reduce)) => {
+            refuse_resilience_with_shift(&args.run)?;
+            encrypt_shifted(&args, Some(reduce))
+        }
         // Resuming a shifted encryption: the device's own header says how.
         (None, None) if has_conversion(&args.device, Mode::Encrypt) => encrypt_shifted(&args, None),
         (None, None) => Err(CliError::usage(
@@ -309,7 +348,7 @@ fn new_header(
         &args.run.key,
         &format!("Enter passphrase for {}: ", args.device.display()),
     )?;
-    let init = init_options(&args.pbkdf);
+    let init = init_options(&args.pbkdf, &args.run);
     let image = convert::encryption_header(options, size, data_len, &pass, placement, &init)?;
     Ok((image, pass))
 }
@@ -379,7 +418,7 @@ pub(crate) fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
             &pass,
             &new,
             &pbkdf,
-            &init_options(&args.pbkdf),
+            &init_options(&args.pbkdf, &args.run),
         )?;
     }
     let resume = resume_hint("reencrypt", &args.device, args.header.as_deref());
@@ -422,7 +461,14 @@ pub(crate) fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
                 header_path.display()
             ),
         )?;
-        convert::start_decryption(&header, &h, &unlocked.volume_key, &InitOptions::default())?;
+        let init = InitOptions {
+            resilience: args
+                .run
+                .resilience
+                .unwrap_or(InitOptions::default().resilience),
+            ..InitOptions::default()
+        };
+        convert::start_decryption(&header, &h, &unlocked.volume_key, &init)?;
     }
     let resume = resume_hint("decrypt", &args.device, Some(&header_path));
     convert(&resume, &header_path, &data, &pass, &args.run, &stop)
@@ -437,6 +483,7 @@ fn decrypt_attached(
     dev: &FileStorage,
     stop: &AtomicBool,
 ) -> Result<(), CliError> {
+    refuse_resilience_with_shift(&args.run)?;
     let (dir, name) = directory_of(header_path)?;
     let plan = convert::plan_exported_decryption(dev, &dir, &name, args.run.resume_only)
         .map_err(|e| with_resume_hint(e, &args.device))?;

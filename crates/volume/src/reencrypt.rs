@@ -4,9 +4,9 @@
 //! What runs (the states `cryptsetup reencrypt [--encrypt|--decrypt] --init-only` leave, or
 //! ours), in cryptsetup's directions:
 //!
-//! - in place, with `checksum` resilience: **encryption** with a detached header (forward),
-//!   **decryption** with a detached header (backward), **reencryption** to a new volume key,
-//!   header anywhere (forward);
+//! - in place, with `checksum`, `journal` or `none` resilience: **encryption** with a detached
+//!   header (forward), **decryption** with a detached header (backward), **reencryption** to a
+//!   new volume key, header anywhere (forward);
 //! - moving the data by the header's size (`datashift`): **encryption** that puts the header at
 //!   the start of the device (`--reduce-device-size`; backward, each chunk written S bytes after
 //!   where it was read, the first chunk read from the copy made at the device's end before the
@@ -17,15 +17,17 @@
 //! A step of one hotzone follows cryptsetup's order, so that a power cut at any write leaves a
 //! state that this code or cryptsetup recovers without losing a byte. In place:
 //!
-//! 1. read the hotzone and write one hash per resilience block into the reencrypt keyslot's area;
-//!    sync;
+//! 1. read the hotzone and write one hash per resilience block into the reencrypt keyslot's area
+//!    (`journal`: the hotzone's bytes themselves; `none`: nothing); sync;
 //! 2. write the header naming the hotzone `in-reencryption` (both copies, seqid + 1);
 //! 3. convert the hotzone as one extended request and write it over itself; sync;
 //! 4. write the header with the hotzone merged into the converted part.
 //!
 //! After a crash between 2 and 4 the hotzone is part old, part new. Recovery compares every block
 //! with its stored hash: a block that still hashes to its old contents is converted again, any
-//! other block was already written (each block is written whole). A data-shift step skips 1:
+//! other block was already written (each block is written whole); with `journal` the whole
+//! hotzone is converted again from its copy; with `none` recovery is refused, naming the range
+//! (nothing says which blocks were written), never guessed. A data-shift step skips 1:
 //! its source is not overwritten by the step, so recovery simply converts the whole hotzone
 //! again from there. When everything is converted, data no longer needed is overwritten with
 //! random bytes (the plaintext copy a shifted encryption made, the stale tail a shifted
@@ -175,8 +177,12 @@ pub fn run(
             )))
         }
     };
-    let checksums = match (plan, &r.keyslot.resilience) {
-        (Plan::EncryptShift, Resilience::Datashift { .. }) => None,
+    let in_place = matches!(
+        plan,
+        Plan::EncryptForward | Plan::DecryptBackward | Plan::ReencryptForward
+    );
+    let (checksums, guard) = match (plan, &r.keyslot.resilience) {
+        (Plan::EncryptShift, Resilience::Datashift { .. }) => (None, Guard::Shift),
         (
             Plan::DecryptShift,
             Resilience::DatashiftChecksum {
@@ -186,14 +192,26 @@ pub fn run(
         | (
             Plan::EncryptForward | Plan::DecryptBackward | Plan::ReencryptForward,
             Resilience::Checksum { hash, sector_size },
-        ) => Some(Checksums {
-            hash: sectorcrypt_luks::hash::parse(hash).map_err(luks)?,
-            block: u64::from(*sector_size),
-            area: r.keyslot.area_offset,
-        }),
+        ) => (
+            Some(Checksums {
+                hash: sectorcrypt_luks::hash::parse(hash).map_err(luks)?,
+                block: u64::from(*sector_size),
+                area: r.keyslot.area_offset,
+            }),
+            Guard::Checksum,
+        ),
+        (_, Resilience::Journal) if in_place => (
+            None,
+            Guard::Journal {
+                area: r.keyslot.area_offset,
+                size: r.keyslot.area_size,
+            },
+        ),
+        (_, Resilience::None) if in_place => (None, Guard::Unprotected),
         (_, other) => {
             return Err(Error::Unsupported(format!(
-                "{} resilience (checksum, datashift and datashift-checksum run here)",
+                "{} resilience with this direction (checksum, journal and none run in place; \
+                 datashift and datashift-checksum with a data shift)",
                 other.area_type()
             )))
         }
@@ -284,7 +302,11 @@ pub fn run(
             let max_hot = r.keyslot.area_size / c.hash.digest_len() as u64 * c.block;
             options.hotzone.min(max_hot) / c.block * c.block
         }
-        None => options.hotzone / 4096 * 4096,
+        // A journal holds a whole hotzone's old bytes.
+        None => match guard {
+            Guard::Journal { size, .. } => options.hotzone.min(size) / 4096 * 4096,
+            _ => options.hotzone / 4096 * 4096,
+        },
     };
     if hotzone == 0 {
         return Err(Error::Unsupported(format!(
@@ -303,6 +325,7 @@ pub fn run(
         shift,
         moved: moved.unwrap_or((0, 0)),
         checksums,
+        guard,
         hotzone,
     };
 
@@ -420,6 +443,24 @@ pub(crate) fn wipe_random(dev: &dyn Storage, offset: u64, len: u64) -> Result<()
 }
 
 /// What every step needs.
+/// How an in-place hotzone is protected (the reencrypt keyslot's resilience).
+#[derive(Clone, Copy)]
+enum Guard {
+    /// One hash per block of the old contents (`checksum`, `datashift-checksum`).
+    Checksum,
+    /// The hotzone's old bytes copied into the area first (`journal`).
+    Journal {
+        /// The area's offset on the header device.
+        area: u64,
+        /// Its size: the largest hotzone.
+        size: u64,
+    },
+    /// Nothing (`none`): a cut inside a hotzone cannot be recovered.
+    Unprotected,
+    /// The source is not overwritten (`datashift`).
+    Shift,
+}
+
 struct Engine<'a> {
     header_dev: &'a dyn Storage,
     data_dev: &'a dyn Storage,
@@ -435,6 +476,8 @@ struct Engine<'a> {
     /// The moved first chunk: (offset on `data_dev`, bytes); (0, 0) without a shift.
     moved: (u64, u64),
     checksums: Option<Checksums>,
+    /// How a hotzone is protected while it is written.
+    guard: Guard,
     /// Bytes per in-place step, or per piece of a data-shift copy.
     hotzone: u64,
 }
@@ -624,6 +667,17 @@ impl Engine<'_> {
     /// Step 1 in place: the hash of every block of the hotzone as it is now (`data`), durable
     /// before the header names the hotzone.
     fn protect(&self, data: &[u8]) -> Result<(), Error> {
+        match self.guard {
+            Guard::Unprotected => return Ok(()),
+            Guard::Journal { area, .. } => {
+                return self
+                    .header_dev
+                    .write_at(data, area)
+                    .and_then(|()| self.header_dev.sync())
+                    .map_err(|e| io_at(self.header_dev, "writing the resilience journal", e))
+            }
+            Guard::Checksum | Guard::Shift => {}
+        }
         let c = self.checksums()?;
         let hashes = self.hashes(c, data);
         self.header_dev
@@ -651,6 +705,27 @@ impl Engine<'_> {
     fn recover(&self, hz: Hotzone) -> Result<(), Error> {
         if !hz.in_place() {
             return self.shift_copy(hz);
+        }
+        match self.guard {
+            // The journal holds the hotzone's old bytes: convert them again, whole.
+            Guard::Journal { area, .. } => {
+                let mut old = vec![0u8; hz.len as usize];
+                self.header_dev
+                    .read_at(&mut old, area)
+                    .map_err(|e| io_at(self.header_dev, "reading the resilience journal", e))?;
+                self.transform(&mut old, hz.at)?;
+                self.write(&old, hz.dst, "recovering the hotzone")?;
+                return self.sync_data("recovering the hotzone");
+            }
+            Guard::Unprotected => {
+                return Err(Error::Unsupported(format!(
+                    "recovering a hotzone of {} bytes at {} written without resilience \
+                     (`none`): which of its blocks were converted cannot be known; restore \
+                     that range from a backup",
+                    hz.len, hz.dst
+                )))
+            }
+            Guard::Checksum | Guard::Shift => {}
         }
         let c = self.checksums()?;
         let mut data = self.read(hz.src, hz.len)?;

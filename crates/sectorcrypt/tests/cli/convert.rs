@@ -764,3 +764,114 @@ fn shifted_encryption_and_decryption_killed_at_random_moments_lose_nothing() {
 fn shifted_encryption_and_decryption_killed_at_random_moments_lose_nothing_full_size() {
     shifted_killed_then_resumed(512 * MIB, 8);
 }
+
+/// Whether the header at `hdr` has a segment being written (a crash inside a step).
+fn crashed(hdr: &Path) -> bool {
+    let v = cryptsetup_json(hdr);
+    v["segments"]
+        .as_object()
+        .unwrap()
+        .values()
+        .any(|s| s["flags"].to_string().contains("in-reencryption"))
+}
+
+/// The reencrypt keyslot's resilience (its area type), if a conversion is recorded.
+fn resilience_of(hdr: &Path) -> Option<String> {
+    let v = cryptsetup_json(hdr);
+    v["keyslots"]
+        .as_object()
+        .unwrap()
+        .values()
+        .find(|k| k["type"] == "reencrypt")
+        .map(|k| k["area"]["type"].as_str().unwrap().to_string())
+}
+
+/// cryptsetup's `journal` and `none` resilience, both ways: an encryption cryptsetup started is
+/// cut by a signal inside a later step (journal: SIGKILL, a crash the journal must repair here;
+/// none: SIGINT, a clean stop) and finished here; one started here with `--resilience`, stopped
+/// by SIGINT, is finished by cryptsetup. Each decrypts to the original.
+#[test]
+fn journal_and_none_resilience_interoperate_with_cryptsetup() {
+    let (dir, key, data) = workspace("encrypt_cli-resilience");
+    for (res, signal) in [("journal", "KILL"), ("none", "INT")] {
+        let plain = random_bytes(16 << 20, 21);
+        let hdr = dir.join(format!("cs-{res}.hdr"));
+        let mut found = false;
+        for n in 16..=60 {
+            std::fs::write(&data, &plain).unwrap();
+            let _ = std::fs::remove_file(&hdr);
+            let mut args = with_fast_pbkdf(&["reencrypt", "--encrypt", "--type", "luks2"]);
+            args.extend_from_slice(&["--resilience", res, "--hotzone-size", "1M"]);
+            args.extend_from_slice(&["--header", p(&hdr), "--force-offline-reencrypt"]);
+            args.extend_from_slice(&["--batch-mode", "--key-file", p(&key), p(&data)]);
+            let mut cmd = Command::new("cryptsetup");
+            cmd.args(&args);
+            fault::signal_at(&cmd, "write", n, signal);
+            if !has_header(&hdr) || resilience_of(&hdr).as_deref() != Some(res) {
+                continue;
+            }
+            // journal: a crash inside a step; none: stopped after a step or more.
+            let wanted = if res == "journal" {
+                crashed(&hdr)
+            } else {
+                !crashed(&hdr) && std::fs::read(&data).unwrap()[..1 << 20] != plain[..1 << 20]
+            };
+            if !wanted {
+                continue;
+            }
+            ok(
+                sc(&encrypt_args(&data, &hdr, &key, &["--resume-only"])),
+                "finishing cryptsetup's conversion",
+            );
+            assert_eq!(resilience_of(&hdr), None, "{res}: not finished");
+            cryptsetup_decrypts_to(&hdr, &data, &key, &plain);
+            found = true;
+            break;
+        }
+        assert!(
+            found,
+            "{res}: SIG{signal} at writes 16 to 60 never left the wanted state"
+        );
+
+        // Started here, stopped by SIGINT, finished by cryptsetup.
+        std::fs::write(&data, &plain).unwrap();
+        let ours = dir.join(format!("sc-{res}.hdr"));
+        let args = encrypt_args(
+            &data,
+            &ours,
+            &key,
+            &["--resilience", res, "--hotzone-size", "1048576"],
+        );
+        let writes = writes_of(&args, &[&data, &ours]);
+        let out = signalled_at(&args, writes / 2, "INT");
+        assert!(!out.status.success(), "{res}: the run was not stopped");
+        assert_eq!(
+            resilience_of(&ours).as_deref(),
+            Some(res),
+            "{res}: our header"
+        );
+        cryptsetup_reencrypt(
+            &["--resume-only", "--header", p(&ours)],
+            &key,
+            &data,
+            "cryptsetup resuming ours",
+        );
+        cryptsetup_decrypts_to(&ours, &data, &key, &plain);
+    }
+    // A data shift protects itself: --resilience is refused there, nothing written.
+    std::fs::write(&data, random_bytes(16 << 20, 22)).unwrap();
+    let before = std::fs::read(&data).unwrap();
+    let mut args = vec![
+        "encrypt",
+        p(&data),
+        "--reduce-device-size",
+        "8M",
+        "--key-file",
+        p(&key),
+    ];
+    args.extend_from_slice(&FAST);
+    args.extend_from_slice(&["--resilience", "journal"]);
+    assert_eq!(sc(&args).status.code(), Some(1));
+    assert!(std::fs::read(&data).unwrap() == before);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use sectorcrypt_luks::luks2::reencrypt::{self, State};
+use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, ResilienceKind, State};
 use sectorcrypt_luks::luks2::Header as Luks2Header;
 use sectorcrypt_luks::{FormatOptions, Header};
 use sectorcrypt_storage::crash;
@@ -42,8 +42,18 @@ fn format_detached(
 /// A detached LUKS2 header for `data_len` bytes of plaintext, set up for encryption in place
 /// (what `cryptsetup reencrypt --encrypt --header H --init-only` writes); returns its volume key.
 fn init_detached(header_dev: &dyn Storage, data_len: u64, sector_size: usize) -> Vec<u8> {
+    init_detached_with(header_dev, data_len, sector_size, &fast_init())
+}
+
+/// [`init_detached`] with `init`'s resilience.
+fn init_detached_with(
+    header_dev: &dyn Storage,
+    data_len: u64,
+    sector_size: usize,
+    init: &InitOptions,
+) -> Vec<u8> {
     let (h, key) = format_detached(header_dev, data_len, sector_size);
-    let md = reencrypt::init_encrypt(&h, &key, &fast_init()).unwrap();
+    let md = reencrypt::init_encrypt(&h, &key, init).unwrap();
     reencrypt::write_metadata(header_dev, &h, &md).unwrap();
     key
 }
@@ -52,8 +62,18 @@ fn init_detached(header_dev: &dyn Storage, data_len: u64, sector_size: usize) ->
 /// by the caller) is set up for decryption in place (what `cryptsetup reencrypt --decrypt
 /// --header H --init-only` writes).
 fn init_detached_decrypt(header_dev: &dyn Storage, data_len: u64, sector_size: usize) -> Vec<u8> {
+    init_detached_decrypt_with(header_dev, data_len, sector_size, &fast_init())
+}
+
+/// [`init_detached_decrypt`] with `init`'s resilience.
+fn init_detached_decrypt_with(
+    header_dev: &dyn Storage,
+    data_len: u64,
+    sector_size: usize,
+    init: &InitOptions,
+) -> Vec<u8> {
     let (h, key) = format_detached(header_dev, data_len, sector_size);
-    convert::start_decryption(header_dev, &h, &key, &fast_init()).unwrap();
+    convert::start_decryption(header_dev, &h, &key, init).unwrap();
     key
 }
 
@@ -78,11 +98,20 @@ fn init_detached_reencrypt(
     data_len: u64,
     new_sector_size: u32,
 ) -> (Vec<u8>, Vec<u8>) {
+    init_detached_reencrypt_with(header_dev, data_len, new_sector_size, &fast_init())
+}
+
+/// [`init_detached_reencrypt`] with `init`'s resilience.
+fn init_detached_reencrypt_with(
+    header_dev: &dyn Storage,
+    data_len: u64,
+    new_sector_size: u32,
+    init: &InitOptions,
+) -> (Vec<u8>, Vec<u8>) {
     let (h, old_vk) = format_detached(header_dev, data_len, 512);
     let pbkdf = fast_pbkdf().luks2().unwrap();
     let new = new_key(new_sector_size);
-    let h = convert::start_reencryption(header_dev, &h, &old_vk, PASS, &new, &pbkdf, &fast_init())
-        .unwrap();
+    let h = convert::start_reencryption(header_dev, &h, &old_vk, PASS, &new, &pbkdf, init).unwrap();
     let keys = reencrypt::unlock_volume_keys(&h, header_dev, PASS).unwrap();
     (old_vk, keys.new.unwrap().volume_key.to_vec())
 }
@@ -207,22 +236,29 @@ fn encrypts_in_place_and_pauses_at_clean_points() {
 /// exactly once. `decrypt` sweeps a
 /// decryption of the same data instead of an encryption.
 fn crash_sweep(kind: &str, forget_data_sync: Option<u64>) -> Report {
+    crash_sweep_with(kind, forget_data_sync, &fast_init())
+}
+
+/// [`crash_sweep`] with `init`'s resilience. Without resilience (`none`) a cut inside a hotzone
+/// cannot be recovered: resuming must then refuse, saying so, never finish with wrong data.
+fn crash_sweep_with(kind: &str, forget_data_sync: Option<u64>, init: &InitOptions) -> Report {
     let data_len: u64 = 1 << 20;
+    let unprotected = init.resilience == ResilienceKind::None;
     let plain = pattern(data_len as usize, 2);
     // The starting machine: header (init state) then data on one device.
     let start = Arc::new(MemStorage::new(vec![0; (HEADER_LEN + data_len) as usize]));
     let header_view = Window::new(start.clone(), 0, HEADER_LEN);
     let (image_data, want) = match kind {
         "decryption" => {
-            let key = init_detached_decrypt(&header_view, data_len, 4096);
+            let key = init_detached_decrypt_with(&header_view, data_len, 4096, init);
             (expected_ciphertext(&key, 4096, &plain), plain.clone())
         }
         "encryption" => {
-            let key = init_detached(&header_view, data_len, 4096);
+            let key = init_detached_with(&header_view, data_len, 4096, init);
             (plain.clone(), expected_ciphertext(&key, 4096, &plain))
         }
         _ => {
-            let (old, new) = init_detached_reencrypt(&header_view, data_len, 4096);
+            let (old, new) = init_detached_reencrypt_with(&header_view, data_len, 4096, init);
             (
                 expected_ciphertext(&old, 512, &plain),
                 expected_ciphertext(&new, 4096, &plain),
@@ -255,6 +291,11 @@ fn crash_sweep(kind: &str, forget_data_sync: Option<u64>) -> Report {
                 Ok(Outcome::Finished) => {}
                 // The cut came after the final header write: nothing left to resume.
                 Err(Error::Unsupported(ref why)) if why.contains("no reencryption") => {}
+                Err(Error::Unsupported(ref why))
+                    if unprotected && why.contains("without resilience") =>
+                {
+                    return Ok(())
+                }
                 other => return Err(format!("resuming gave {other:?}")),
             }
             if d.contents() != want {
@@ -283,6 +324,32 @@ fn crash_sweep_of_a_decryption_loses_nothing() {
 #[test]
 fn crash_sweep_of_a_reencryption_loses_nothing() {
     crash_sweep("reencryption", None).assert_no_loss("crash sweep (reencryption)");
+}
+
+/// cryptsetup's `journal` resilience (the hotzone's old bytes copied into the area first): every
+/// direction in place, swept like `checksum`.
+#[test]
+fn crash_sweeps_with_journal_resilience_lose_nothing() {
+    let init = InitOptions {
+        resilience: ResilienceKind::Journal,
+        ..fast_init()
+    };
+    for kind in ["encryption", "decryption", "reencryption"] {
+        crash_sweep_with(kind, None, &init).assert_no_loss(&format!("journal {kind}"));
+    }
+}
+
+/// `none`: at every cut, resuming either finishes with exactly the converted data or refuses,
+/// naming the hotzone to restore; never a silently wrong result.
+#[test]
+fn crash_sweeps_without_resilience_never_finish_wrong() {
+    let init = InitOptions {
+        resilience: ResilienceKind::None,
+        ..fast_init()
+    };
+    for kind in ["encryption", "reencryption"] {
+        crash_sweep_with(kind, None, &init).assert_no_loss(&format!("none {kind}"));
+    }
 }
 
 #[test]
