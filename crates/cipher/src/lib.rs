@@ -30,6 +30,7 @@ pub mod lrw;
 pub mod modes;
 mod portable;
 pub mod sector;
+mod serpent;
 pub mod spec;
 #[cfg(feature = "bench")]
 pub mod staged;
