@@ -106,8 +106,8 @@ impl Algorithm {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Backend {
-    /// Portable Rust (constant-time bitsliced AES, plain ARX LEA, RustCrypto's implementations of
-    /// the other ciphers). Runs everywhere.
+    /// Portable Rust (constant-time bitsliced AES and Serpent, plain ARX LEA, RustCrypto's
+    /// implementations of the other ciphers). Runs everywhere.
     Portable,
     /// AES-NI, 128-bit registers, eight blocks in flight.
     AesNi,

@@ -1,5 +1,6 @@
 //! The cipher core of sectorcrypt: block ciphers (AES and LEA on portable and SIMD backends;
-//! Serpent, Twofish, Camellia, ARIA, SM4 and CAST6 portable, from RustCrypto's crates),
+//! Serpent portable and bitsliced; Twofish, Camellia, ARIA, SM4 and CAST6 portable, from
+//! RustCrypto's crates),
 //! dm-crypt's sector modes (`xts-plain64`, `cbc-essiv:sha256`, ...), and the *extended request*:
 //! one call encrypts many sectors, computing all their tweaks as a batch.
 //!
