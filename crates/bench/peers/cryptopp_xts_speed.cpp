@@ -1,8 +1,11 @@
-// Peer benchmark: Crypto++ XTS_Mode<LEA> and XTS_Mode<AES> throughput on whole data units, one
-// thread, printed as JSON lines shaped like `sectorcrypt benchmark --json`.
+// Peer benchmark: Crypto++ XTS_Mode over LEA, AES, Serpent, Twofish and Camellia: throughput on
+// whole data units, one thread, printed as JSON lines shaped like `sectorcrypt benchmark --json`.
 // Usage: cryptopp_xts_speed UNIT_BYTES SECONDS
 #include <cryptopp/aes.h>
+#include <cryptopp/camellia.h>
 #include <cryptopp/lea.h>
+#include <cryptopp/serpent.h>
+#include <cryptopp/twofish.h>
 #include <cryptopp/osrng.h>
 #include <cryptopp/xts.h>
 
@@ -54,6 +57,9 @@ int main(int argc, char **argv) {
         run<LEA>("lea-xts-plain64", 32, unit, seconds, enc);
         run<LEA>("lea-xts-plain64", 64, unit, seconds, enc);
         run<AES>("aes-xts-plain64", 64, unit, seconds, enc);
+        run<Serpent>("serpent-xts-plain64", 64, unit, seconds, enc);
+        run<Twofish>("twofish-xts-plain64", 64, unit, seconds, enc);
+        run<Camellia>("camellia-xts-plain64", 64, unit, seconds, enc);
     }
     return 0;
 }
