@@ -41,6 +41,15 @@ pub enum Error {
         /// The byte offset of its magic.
         offset: u64,
     },
+    /// A conversion between LUKS1 and LUKS2 refused before writing anything; the text is
+    /// cryptsetup's reason.
+    CannotConvert(String),
+    /// A conversion between LUKS1 and LUKS2 was interrupted: the device is in neither format
+    /// until `crate::convert::convert` to the same version finishes it.
+    ConversionInterrupted {
+        /// The version it was converting to.
+        to: u8,
+    },
 }
 
 impl fmt::Display for Error {
@@ -58,6 +67,12 @@ impl fmt::Display for Error {
                 "the device contains ambiguous signatures: a {kind} signature (at byte {offset}) \
                  besides a LUKS2 header with a damaged or stale copy, so the header cannot be \
                  trusted or auto-recovered"
+            ),
+            Error::CannotConvert(why) => f.write_str(why),
+            Error::ConversionInterrupted { to } => write!(
+                f,
+                "a conversion to LUKS{to} was interrupted and the device is in neither format \
+                 until it finishes (convert --type luks{to} finishes it)"
             ),
             Error::DigestMismatch(what) => write!(
                 f,

@@ -7,6 +7,7 @@
 //! anti-forensic splitter), [`kdf`] (PBKDF2, Argon2) and [`hash`].
 
 pub mod af;
+pub mod convert;
 pub mod error;
 pub mod hash;
 pub mod kdf;
@@ -55,6 +56,12 @@ impl Header {
         }
         // Only a primary LUKS1 header says version 1; everything else (a LUKS2 primary, or a
         // wiped primary whose secondary survives) is for the LUKS2 reader to judge.
+        // A conversion between the versions in progress is neither until it finishes.
+        if start[..6] == convert::CONVERTING_MAGIC {
+            if let Some(to) = convert::interrupted(dev)? {
+                return Err(Error::ConversionInterrupted { to: to.version() });
+            }
+        }
         if start[..6] == luks1::MAGIC && start[6..8] == [0, 1] {
             return luks1::Header::read(dev).map(|h| Header::Luks1(Box::new(h)));
         }

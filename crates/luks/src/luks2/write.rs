@@ -304,7 +304,7 @@ impl Metadata {
 
     /// The first gap in the keyslots area that holds `length` bytes, avoiding every keyslot's
     /// area and `also_avoid` (`LUKS2_find_area_gap`: lowest offset first).
-    pub(super) fn find_area_gap(
+    pub(crate) fn find_area_gap(
         &self,
         hdr_size: u64,
         length: u64,
