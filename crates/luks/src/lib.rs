@@ -68,6 +68,15 @@ impl Header {
         luks2::Header::read(dev).map(|h| Header::Luks2(Box::new(h)))
     }
 
+    /// Whether `dev` holds a LUKS header that reads, or one in the middle of a conversion between
+    /// the versions (which must not be taken for plaintext either).
+    pub fn is_present(dev: &dyn Storage) -> bool {
+        matches!(
+            Header::read(dev),
+            Ok(_) | Err(Error::ConversionInterrupted { .. })
+        )
+    }
+
     /// 1 or 2.
     pub fn version(&self) -> u8 {
         match self {

@@ -1,11 +1,13 @@
 //! Header maintenance without a passphrase, as cryptsetup has it: `config` (label, subsystem,
 //! keyslot priority), `erase` (luksErase: every keyslot removed), `repair` (a damaged or stale
-//! LUKS2 header copy rewritten, explicitly) and `token import|export|remove` (LUKS2 JSON tokens). Each checks its input and the header before its first write; the
-//! updates are the LUKS layer's, written in its crash-safe order.
+//! LUKS2 header copy rewritten, explicitly), `token import|export|remove` (LUKS2 JSON tokens) and
+//! `convert --type luks1|luks2`. Each checks its input and the header before its first write;
+//! the updates are the LUKS layer's, written in its crash-safe order.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
 
+use sectorcrypt_luks::convert::{self, Format};
 use sectorcrypt_luks::luks2::metadata::Priority;
 use sectorcrypt_luks::luks2::Header as Luks2Header;
 use sectorcrypt_luks::{Error as LuksError, Header};
@@ -14,6 +16,7 @@ use sectorcrypt_storage::Storage;
 use crate::chip::open_header;
 use crate::exit::{CliError, Code};
 use crate::keyslots::confirm;
+use crate::progress::terminal_bar;
 
 /// The device (or its detached header), opened writable or not, with its header.
 #[derive(clap::Args, Debug)]
@@ -258,4 +261,92 @@ pub(crate) fn token(command: TokenCommand) -> Result<(), CliError> {
             Ok(())
         }
     }
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct ConvertArgs {
+    #[command(flatten)]
+    target: Target,
+    /// The format to convert to.
+    #[arg(long = "type", value_name = "luks1|luks2", value_parser = parse_format)]
+    to: Format,
+    /// Do not ask for confirmation.
+    #[arg(short = 'q', long = "batch-mode")]
+    batch: bool,
+}
+
+fn parse_format(s: &str) -> Result<Format, String> {
+    match s {
+        "luks1" => Ok(Format::Luks1),
+        "luks2" => Ok(Format::Luks2),
+        _ => Err("Invalid LUKS type, only luks1 and luks2 are supported.".into()),
+    }
+}
+
+/// `convert --type luks1|luks2` (cryptsetup convert): the header rewritten in the other format in
+/// place, keyslots and volume key kept; an interrupted conversion is finished.
+pub(crate) fn convert(args: ConvertArgs) -> Result<(), CliError> {
+    let path = args.target.header.as_deref().unwrap_or(&args.target.device);
+    grow_detached_luks1(path, args.to)?;
+    let dev = open_header(path, false)?;
+    let resuming = convert::interrupted(&*dev)?.is_some();
+    if !resuming {
+        // Refusals (already that type, not LUKS) come before the question.
+        match (Header::read(&*dev)?, args.to) {
+            (Header::Luks1(_), Format::Luks1) | (Header::Luks2(_), Format::Luks2) => {
+                return Err(CliError::usage(format!(
+                    "Device is already {} type.",
+                    args.to.name()
+                )))
+            }
+            _ => {}
+        }
+        confirm(
+            args.batch,
+            &format!(
+                "WARNING!\n========\nThis operation will convert {} to {} format.\n",
+                path.display(),
+                args.to.name()
+            ),
+        )?;
+    }
+    let bar = terminal_bar("moving keyslots [{bar:30}] {bytes}/{total_bytes}");
+    convert::convert(&*dev, args.to, &mut |done, total| {
+        if let Some(bar) = &bar {
+            bar.set_length(total);
+            bar.set_position(done);
+        }
+    })?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    Ok(())
+}
+
+/// A detached LUKS1 header file holds its keyslots and no more; as LUKS2 they move up by the
+/// size of the second header copy, so the file grows first, as cryptsetup grows it. Growing a
+/// file is harmless: the bytes added are zeros no header names.
+fn grow_detached_luks1(path: &std::path::Path, to: Format) -> Result<(), CliError> {
+    if to != Format::Luks2 || !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return Ok(());
+    }
+    let Ok(Header::Luks1(h)) = Header::read(&*open_header(path, true)?) else {
+        return Ok(());
+    };
+    let needed = convert::luks2_len_needed(&h);
+    let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    if h.payload_offset != 0 || len >= needed {
+        return Ok(());
+    }
+    let grow = || -> std::io::Result<()> {
+        let file = std::fs::OpenOptions::new().write(true).open(path)?;
+        file.set_len(needed)?;
+        file.sync_all()
+    };
+    grow().map_err(|e| {
+        CliError::io(
+            &format!("cannot grow {} to {needed} bytes", path.display()),
+            e,
+        )
+    })
 }

@@ -428,7 +428,7 @@ pub(crate) fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
 pub(crate) fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
     let Some(header_path) = args.header.clone() else {
         let on_device =
-            FileStorage::open_read_only(&args.device).is_ok_and(|dev| Header::read(&dev).is_ok());
+            FileStorage::open_read_only(&args.device).is_ok_and(|dev| Header::is_present(&dev));
         return Err(CliError::usage(if on_device {
             format!(
                 "{} has its header on it, and the plaintext moves over it: add --header FILE, \

@@ -79,6 +79,8 @@ enum Command {
     Erase(config::EraseArgs),
     /// Rewrite a damaged or out-of-date LUKS2 header copy from the good one (cryptsetup repair).
     Repair(config::RepairArgs),
+    /// Convert a LUKS1 header to LUKS2 or back, in place and crash safe (cryptsetup convert).
+    Convert(config::ConvertArgs),
     /// Import, export or remove LUKS2 JSON tokens (cryptsetup token).
     #[command(subcommand)]
     Token(config::TokenCommand),
@@ -122,6 +124,7 @@ fn main() -> ExitCode {
         Command::Erase(args) => config::erase(args),
         Command::Repair(args) => config::repair(args),
         Command::Token(command) => config::token(command),
+        Command::Convert(args) => config::convert(args),
         Command::Serve(args) => serve::run(*args),
         Command::Encrypt(args) => convert::encrypt(*args),
         Command::Decrypt(args) => convert::decrypt(*args),

@@ -96,11 +96,11 @@ pub fn resuming(
 ///
 /// Errors: [`Error::Exists`] naming which one does.
 pub fn check_new_encryption(data: &dyn Storage, header: Option<&dyn Storage>) -> Result<(), Error> {
-    if Header::read(data).is_ok() {
+    if Header::is_present(data) {
         return Err(already_encrypted(&data.name()));
     }
     match header {
-        Some(file) if Header::read(file).is_ok() => Err(Error::Exists(format!(
+        Some(file) if Header::is_present(file) => Err(Error::Exists(format!(
             "{} already holds a LUKS header (an encryption recorded there is resumed, not \
              started again)",
             file.name()
