@@ -345,7 +345,7 @@ fn grow_detached_luks1(path: &std::path::Path, to: Format) -> Result<(), CliErro
     };
     grow().map_err(|e| {
         CliError::io(
-            &format!("cannot grow {} to {needed} bytes", path.display()),
+            format!("cannot grow {} to {needed} bytes", path.display()),
             e,
         )
     })
