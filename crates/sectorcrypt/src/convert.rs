@@ -72,37 +72,70 @@ pub(crate) struct RunArgs {
     json: bool,
     /// How a step in place is protected against a crash, when starting: checksum (default:
     /// a hash per block), journal (the step's old data copied into the header first; smaller
-    /// steps) or none (nothing: a crash inside a step loses that step's data). A data shift is
-    /// always protected by its copy.
+    /// steps) or none (nothing: a crash inside a step loses that step's data). Decrypting a
+    /// volume whose header is on it moves the data, and converts the first chunk last and in
+    /// place: under datashift-checksum (default) or datashift-journal. An encryption that moves
+    /// the data is protected by its copy.
     #[arg(long, value_name = "MODE", value_parser = parse_resilience)]
-    resilience: Option<ResilienceKind>,
+    resilience: Option<ResilienceArg>,
 }
 
-fn parse_resilience(s: &str) -> Result<ResilienceKind, String> {
-    match s {
-        "checksum" => Ok(ResilienceKind::Checksum(
-            sectorcrypt_luks::hash::Hash::Sha256,
-        )),
-        "journal" => Ok(ResilienceKind::Journal),
-        "none" => Ok(ResilienceKind::None),
-        "datashift" | "datashift-checksum" | "datashift-journal" => Err(format!(
-            "{s} is chosen by itself: encrypt --reduce-device-size shifts the data"
-        )),
-        other => Err(format!(
-            "unknown resilience '{other}' (use checksum, journal or none)"
-        )),
-    }
+/// `--resilience` as given: the protection, and whether it was named for a data shift
+/// (`datashift-checksum`, `datashift-journal`).
+#[derive(Clone, Copy, Debug)]
+struct ResilienceArg {
+    kind: ResilienceKind,
+    datashift: bool,
+}
+
+fn parse_resilience(s: &str) -> Result<ResilienceArg, String> {
+    let (name, datashift) = match s.strip_prefix("datashift-") {
+        Some(rest) => (rest, true),
+        None => (s, false),
+    };
+    let kind = match name {
+        "checksum" => ResilienceKind::Checksum(sectorcrypt_luks::hash::Hash::Sha256),
+        "journal" => ResilienceKind::Journal,
+        "none" if !datashift => ResilienceKind::None,
+        "datashift" => {
+            return Err(
+                "datashift is chosen by itself: encrypt --reduce-device-size shifts the data"
+                    .into(),
+            )
+        }
+        _ => {
+            return Err(format!(
+                "unknown resilience '{s}' (use checksum, journal or none; datashift-checksum or \
+                 datashift-journal to decrypt a volume whose header is on it)"
+            ))
+        }
+    };
+    Ok(ResilienceArg { kind, datashift })
 }
 
 /// `--resilience` given where the data moves: refused, as the move protects itself.
 fn refuse_resilience_with_shift(run: &RunArgs) -> Result<(), CliError> {
     match run.resilience {
         Some(_) => Err(CliError::usage(
-            "--resilience applies to conversions in place; a conversion that moves the data \
-             (--reduce-device-size, or decrypting a volume whose header is on it) is protected \
-             by its own copy",
+            "--resilience applies to conversions in place and to decrypting a volume whose \
+             header is on it; an encryption that moves the data (--reduce-device-size) is \
+             protected by its own copy",
         )),
         None => Ok(()),
+    }
+}
+
+/// The resilience of a conversion in place: `datashift-*` is refused there.
+fn in_place_resilience(run: &RunArgs) -> Result<ResilienceKind, CliError> {
+    match run.resilience {
+        Some(ResilienceArg {
+            datashift: true, ..
+        }) => Err(CliError::usage(
+            "datashift-checksum and datashift-journal protect the decryption of a volume whose \
+             header is on it (decrypt --header NEWFILE); in place use checksum, journal or none",
+        )),
+        Some(r) => Ok(r.kind),
+        None => Ok(InitOptions::default().resilience),
     }
 }
 
@@ -213,15 +246,14 @@ fn check_in_progress(path: &Path, mode: Mode) -> Result<(), CliError> {
 /// The reencryption's start options: cryptsetup's defaults, but with `--pbkdf-force-iterations`
 /// the reencryption digest takes the minimum PBKDF2 count instead of a calibration, as
 /// cryptsetup's does.
-fn init_options(pbkdf: &PbkdfArgs, run: &RunArgs) -> InitOptions {
-    let default = InitOptions::default();
-    InitOptions {
+fn init_options(pbkdf: &PbkdfArgs, run: &RunArgs) -> Result<InitOptions, CliError> {
+    Ok(InitOptions {
         digest_iterations: pbkdf
             .force_iterations
             .map(|_| sectorcrypt_luks::kdf::PBKDF2_MIN_ITERATIONS),
-        resilience: run.resilience.unwrap_or(default.resilience),
-        ..default
-    }
+        resilience: in_place_resilience(run)?,
+        ..InitOptions::default()
+    })
 }
 
 /// How to resume a conversion that stopped.
@@ -348,7 +380,7 @@ fn new_header(
         &args.run.key,
         &format!("Enter passphrase for {}: ", args.device.display()),
     )?;
-    let init = init_options(&args.pbkdf, &args.run);
+    let init = init_options(&args.pbkdf, &args.run)?;
     let image = convert::encryption_header(options, size, data_len, &pass, placement, &init)?;
     Ok((image, pass))
 }
@@ -418,7 +450,7 @@ pub(crate) fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
             &pass,
             &new,
             &pbkdf,
-            &init_options(&args.pbkdf, &args.run),
+            &init_options(&args.pbkdf, &args.run)?,
         )?;
     }
     let resume = resume_hint("reencrypt", &args.device, args.header.as_deref());
@@ -462,10 +494,7 @@ pub(crate) fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
             ),
         )?;
         let init = InitOptions {
-            resilience: args
-                .run
-                .resilience
-                .unwrap_or(InitOptions::default().resilience),
+            resilience: in_place_resilience(&args.run)?,
             ..InitOptions::default()
         };
         convert::start_decryption(&header, &h, &unlocked.volume_key, &init)?;
@@ -483,7 +512,22 @@ fn decrypt_attached(
     dev: &FileStorage,
     stop: &AtomicBool,
 ) -> Result<(), CliError> {
-    refuse_resilience_with_shift(&args.run)?;
+    let init = InitOptions {
+        resilience: match args.run.resilience {
+            Some(ResilienceArg {
+                kind: ResilienceKind::None,
+                ..
+            }) => {
+                return Err(CliError::usage(
+                    "the moved first chunk of this decryption needs protection: \
+                     --resilience datashift-checksum (default) or datashift-journal",
+                ))
+            }
+            Some(r) => r.kind,
+            None => InitOptions::default().resilience,
+        },
+        ..InitOptions::default()
+    };
     let (dir, name) = directory_of(header_path)?;
     let plan = convert::plan_exported_decryption(dev, &dir, &name, args.run.resume_only)
         .map_err(|e| with_resume_hint(e, &args.device))?;
@@ -503,15 +547,7 @@ fn decrypt_attached(
         )?;
     }
     let moved = args.run.hotzone_size.unwrap_or(DEFAULT_HOTZONE);
-    convert::start_exported_decryption(
-        dev,
-        &dir,
-        &name,
-        &plan,
-        &pass,
-        moved,
-        &InitOptions::default(),
-    )?;
+    convert::start_exported_decryption(dev, &dir, &name, &plan, &pass, moved, &init)?;
     let resume = resume_hint("decrypt", &args.device, Some(header_path));
     convert(&resume, header_path, dev, &pass, &args.run, stop)
 }

@@ -200,6 +200,14 @@ pub fn run(
             }),
             Guard::Checksum,
         ),
+        // The moved first chunk, converted last and in place, copied whole into the area first.
+        (Plan::DecryptShift, Resilience::DatashiftJournal { .. }) => (
+            None,
+            Guard::Journal {
+                area: r.keyslot.area_offset,
+                size: r.keyslot.area_size,
+            },
+        ),
         (_, Resilience::Journal) if in_place => (
             None,
             Guard::Journal {
@@ -211,7 +219,7 @@ pub fn run(
         (_, other) => {
             return Err(Error::Unsupported(format!(
                 "{} resilience with this direction (checksum, journal and none run in place; \
-                 datashift and datashift-checksum with a data shift)",
+                 datashift, datashift-checksum and datashift-journal with a data shift)",
                 other.area_type()
             )))
         }
@@ -281,7 +289,13 @@ pub fn run(
         (Plan::EncryptShift, Some((offset, size))) => {
             shift + total <= offset && offset + size <= device_len && size > 0
         }
-        (Plan::DecryptShift, Some((offset, size))) => offset == 0 && size > 0 && size <= shift,
+        (Plan::DecryptShift, Some((offset, size))) => {
+            let journal_holds = match guard {
+                Guard::Journal { size: area, .. } => size <= area,
+                _ => true,
+            };
+            offset == 0 && size > 0 && size <= shift && journal_holds
+        }
         _ => true,
     };
     if !layout_fits {

@@ -875,3 +875,160 @@ fn journal_and_none_resilience_interoperate_with_cryptsetup() {
     assert!(std::fs::read(&data).unwrap() == before);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `datashift-journal` (the moved first chunk of a decryption that exports the header, copied
+/// whole into the keyslot area before it is converted in place), both ways: a decryption
+/// cryptsetup started with it is finished here, one started here is stopped by SIGINT and
+/// finished by cryptsetup; both give the original at offset 0. Where the chunk does not fit the
+/// area, both refuse, as cryptsetup does ("Moved segment too large").
+#[test]
+fn datashift_journal_decryption_interoperates_with_cryptsetup() {
+    let dir = scratch("encrypt_cli-datashift-journal");
+    let key = dir.join("pass");
+    std::fs::write(&key, "passphrase").unwrap();
+    let vk_file = dir.join("vk");
+    let vk = random_bytes(64, 51);
+    std::fs::write(&vk_file, &vk).unwrap();
+    // cryptsetup's header (16 MiB, an area of about 15.7 MiB for the journal) on a device with
+    // `kept` bytes of data: the moved chunk is all of them, and fits.
+    let volume = |len: usize, seed: u64| {
+        let img = dir.join("img");
+        std::fs::write(&img, vec![0u8; (16 << 20) + len]).unwrap();
+        cryptsetup_format_with_volume_key(&img, &key, &vk_file, &["--sector-size", "4096"]);
+        let plain = random_bytes(len, seed);
+        let mut image = std::fs::read(&img).unwrap();
+        image[16 << 20..].copy_from_slice(&xts(&vk, 4096, &plain));
+        std::fs::write(&img, &image).unwrap();
+        (img, plain, image)
+    };
+    let kept = 8 * MIB;
+    let (data, plain, encrypted) = volume(kept, 52);
+
+    let theirs = dir.join("theirs.hdr");
+    cryptsetup_reencrypt(
+        &[
+            "--decrypt",
+            "--init-only",
+            "--header",
+            p(&theirs),
+            "--resilience",
+            "datashift-journal",
+        ],
+        &key,
+        &data,
+        "cryptsetup --decrypt --init-only --resilience datashift-journal",
+    );
+    assert_eq!(resilience_of(&theirs).as_deref(), Some("datashift-journal"));
+    ok(
+        sc(&decrypt_args(&data, &theirs, &key, &[])),
+        "finishing cryptsetup's datashift-journal decryption",
+    );
+    assert!(std::fs::read(&data).unwrap()[..kept] == plain[..kept]);
+
+    // Paused by SIGINT after its first step (the data behind the 1 MiB first chunk moved):
+    // cryptsetup 2.6.1 itself cannot resume this state ("Failed to write reencryption
+    // resilience metadata": it sizes the last chunk as the whole data, not the moved chunk);
+    // sectorcrypt finishes it.
+    let paused = dir.join("paused.hdr");
+    let pause_cryptsetup = |n: u64| {
+        std::fs::write(&data, &encrypted).unwrap();
+        let _ = std::fs::remove_file(&paused);
+        let mut init = with_fast_pbkdf(&["reencrypt", "--decrypt", "--init-only"]);
+        init.extend_from_slice(&["--header", p(&paused), "--hotzone-size", "1M"]);
+        init.extend_from_slice(&["--resilience", "datashift-journal"]);
+        init.extend_from_slice(&["--force-offline-reencrypt", "--batch-mode"]);
+        init.extend_from_slice(&["--key-file", p(&key), p(&data)]);
+        ok(cs(&init), "cryptsetup --init-only");
+        let mut cmd = Command::new("cryptsetup");
+        cmd.args(["reencrypt", "--resume-only", "--header", p(&paused)]);
+        cmd.args(["--force-offline-reencrypt", "--batch-mode"]);
+        cmd.args(["--key-file", p(&key), p(&data)]);
+        fault::signal_at(&cmd, "write", n, "INT");
+        cryptsetup_json(&paused)["segments"]["1"]["type"] == "linear"
+    };
+    assert!(
+        (2..12).any(pause_cryptsetup),
+        "SIGINT never paused cryptsetup after its first step"
+    );
+    // Ours, paused the same way, records the same segments and resilience.
+    let ours = dir.join("ours.hdr");
+    let args = decrypt_args(
+        &data,
+        &ours,
+        &key,
+        &[
+            "--resilience",
+            "datashift-journal",
+            "--hotzone-size",
+            "1048576",
+        ],
+    );
+    let theirs_paused = cryptsetup_json(&paused);
+    let theirs_data = std::fs::read(&data).unwrap();
+    std::fs::write(&data, &encrypted).unwrap();
+    let writes = writes_of(&args, &[&data, &ours]);
+    let stopped = (1..8).any(|i| {
+        std::fs::write(&data, &encrypted).unwrap();
+        let _ = std::fs::remove_file(&ours);
+        let out = signalled_at(&args, writes * i / 8, "INT");
+        !out.status.success() && cryptsetup_json(&ours)["segments"]["1"]["type"] == "linear"
+    });
+    assert!(
+        stopped,
+        "SIGINT never paused our decryption after its first step"
+    );
+    // The same segments (cryptsetup renumbers the backup segments after a step; their flags
+    // name them).
+    let segments = |md: &serde_json::Value| {
+        let mut all: Vec<String> = md["segments"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.to_string())
+            .collect();
+        all.sort();
+        all
+    };
+    assert_eq!(segments(&cryptsetup_json(&ours)), segments(&theirs_paused));
+    assert_eq!(resilience_of(&ours).as_deref(), Some("datashift-journal"));
+    ok(
+        sc(&decrypt_args(&data, &ours, &key, &["--resume-only"])),
+        "resuming our paused decryption",
+    );
+    assert!(std::fs::read(&data).unwrap()[..kept] == plain[..kept]);
+    std::fs::write(&data, &theirs_data).unwrap();
+    ok(
+        sc(&decrypt_args(&data, &paused, &key, &["--resume-only"])),
+        "finishing cryptsetup's paused decryption",
+    );
+    assert!(std::fs::read(&data).unwrap()[..kept] == plain[..kept]);
+
+    // 20 MiB of data: the moved chunk (16 MiB, the shift) does not fit the area; both refuse,
+    // unchanged.
+    let (data, _, before) = volume(20 * MIB, 53);
+    let refused = dir.join("refused.hdr");
+    let mut theirs_args = vec!["reencrypt", "--decrypt", "--init-only", "--header"];
+    theirs_args.extend_from_slice(&[p(&refused), "--resilience", "datashift-journal"]);
+    theirs_args.extend_from_slice(&["--force-offline-reencrypt", "--batch-mode"]);
+    theirs_args.extend_from_slice(&["--key-file", p(&key), p(&data)]);
+    assert_eq!(cs(&theirs_args).status.code(), Some(1));
+    let _ = std::fs::remove_file(&refused);
+    let out = sc(&decrypt_args(
+        &data,
+        &refused,
+        &key,
+        &["--resilience", "datashift-journal"],
+    ));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        std::fs::read(&data).unwrap() == before,
+        "a refused decrypt wrote"
+    );
+    assert!(!refused.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -3,7 +3,7 @@
 //! decryption (from the exported header on), and interop with cryptsetup's `--reduce-device-size`
 //! encryption and header-exporting decryption in both directions.
 
-use sectorcrypt_luks::luks2::reencrypt::{self, State};
+use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, ResilienceKind, State};
 use sectorcrypt_luks::luks2::Header as Luks2Header;
 use sectorcrypt_luks::FormatOptions;
 use sectorcrypt_storage::{
@@ -89,9 +89,19 @@ fn decrypt_shifted(
     data: &dyn Storage,
     opts: &Options,
 ) -> Result<Outcome, Error> {
+    decrypt_shifted_with(header, data, opts, &fast_init())
+}
+
+/// [`decrypt_shifted`] started with `init`'s resilience.
+fn decrypt_shifted_with(
+    header: &dyn Storage,
+    data: &dyn Storage,
+    opts: &Options,
+    init: &InitOptions,
+) -> Result<Outcome, Error> {
     let h = Luks2Header::read(header).map_err(Error::Luks)?;
     if reencrypt::state(h.metadata()) == State::None {
-        datashift::start_decrypt(header, data, PASS, MOVED, &fast_init())?;
+        datashift::start_decrypt(header, data, PASS, MOVED, init)?;
     }
     run(header, data, PASS, opts, &mut |_| true)
 }
@@ -253,6 +263,23 @@ fn a_stale_prepared_header_never_sets_progress_back() {
 
 #[test]
 fn crash_sweep_of_a_shifted_decryption_loses_nothing() {
+    // The moved first chunk is converted last, in place, under checksums: like every checksum
+    // conversion, it needs the device to write 4 KiB blocks atomically.
+    sweep_shifted_decryption(&fast_init(), 4096, "datashift-checksum");
+}
+
+/// The same with `datashift-journal`: the moved chunk is copied whole into the keyslot area
+/// first, so 512-byte sectors suffice.
+#[test]
+fn crash_sweep_of_a_shifted_decryption_with_a_journal_loses_nothing() {
+    let init = InitOptions {
+        resilience: ResilienceKind::Journal,
+        ..fast_init()
+    };
+    sweep_shifted_decryption(&init, 512, "datashift-journal");
+}
+
+fn sweep_shifted_decryption(init: &InitOptions, atom: u64, resilience: &str) {
     let device_len = SHIFT + (1280 << 10);
     let data_len = device_len - SHIFT;
     let plain = pattern(data_len as usize, 12);
@@ -276,12 +303,23 @@ fn crash_sweep_of_a_shifted_decryption_loses_nothing() {
         }
         Ok(())
     };
-    // The moved first chunk is converted last, in place, under checksums: like every checksum
-    // conversion, it needs the device to write 4 KiB blocks atomically.
     let report = sweep_with_atoms(
         &[volume[..SHIFT as usize].to_vec(), volume.clone()],
-        &[512, 4096],
-        |devs| decrypt_shifted(&devs[0], &devs[1], &opts()),
+        &[512, atom],
+        |devs| {
+            let started = decrypt_shifted_with(&devs[0], &devs[1], &opts(), init);
+            // The resilience asked for is the one recorded.
+            let h = Luks2Header::read(&devs[0]).ok();
+            let recorded = h
+                .as_ref()
+                .and_then(|h| reencrypt::parse(h.metadata()).ok().flatten())
+                .map(|r| r.keyslot.resilience.area_type().to_string());
+            assert!(
+                recorded.as_ref().is_none_or(|r| r == resilience),
+                "{recorded:?}"
+            );
+            started
+        },
         |s| {
             let (h, d) = (&*s.devices[0], &*s.devices[1]);
             let md = Luks2Header::read(h)
@@ -301,7 +339,7 @@ fn crash_sweep_of_a_shifted_decryption_loses_nothing() {
         },
     );
     assert!(report.operations > 40, "{} operations", report.operations);
-    report.assert_no_loss("crash sweep (shifted decryption)");
+    report.assert_no_loss(&format!("crash sweep (shifted decryption, {resilience})"));
 }
 
 #[test]

@@ -507,8 +507,8 @@ pub fn init_decrypt(header: &Header, old_vk: &[u8], opts: &InitOptions) -> Resul
 /// bytes written S bytes before where it was read, and the moved chunk last, in place under
 /// checksums (`docs/LUKS2-REENCRYPT.md` §5.2). Regular segments `crypt(0, M)`, `crypt(S + M,
 /// dynamic)`; backups `backup-moved-segment` (the first), `backup-previous` `crypt(S,
-/// dynamic)`, `backup-final` `linear(0, dynamic)`; resilience `datashift-checksum`; requirement
-/// `online-reencrypt-v3`.
+/// dynamic)`, `backup-final` `linear(0, dynamic)`; resilience `datashift-checksum` (or
+/// `datashift-journal` when `opts` asks for a journal); requirement `online-reencrypt-v3`.
 ///
 /// Errors: as [`init_decrypt`], and [`Error::Unsupported`] for a header without a data offset,
 /// a moved size that is not a multiple of the checksum block, or too large for the area.
@@ -528,16 +528,32 @@ pub fn init_decrypt_datashift(
             "moving the data of a {device_size}-byte device whose data starts at {shift}"
         )));
     };
-    let Resilience::Checksum { hash, sector_size } = resilience_for(opts, &[seg.sector_size])?
-    else {
-        return Err(Error::Unsupported(
-            "decrypting a moved first segment without checksums".into(),
-        ));
+    // The moved chunk is converted last and in place: under checksums of its blocks
+    // (`datashift-checksum`, the default) or copied whole into the area first
+    // (`datashift-journal`).
+    let (resilience, block) = match resilience_for(opts, &[seg.sector_size])? {
+        Resilience::Checksum { hash, sector_size } => (
+            Resilience::DatashiftChecksum {
+                hash,
+                sector_size,
+                shift_size: shift,
+            },
+            sector_size,
+        ),
+        Resilience::Journal => (
+            Resilience::DatashiftJournal { shift_size: shift },
+            seg.sector_size,
+        ),
+        _ => {
+            return Err(Error::Unsupported(
+                "decrypting a moved first segment without checksums or a journal".into(),
+            ))
+        }
     };
     let moved = moved.min(shift).min(data_size);
-    if moved == 0 || !moved.is_multiple_of(u64::from(sector_size)) {
+    if moved == 0 || !moved.is_multiple_of(u64::from(block)) {
         return Err(Error::Unsupported(format!(
-            "a moved first segment of {moved} bytes (a non-zero multiple of {sector_size})"
+            "a moved first segment of {moved} bytes (a non-zero multiple of {block})"
         )));
     }
     let previous = ReencryptSegment {
@@ -571,28 +587,39 @@ pub fn init_decrypt_datashift(
         assign_segment(&mut md, digest, id)?;
     }
     let hdr_size = header.binary().hdr_size;
-    let hash_len = crate::hash::parse(&hash)?.digest_len() as u64;
     let md = finish_init(
         md,
         hdr_size,
         Mode::Decrypt,
         Direction::Forward,
-        Resilience::DatashiftChecksum {
-            hash,
-            sector_size,
-            shift_size: shift,
-        },
+        resilience.clone(),
         Some(old_vk),
         None,
         opts,
     )?;
     let r = parse(&md)?.ok_or_else(|| Error::Corrupt("the reencryption vanished".into()))?;
-    if moved / u64::from(sector_size) * hash_len > r.keyslot.area_size {
-        return Err(Error::Unsupported(format!(
-            "a moved first segment of {moved} bytes: the keyslots area has room for the \
-             checksums of {} bytes",
-            r.keyslot.area_size / hash_len * u64::from(sector_size)
-        )));
+    let area = r.keyslot.area_size;
+    match &resilience {
+        Resilience::DatashiftChecksum {
+            hash, sector_size, ..
+        } => {
+            let hash_len = crate::hash::parse(hash)?.digest_len() as u64;
+            if moved / u64::from(*sector_size) * hash_len > area {
+                return Err(Error::Unsupported(format!(
+                    "a moved first segment of {moved} bytes: the keyslots area has room for the \
+                     checksums of {} bytes",
+                    area / hash_len * u64::from(*sector_size)
+                )));
+            }
+        }
+        // cryptsetup's words: the journal holds the whole moved segment.
+        _ if moved > area => {
+            return Err(Error::Unsupported(format!(
+                "a moved segment too large for the journal: requested size {moved}, available \
+                 space for {area} (a smaller --hotzone-size moves less)"
+            )))
+        }
+        _ => {}
     }
     Ok(md)
 }
