@@ -13,3 +13,4 @@ mod luks_read;
 mod luks_write;
 mod nbd;
 mod parity;
+mod study;

@@ -1,0 +1,103 @@
+//! The encryption-at-rest study (`scripts/study.py`, issue 15) in quick mode: the whole pipeline
+//! (images, every contender's server, fio's nbd engine, CPU from /proc, the report) runs and its
+//! report is complete and well-formed. A check of the pipeline, not a measurement: nothing here
+//! asserts a speed.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::common::{ok, p, python, run, scratch};
+
+fn script() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/study.py")
+}
+
+#[test]
+fn the_quick_study_writes_a_complete_report() {
+    let dir = scratch("study-quick");
+    let out = run(Command::new(python()).args([
+        p(&script()),
+        p(&dir),
+        "--quick",
+        "--sectorcrypt",
+        env!("CARGO_BIN_EXE_sectorcrypt"),
+    ]));
+    let out = ok(out, "scripts/study.py --quick");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("report.md"));
+
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("results.json")).unwrap()).unwrap();
+    let contenders: Vec<&str> = results["contenders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    for wanted in [
+        "plain (nbdkit file)",
+        "sectorcrypt cipher_null",
+        "sectorcrypt aes-xts-512",
+        "sectorcrypt lea-xts-512",
+        "nbdkit luks filter (LUKS1 aes-xts)",
+        "qemu-nbd luks (LUKS1 aes-xts)",
+    ] {
+        assert!(
+            contenders.contains(&wanted),
+            "{wanted} missing: {contenders:?}"
+        );
+    }
+    // Six tests of the matrix, three latencies, four sweeps at jobs 1 and 2, per contender.
+    let samples = results["samples"].as_array().unwrap();
+    assert_eq!(samples.len(), contenders.len() * (6 + 3 + 4 * 2));
+    for s in samples {
+        let what = format!("{} {}", s["contender"], s["workload"]);
+        assert!(s["bytes"].as_f64().unwrap() > 0.0, "{what}: nothing moved");
+        assert!(s["bandwidth_mib_s"].as_f64().unwrap() > 0.0, "{what}");
+        assert!(s["lat_mean_us"].as_f64().unwrap() > 0.0, "{what}");
+        assert!(s["server_cpu_s"].as_f64().unwrap() >= 0.0, "{what}");
+    }
+    // The dm-crypt line says whether it ran, and why not.
+    let dm = &results["dm_crypt"];
+    assert!(dm["measured"].as_bool().unwrap() || !dm["why_not"].as_str().unwrap().is_empty());
+
+    let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    for section in [
+        "## Bandwidth",
+        "## CPU",
+        "## Latency at queue depth 1",
+        "## Bandwidth and CPU against the number of jobs",
+        "## What this means",
+        "dm-crypt:",
+        "3.29x",
+    ] {
+        assert!(report.contains(section), "the report lacks {section}");
+    }
+    for c in &contenders {
+        assert!(report.contains(c), "the report does not name {c}");
+    }
+    // Every figure the report shows exists and is well-formed XML.
+    let figures: Vec<&str> = report
+        .split("](")
+        .skip(1)
+        .map(|rest| &rest[..rest.find(')').unwrap()])
+        .collect();
+    assert_eq!(figures.len(), 2 + 4 * 2, "{figures:?}");
+    let check = "import sys, xml.etree.ElementTree as E\nfor f in sys.argv[1:]: E.parse(f)";
+    let mut cmd = Command::new(python());
+    cmd.args(["-c", check]);
+    for f in &figures {
+        assert!(f.ends_with(".svg"), "{f}");
+        cmd.arg(dir.join(f));
+    }
+    ok(run(&mut cmd), "parsing the figures");
+    // The report is a function of the results: rewritten from them, it is the same.
+    ok(
+        run(Command::new(python()).args([p(&script()), p(&dir), "--report-only"])),
+        "--report-only",
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("report.md")).unwrap(),
+        report
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
