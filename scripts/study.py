@@ -28,6 +28,7 @@ terminal.
 """
 
 import argparse
+import math
 import json
 import os
 import platform
@@ -333,7 +334,7 @@ def nice_top(values):
     value, and its tick step."""
     top = max([v for row in values for v in row if v is not None] + [1e-9])
     raw = top / 5
-    power = 10 ** __import__("math").floor(__import__("math").log10(raw))
+    power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
     ticks = int(-(-top // step))
     return step * ticks, step, ticks
@@ -343,77 +344,83 @@ def tick(v):
     return f"{v:g}" if v >= 0.01 or v == 0 else f"{v:.2g}"
 
 
+class Chart:
+    """The frame shared by the figures: title, y axis with round ticks over `values`, and (at
+    `finish`) the plot's border, a legend of `series` and the closing tag."""
+
+    W, LEFT, TOP, LEGEND = 1080, 70, 50, 300
+
+    def __init__(self, title, ylabel, height, bottom, values):
+        self.plot_w = self.W - self.LEFT - self.LEGEND
+        self.plot_h = height - self.TOP - bottom
+        self.height = height
+        self.top_v, step, ticks = nice_top(values)
+        left, top = self.LEFT, self.TOP
+        self.out = [
+            f'<?xml version="1.0" encoding="UTF-8"?>\n<svg xmlns="http://www.w3.org/2000/svg" '
+            f'width="{self.W}" height="{height}" font-family="sans-serif" font-size="12">',
+            f'<title>{xml(title)}</title><rect width="{self.W}" height="{height}" fill="white"/>',
+            f'<text x="{self.W / 2}" y="24" text-anchor="middle" font-size="15">{xml(title)}</text>',
+            f'<text transform="translate(18,{top + self.plot_h / 2}) rotate(-90)" '
+            f'text-anchor="middle">{xml(ylabel)}</text>']
+        for i in range(ticks + 1):
+            y = top + self.plot_h - self.plot_h * i / ticks
+            self.out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + self.plot_w}" '
+                            f'y2="{y:.1f}" stroke="#ddd"/>')
+            self.out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" '
+                            f'text-anchor="end">{tick(step * i)}</text>')
+
+    def y(self, v):
+        return self.TOP + self.plot_h - self.plot_h * v / self.top_v
+
+    def finish(self, series):
+        left, top = self.LEFT, self.TOP
+        self.out.append(f'<rect x="{left}" y="{top}" width="{self.plot_w}" '
+                        f'height="{self.plot_h}" fill="none" stroke="black"/>')
+        for si, s in enumerate(series):
+            y = top + 10 + si * 18
+            self.out.append(f'<rect x="{left + self.plot_w + 16}" y="{y}" width="12" height="12" '
+                            f'fill="{COLORS[si % len(COLORS)]}"/>')
+            self.out.append(f'<text x="{left + self.plot_w + 34}" y="{y + 10}">{xml(s)}</text>')
+        self.out.append("</svg>\n")
+        return "\n".join(self.out)
+
+
 def svg_bars(title, ylabel, groups, series, values):
     """Grouped bars: values[series][group] = median."""
-    w, h, left, top, bottom = 1080, 430, 70, 50, 90
-    plot_w, plot_h = w - left - 300, h - top - bottom
-    top_v, step, ticks = nice_top(values)
-    out = [f'<?xml version="1.0" encoding="UTF-8"?>\n<svg xmlns="http://www.w3.org/2000/svg" '
-           f'width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
-           f'<title>{xml(title)}</title><rect width="{w}" height="{h}" fill="white"/>',
-           f'<text x="{w / 2}" y="24" text-anchor="middle" font-size="15">{xml(title)}</text>',
-           f'<text transform="translate(18,{top + plot_h / 2}) rotate(-90)" '
-           f'text-anchor="middle">{xml(ylabel)}</text>']
-    for i in range(ticks + 1):
-        y = top + plot_h - plot_h * i / ticks
-        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#ddd"/>')
-        out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{tick(step * i)}</text>')
-    gw = plot_w / max(len(groups), 1)
+    c = Chart(title, ylabel, 430, 90, values)
+    gw = c.plot_w / max(len(groups), 1)
     bw = gw * 0.8 / max(len(series), 1)
     for gi, g in enumerate(groups):
-        x0 = left + gi * gw + gw * 0.1
+        x0 = c.LEFT + gi * gw + gw * 0.1
         for si, s in enumerate(series):
             v = values[si][gi]
             if v is None:
                 continue
-            bh = plot_h * v / top_v
-            out.append(f'<rect x="{x0 + si * bw:.1f}" y="{top + plot_h - bh:.1f}" width="{bw:.1f}" '
-                       f'height="{bh:.1f}" fill="{COLORS[si % len(COLORS)]}"><title>{xml(s)}, '
-                       f'{xml(g)}: {v:.3g}</title></rect>')
-        out.append(f'<text transform="translate({left + gi * gw + gw / 2:.1f},{top + plot_h + 14}) '
-                   f'rotate(20)" text-anchor="start">{xml(g)}</text>')
-    out.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="black"/>')
-    for si, s in enumerate(series):
-        y = top + 10 + si * 18
-        out.append(f'<rect x="{left + plot_w + 16}" y="{y}" width="12" height="12" '
-                   f'fill="{COLORS[si % len(COLORS)]}"/>')
-        out.append(f'<text x="{left + plot_w + 34}" y="{y + 10}">{xml(s)}</text>')
-    out.append("</svg>\n")
-    return "\n".join(out)
+            c.out.append(f'<rect x="{x0 + si * bw:.1f}" y="{c.y(v):.1f}" width="{bw:.1f}" '
+                         f'height="{c.y(0) - c.y(v):.1f}" fill="{COLORS[si % len(COLORS)]}">'
+                         f'<title>{xml(s)}, {xml(g)}: {v:.3g}</title></rect>')
+        c.out.append(f'<text transform="translate({c.LEFT + gi * gw + gw / 2:.1f},'
+                     f'{c.y(0) + 14}) rotate(20)" text-anchor="start">{xml(g)}</text>')
+    return c.finish(series)
 
 
 def svg_lines(title, ylabel, xs, series, values):
     """Lines over x = number of jobs: values[series][i] = median at xs[i]."""
-    w, h, left, top, bottom = 1080, 420, 70, 50, 60
-    plot_w, plot_h = w - left - 300, h - top - bottom
-    top_v, step, ticks = nice_top(values)
-    out = [f'<?xml version="1.0" encoding="UTF-8"?>\n<svg xmlns="http://www.w3.org/2000/svg" '
-           f'width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
-           f'<title>{xml(title)}</title><rect width="{w}" height="{h}" fill="white"/>',
-           f'<text x="{w / 2}" y="24" text-anchor="middle" font-size="15">{xml(title)}</text>',
-           f'<text transform="translate(18,{top + plot_h / 2}) rotate(-90)" '
-           f'text-anchor="middle">{xml(ylabel)}</text>',
-           f'<text x="{left + plot_w / 2}" y="{h - 14}" text-anchor="middle">jobs</text>']
-    px = lambda i: left + (plot_w * i / max(len(xs) - 1, 1))
-    for i in range(ticks + 1):
-        y = top + plot_h - plot_h * i / ticks
-        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#ddd"/>')
-        out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{tick(step * i)}</text>')
+    c = Chart(title, ylabel, 420, 60, values)
+    c.out.append(f'<text x="{c.LEFT + c.plot_w / 2}" y="{c.height - 14}" '
+                 f'text-anchor="middle">jobs</text>')
+    px = lambda i: c.LEFT + (c.plot_w * i / max(len(xs) - 1, 1))
     for i, x in enumerate(xs):
-        out.append(f'<text x="{px(i):.1f}" y="{top + plot_h + 16}" text-anchor="middle">{x}</text>')
+        c.out.append(f'<text x="{px(i):.1f}" y="{c.y(0) + 16}" text-anchor="middle">{x}</text>')
     for si, s in enumerate(series):
-        pts = [(px(i), top + plot_h - plot_h * v / top_v) for i, v in enumerate(values[si]) if v is not None]
+        pts = [(px(i), c.y(v)) for i, v in enumerate(values[si]) if v is not None]
         color = COLORS[si % len(COLORS)]
-        out.append(f'<polyline points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in pts)}" fill="none" '
-                   f'stroke="{color}" stroke-width="2"/>')
+        c.out.append(f'<polyline points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in pts)}" '
+                     f'fill="none" stroke="{color}" stroke-width="2"/>')
         for x, y in pts:
-            out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"/>')
-        y = top + 10 + si * 18
-        out.append(f'<rect x="{left + plot_w + 16}" y="{y}" width="12" height="12" fill="{color}"/>')
-        out.append(f'<text x="{left + plot_w + 34}" y="{y + 10}">{xml(s)}</text>')
-    out.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="black"/>')
-    out.append("</svg>\n")
-    return "\n".join(out)
+            c.out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"/>')
+    return c.finish(series)
 
 
 def report(res, d):

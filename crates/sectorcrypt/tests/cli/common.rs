@@ -54,6 +54,27 @@ pub(crate) fn cs_fast(args: &[&str]) -> Output {
     cs(&with_fast_pbkdf(args))
 }
 
+/// A passphrase file `dir/NAME.key` holding "passphrase NAME".
+pub(crate) fn key(dir: &Path, name: &str) -> std::path::PathBuf {
+    let k = dir.join(format!("{name}.key"));
+    std::fs::write(&k, format!("passphrase {name}")).unwrap();
+    k
+}
+
+/// Whether `cryptsetup open --test-passphrase` opens `img` with the passphrase in `key`.
+pub(crate) fn opens_in_cryptsetup(img: &Path, key: &Path) -> bool {
+    cs(&["open", "--test-passphrase", "--key-file", p(key), p(img)])
+        .status
+        .success()
+}
+
+/// Whether `sectorcrypt test-passphrase` opens `img` with the passphrase in `key`.
+pub(crate) fn opens_here(img: &Path, key: &Path) -> bool {
+    sc(&["test-passphrase", "--key-file", p(key), p(img)])
+        .status
+        .success()
+}
+
 /// sectorcrypt with `args`, which must exit with `code`; its standard error.
 pub(crate) fn sc_exits(args: &[&str], code: i32) -> String {
     let out = sc(args);

@@ -9,32 +9,42 @@ use sectorcrypt_luks::convert::{convert, Format};
 use sectorcrypt_storage::crash::Outcome;
 use sectorcrypt_storage::Power;
 
-use crate::common::{cryptsetup_volume_key, cs, cs_fast, ok, p, sc, sc_exits, scratch};
-
-fn key(dir: &Path, name: &str) -> PathBuf {
-    let k = dir.join(name);
-    std::fs::write(&k, format!("passphrase {name}")).unwrap();
-    k
-}
+use crate::common::{
+    cryptsetup_volume_key, cs, key, ok, opens_here, opens_in_cryptsetup, p, sc, sc_exits, scratch,
+    FAST_PBKDF,
+};
+use sectorcrypt_testkit::FAST_ARGON2ID;
 
 fn sparse(path: &Path, len: u64) {
     std::fs::File::create(path).unwrap().set_len(len).unwrap();
 }
 
+/// `dir/name`, a sparse `len`-byte file formatted by `cryptsetup luksFormat` with the passphrase
+/// in `key` and `options` (cheap PBKDF2 keyslots unless they name a PBKDF).
+fn formatted(dir: &Path, name: &str, len: u64, key: &Path, options: &[&str]) -> PathBuf {
+    let img = dir.join(name);
+    sparse(&img, len);
+    let mut args = vec!["luksFormat", "-q", "--key-file", p(key)];
+    args.extend_from_slice(options);
+    if !options.contains(&"--pbkdf") {
+        args.extend_from_slice(&FAST_PBKDF);
+    }
+    args.push(p(&img));
+    ok(cs(&args), "cryptsetup luksFormat");
+    img
+}
+
+/// `cryptsetup luksAddKey` of the passphrase in `new` to `img`, with `options`.
+fn add_key(img: &Path, options: &[&str], new: &Path) {
+    let mut args = vec!["luksAddKey", "-q"];
+    args.extend_from_slice(options);
+    args.extend_from_slice(&FAST_PBKDF);
+    args.extend_from_slice(&[p(img), p(new)]);
+    ok(cs(&args), "cryptsetup luksAddKey");
+}
+
 fn dump(img: &Path) -> String {
     String::from_utf8(ok(cs(&["luksDump", p(img)]), "luksDump").stdout).unwrap()
-}
-
-fn opens_in_cryptsetup(img: &Path, key: &Path) -> bool {
-    cs(&["open", "--test-passphrase", "--key-file", p(key), p(img)])
-        .status
-        .success()
-}
-
-fn opens_here(img: &Path, key: &Path) -> bool {
-    sc(&["test-passphrase", "--key-file", p(key), p(img)])
-        .status
-        .success()
 }
 
 /// cryptsetup converts `theirs`, sectorcrypt `ours` (a copy of it), both to `to`.
@@ -56,33 +66,8 @@ fn convert_both(theirs: &Path, ours: &Path, to: &str) {
 fn luks1_to_luks2_and_back_match_cryptsetup() {
     let dir = scratch("luks_convert-1to2");
     let (a, b) = (key(&dir, "a"), key(&dir, "b"));
-    let original = dir.join("original.img");
-    sparse(&original, 8 << 20);
-    ok(
-        cs_fast(&[
-            "luksFormat",
-            "-q",
-            "--type",
-            "luks1",
-            "--key-file",
-            p(&a),
-            p(&original),
-        ]),
-        "luksFormat",
-    );
-    ok(
-        cs_fast(&[
-            "luksAddKey",
-            "-q",
-            "-S",
-            "5",
-            "--key-file",
-            p(&a),
-            p(&original),
-            p(&b),
-        ]),
-        "luksAddKey",
-    );
+    let original = formatted(&dir, "original.img", 8 << 20, &a, &["--type", "luks1"]);
+    add_key(&original, &["-S", "5", "--key-file", p(&a)], &b);
     let vk = cryptsetup_volume_key(&original, &a);
     let (theirs, ours) = (dir.join("theirs.img"), dir.join("ours.img"));
     std::fs::copy(&original, &theirs).unwrap();
@@ -119,37 +104,9 @@ fn luks1_to_luks2_and_back_match_cryptsetup() {
 fn luks2_to_luks1_matches_cryptsetup() {
     let dir = scratch("luks_convert-2to1");
     let (a, b) = (key(&dir, "a"), key(&dir, "b"));
-    let theirs = dir.join("theirs.img");
-    sparse(&theirs, 20 << 20);
-    ok(
-        cs_fast(&[
-            "luksFormat",
-            "-q",
-            "--type",
-            "luks2",
-            "--sector-size",
-            "512",
-            "--label",
-            "gone",
-            "--key-file",
-            p(&a),
-            p(&theirs),
-        ]),
-        "luksFormat",
-    );
-    ok(
-        cs_fast(&[
-            "luksAddKey",
-            "-q",
-            "-S",
-            "3",
-            "--key-file",
-            p(&a),
-            p(&theirs),
-            p(&b),
-        ]),
-        "luksAddKey",
-    );
+    let options = ["--type", "luks2", "--sector-size", "512", "--label", "gone"];
+    let theirs = formatted(&dir, "theirs.img", 20 << 20, &a, &options);
+    add_key(&theirs, &["-S", "3", "--key-file", p(&a)], &b);
     let vk = cryptsetup_volume_key(&theirs, &a);
     let ours = dir.join("ours.img");
     std::fs::copy(&theirs, &ours).unwrap();
@@ -183,20 +140,17 @@ fn a_detached_luks1_header_grows_into_luks2() {
     let data = dir.join("data.img");
     sparse(&data, 4 << 20);
     let theirs = dir.join("theirs.hdr");
-    ok(
-        cs_fast(&[
-            "luksFormat",
-            "-q",
-            "--type",
-            "luks1",
-            "--header",
-            p(&theirs),
-            "--key-file",
-            p(&a),
-            p(&data),
-        ]),
-        "luksFormat --header",
-    );
+    let mut args = vec![
+        "luksFormat",
+        "-q",
+        "--type",
+        "luks1",
+        "--header",
+        p(&theirs),
+    ];
+    args.extend_from_slice(&["--key-file", p(&a), p(&data)]);
+    args.extend_from_slice(&FAST_PBKDF);
+    ok(cs(&args), "luksFormat --header");
     let ours = dir.join("ours.hdr");
     std::fs::copy(&theirs, &ours).unwrap();
     convert_both(&theirs, &ours, "luks2");
@@ -225,76 +179,19 @@ fn refusals_match_cryptsetup_and_write_nothing() {
     let dir = scratch("luks_convert-refused");
     let (a, b) = (key(&dir, "a"), key(&dir, "b"));
     let luks2 = |name: &str, extra: &[&str]| {
-        let img = dir.join(name);
-        sparse(&img, 20 << 20);
-        let mut args = vec![
-            "luksFormat",
-            "-q",
-            "--type",
-            "luks2",
-            "--sector-size",
-            "512",
-            "--key-file",
-            p(&a),
-        ];
-        args.extend_from_slice(extra);
-        args.push(p(&img));
-        ok(cs_fast(&args), "luksFormat");
-        img
+        let options = [&["--type", "luks2", "--sector-size", "512"][..], extra].concat();
+        formatted(&dir, name, 20 << 20, &a, &options)
     };
     let add = |img: &Path, extra: &[&str]| {
-        let mut args = vec!["luksAddKey", "-q", "--key-file", p(&a)];
-        args.extend_from_slice(extra);
-        args.extend_from_slice(&[p(img), p(&b)]);
-        ok(cs_fast(&args), "luksAddKey");
+        add_key(img, &[&["--key-file", p(&a)][..], extra].concat(), &b);
     };
-    let mut cases: Vec<(PathBuf, &str)> = Vec::new();
-    // Argon2 keyslots (cs_fast's --pbkdf pbkdf2 is overridden by the later option).
-    let argon = dir.join("argon.img");
-    sparse(&argon, 20 << 20);
-    ok(
-        cs(&[
-            "luksFormat",
-            "-q",
-            "--type",
-            "luks2",
-            "--sector-size",
-            "512",
-            "--pbkdf",
-            "argon2id",
-            "--pbkdf-force-iterations",
-            "4",
-            "--pbkdf-memory",
-            "32",
-            "--key-file",
-            p(&a),
-            p(&argon),
-        ]),
-        "luksFormat argon2id",
-    );
-    cases.push((argon, "luks1"));
-    cases.push((
-        {
-            let img = dir.join("s4096.img");
-            sparse(&img, 20 << 20);
-            ok(
-                cs_fast(&[
-                    "luksFormat",
-                    "-q",
-                    "--type",
-                    "luks2",
-                    "--sector-size",
-                    "4096",
-                    "--key-file",
-                    p(&a),
-                    p(&img),
-                ]),
-                "luksFormat",
-            );
-            img
-        },
-        "luks1",
-    ));
+    let mut cases: Vec<(PathBuf, &str)> = vec![
+        (luks2("argon.img", &FAST_ARGON2ID), "luks1"),
+        (
+            formatted(&dir, "s4096.img", 20 << 20, &a, &["--sector-size", "4096"]),
+            "luks1",
+        ),
+    ];
     let token = luks2("token.img", &[]);
     let json = dir.join("token.json");
     std::fs::write(&json, r#"{"type":"x","keyslots":[]}"#).unwrap();
@@ -309,64 +206,37 @@ fn refusals_match_cryptsetup_and_write_nothing() {
     let mixed = luks2("mixed.img", &[]);
     add(&mixed, &["--hash", "sha512"]);
     cases.push((mixed, "luks1"));
-    cases.push((
-        luks2(
-            "kscipher.img",
-            &[
-                "--keyslot-cipher",
-                "aes-cbc-essiv:sha256",
-                "--keyslot-key-size",
-                "256",
-            ],
-        ),
-        "luks1",
-    ));
+    let keyslot_cipher = [
+        "--keyslot-cipher",
+        "aes-cbc-essiv:sha256",
+        "--keyslot-key-size",
+        "256",
+    ];
+    cases.push((luks2("kscipher.img", &keyslot_cipher), "luks1"));
     let unbound = luks2("unbound.img", &[]);
-    ok(
-        cs_fast(&[
-            "luksAddKey",
-            "-q",
-            "--unbound",
-            "--key-size",
-            "512",
-            p(&unbound),
-            p(&b),
-        ]),
-        "luksAddKey --unbound",
-    );
+    add_key(&unbound, &["--unbound", "--key-size", "512"], &b);
     cases.push((unbound, "luks1"));
     let reenc = luks2("reenc.img", &[]);
-    ok(
-        cs_fast(&[
-            "reencrypt",
-            "-q",
-            "--init-only",
-            "--key-file",
-            p(&a),
-            p(&reenc),
-        ]),
-        "reencrypt --init-only",
-    );
+    let mut args = vec![
+        "reencrypt",
+        "-q",
+        "--init-only",
+        "--key-file",
+        p(&a),
+        p(&reenc),
+    ];
+    args.extend_from_slice(&FAST_PBKDF);
+    ok(cs(&args), "reencrypt --init-only");
     cases.push((reenc, "luks1"));
     cases.push((luks2("already2.img", &[]), "luks2"));
     let luks1 = |name: &str, extra: &[&str]| {
-        let img = dir.join(name);
-        sparse(&img, 20 << 20);
-        let mut args = vec!["luksFormat", "-q", "--type", "luks1", "--key-file", p(&a)];
-        args.extend_from_slice(extra);
-        args.push(p(&img));
-        ok(cs_fast(&args), "luksFormat luks1");
-        img
+        let options = [&["--type", "luks1"][..], extra].concat();
+        formatted(&dir, name, 20 << 20, &a, &options)
     };
     cases.push((luks1("already1.img", &[]), "luks1"));
     // The keyslots end where the data starts: no room for the LUKS2 header copies.
-    cases.push((
-        luks1(
-            "tight.img",
-            &["--key-size", "256", "--align-payload", "2056"],
-        ),
-        "luks2",
-    ));
+    let tight = ["--key-size", "256", "--align-payload", "2056"];
+    cases.push((luks1("tight.img", &tight), "luks2"));
     for (img, to) in &cases {
         let copy = dir.join("copy.img");
         std::fs::copy(img, &copy).unwrap();
@@ -408,20 +278,7 @@ fn refusals_match_cryptsetup_and_write_nothing() {
 fn an_interrupted_conversion_is_finished_by_convert() {
     let dir = scratch("luks_convert-interrupted");
     let a = key(&dir, "a");
-    let img = dir.join("v.img");
-    sparse(&img, 8 << 20);
-    ok(
-        cs_fast(&[
-            "luksFormat",
-            "-q",
-            "--type",
-            "luks1",
-            "--key-file",
-            p(&a),
-            p(&img),
-        ]),
-        "luksFormat",
-    );
+    let img = formatted(&dir, "v.img", 8 << 20, &a, &["--type", "luks1"]);
     let vk = cryptsetup_volume_key(&img, &a);
     let power = Power::new(Some(40));
     let dev = power.device(std::fs::read(&img).unwrap());

@@ -5,16 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use crate::common::{
-    cryptsetup_volume_key, cs, cs_fast, ok, our_volume_key, p, sc, sc_exits, sc_fast, scratch,
-    with_fast_pbkdf, FAST_PBKDF,
+    cryptsetup_volume_key, cs, cs_fast, key, ok, opens_here, opens_in_cryptsetup, our_volume_key,
+    p, sc, sc_exits, sc_fast, scratch, with_fast_pbkdf, FAST_PBKDF,
 };
 use sectorcrypt_testkit::FAST_LUKS1;
-
-fn key(dir: &Path, name: &str) -> PathBuf {
-    let k = dir.join(format!("{name}.key"));
-    std::fs::write(&k, format!("passphrase {name}")).unwrap();
-    k
-}
 
 fn image(dir: &Path, name: &str, mib: u64) -> PathBuf {
     let img = dir.join(format!("{name}.img"));
@@ -32,18 +26,6 @@ fn format_here(img: &Path, key: &Path, extra: &[&str]) {
     args.extend_from_slice(extra);
     args.push(p(img));
     ok(sc_fast(&args), "format");
-}
-
-fn opens_in_cryptsetup(img: &Path, key: &Path) -> bool {
-    cs(&["open", "--test-passphrase", "--key-file", p(key), p(img)])
-        .status
-        .success()
-}
-
-fn opens_here(img: &Path, key: &Path) -> bool {
-    sc(&["test-passphrase", "--key-file", p(key), p(img)])
-        .status
-        .success()
 }
 
 #[test]

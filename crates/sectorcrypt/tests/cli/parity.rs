@@ -14,7 +14,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::common::{cs, cs_fast, ok, p, sc, scratch};
+use crate::common::{cs, cs_fast, key, ok, p, sc, scratch};
 use sectorcrypt_testkit::luks2_json::{edit_json, json_at, reencrypt_keyslot};
 
 /// `cryptsetup open --test-passphrase` and `sectorcrypt test-passphrase` with `extra` options and
@@ -40,12 +40,6 @@ fn assert_same(device: &Path, cases: &[(&[&str], &Path, i32)], what: &str) {
             key.display()
         );
     }
-}
-
-fn key(dir: &Path, name: &str) -> std::path::PathBuf {
-    let k = dir.join(name);
-    std::fs::write(&k, format!("passphrase {name}")).unwrap();
-    k
 }
 
 /// A sparse `len`-byte LUKS2 volume made by cryptsetup with the passphrase in `key`.
