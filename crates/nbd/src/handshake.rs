@@ -16,7 +16,7 @@ const MAX_OPTION_LEN: u32 = 64 * 1024;
 /// A client that sends more options than this without choosing an export is dropped.
 const MAX_OPTIONS: usize = 1000;
 
-/// What the server offers: one export.
+/// One export, as clients see it.
 #[derive(Clone, Debug)]
 pub struct ExportInfo {
     /// Its name (clients asking for "" get it too: the empty name is the default export).
@@ -35,11 +35,20 @@ pub struct ExportInfo {
     pub max_payload: u32,
 }
 
+/// The exports a server offers, by name.
+pub(crate) trait Offer {
+    /// The export a client names (the empty name: the default export, if there is one).
+    fn find(&self, name: &[u8]) -> Option<ExportInfo>;
+    /// Every export, for `NBD_OPT_LIST`.
+    fn list(&self) -> Vec<ExportInfo>;
+}
+
 /// How the handshake ended.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
-    /// The client chose the export: serve requests, with structured replies if negotiated.
-    Transmission { structured: bool },
+    /// The client chose an export (the name it used): serve requests, with structured replies
+    /// if negotiated.
+    Transmission { structured: bool, name: Vec<u8> },
     /// The client left, or broke the protocol so that the connection had to be dropped.
     Closed,
 }
@@ -60,7 +69,7 @@ fn option_error(s: &mut impl Write, option: u32, kind: u32, why: &str) -> io::Re
 }
 
 /// Run the handshake on `s`. I/O errors (the client vanished, a timeout) are returned as such.
-pub(crate) fn negotiate<S: Read + Write>(s: &mut S, export: &ExportInfo) -> io::Result<Outcome> {
+pub(crate) fn negotiate<S: Read + Write>(s: &mut S, offer: &dyn Offer) -> io::Result<Outcome> {
     let mut greeting = Vec::with_capacity(18);
     greeting.extend_from_slice(&NBDMAGIC.to_be_bytes());
     greeting.extend_from_slice(&IHAVEOPT.to_be_bytes());
@@ -99,9 +108,9 @@ pub(crate) fn negotiate<S: Read + Write>(s: &mut S, export: &ExportInfo) -> io::
         match option {
             OPT_EXPORT_NAME => {
                 // No error reply exists for this option: an unknown name drops the connection.
-                if !name_matches(&data, &export.name) {
+                let Some(export) = offer.find(&data) else {
                     return Ok(Outcome::Closed);
-                }
+                };
                 let mut out = Vec::with_capacity(10 + 124);
                 out.extend_from_slice(&export.size.to_be_bytes());
                 out.extend_from_slice(&export.flags.to_be_bytes());
@@ -110,7 +119,10 @@ pub(crate) fn negotiate<S: Read + Write>(s: &mut S, export: &ExportInfo) -> io::
                 }
                 s.write_all(&out)?;
                 s.flush()?;
-                return Ok(Outcome::Transmission { structured });
+                return Ok(Outcome::Transmission {
+                    structured,
+                    name: data,
+                });
             }
             OPT_ABORT => {
                 option_reply(s, option, REP_ACK, &[])?;
@@ -121,26 +133,31 @@ pub(crate) fn negotiate<S: Read + Write>(s: &mut S, export: &ExportInfo) -> io::
                 option_error(s, option, REP_ERR_INVALID, "NBD_OPT_LIST takes no data")?
             }
             OPT_LIST => {
-                let mut entry = Vec::new();
-                entry.extend_from_slice(&(export.name.len() as u32).to_be_bytes());
-                entry.extend_from_slice(export.name.as_bytes());
-                entry.extend_from_slice(export.description.as_bytes());
-                option_reply(s, option, REP_SERVER, &entry)?;
+                for export in offer.list() {
+                    let mut entry = Vec::new();
+                    entry.extend_from_slice(&(export.name.len() as u32).to_be_bytes());
+                    entry.extend_from_slice(export.name.as_bytes());
+                    entry.extend_from_slice(export.description.as_bytes());
+                    option_reply(s, option, REP_SERVER, &entry)?;
+                }
                 option_reply(s, option, REP_ACK, &[])?;
             }
             OPT_INFO | OPT_GO => match parse_info_request(&data) {
                 None => option_error(s, option, REP_ERR_INVALID, "malformed info request")?,
-                Some((name, _)) if !name_matches(name, &export.name) => {
-                    option_error(s, option, REP_ERR_UNKNOWN, "no such export")?
-                }
-                Some((_, requests)) => {
-                    send_info(s, option, export, &requests)?;
-                    option_reply(s, option, REP_ACK, &[])?;
-                    if option == OPT_GO {
-                        s.flush()?;
-                        return Ok(Outcome::Transmission { structured });
+                Some((name, requests)) => match offer.find(name) {
+                    None => option_error(s, option, REP_ERR_UNKNOWN, "no such export")?,
+                    Some(export) => {
+                        send_info(s, option, &export, &requests)?;
+                        option_reply(s, option, REP_ACK, &[])?;
+                        if option == OPT_GO {
+                            s.flush()?;
+                            return Ok(Outcome::Transmission {
+                                structured,
+                                name: name.to_vec(),
+                            });
+                        }
                     }
-                }
+                },
             },
             OPT_STRUCTURED_REPLY if !data.is_empty() => option_error(
                 s,
@@ -174,11 +191,6 @@ pub(crate) fn negotiate<S: Read + Write>(s: &mut S, export: &ExportInfo) -> io::
         s.flush()?;
     }
     Ok(Outcome::Closed)
-}
-
-/// The empty name always means the default (only) export.
-fn name_matches(asked: &[u8], ours: &str) -> bool {
-    asked.is_empty() || asked == ours.as_bytes()
 }
 
 /// `NBD_OPT_INFO`/`GO` data: u32 name length, name, u16 count, count x u16 information types.

@@ -1,8 +1,8 @@
 //! An NBD server for sectorcrypt volumes: any NBD client (qemu, `nbdcopy`, `nbdinfo`, fio's
 //! `nbd` engine, the kernel's `nbd-client`) reads and writes the decrypted volume.
 //!
-//! Modules: [`proto`] (wire constants and encodings), `handshake` (fixed newstyle option
-//! haggling), `transmission` (one connection's requests: a few workers take turns reading the
+//! Modules: [`proto`] (wire constants and encodings), `exports` (one volume, or a key-per-I/O
+//! table with an export per key tag), `handshake` (fixed newstyle option haggling), `transmission` (one connection's requests: a few workers take turns reading the
 //! socket, leader/follower as in nbdkit, and each runs the request it read and replies, out of
 //! order), `server` (listeners, connections, stopping).
 //!
@@ -18,12 +18,14 @@
 //! - Only the fixed newstyle handshake, as every current client speaks it; no TLS (use the Unix
 //!   socket, mode 0600, or a tunnel), no block status (the volume has no holes to report).
 
+mod exports;
 mod handshake;
 pub mod proto;
 mod server;
 mod stream;
 mod transmission;
 
+pub use exports::Exports;
 pub use handshake::ExportInfo;
 pub use server::{Listen, Server, ServerOptions, StopHandle, MAX_PAYLOAD};
 

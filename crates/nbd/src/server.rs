@@ -1,9 +1,10 @@
 //! Listening, accepting and stopping.
 //!
 //! One thread per connection (it runs the handshake, then reads requests and feeds the
-//! connection's workers). Every connection serves the same [`Volume`]; since the volume's flush
-//! is an fdatasync of the whole device, a flush on any connection covers writes completed on all
-//! of them, which is what `NBD_FLAG_CAN_MULTI_CONN` promises.
+//! connection's workers). Every connection serves the same storage (one volume, or one key table
+//! under any of its keys); since a flush is an fdatasync of the whole device, a flush on any
+//! connection covers writes completed on all of them, which is what `NBD_FLAG_CAN_MULTI_CONN`
+//! promises.
 
 use std::fs;
 use std::io;
@@ -18,8 +19,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use sectorcrypt_volume::Volume;
-
+use crate::exports::{Exports, Offered};
 use crate::handshake::{negotiate, ExportInfo, Outcome};
 use crate::proto::*;
 use crate::stream::Stream;
@@ -47,7 +47,8 @@ pub enum Listen {
 /// How to serve.
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
-    /// The export's name (the empty name always reaches it too).
+    /// The export's name (the empty name always reaches it too); a key table's exports are
+    /// named by their tags instead.
     pub export_name: String,
     /// A description for `nbdinfo` and friends.
     pub description: String,
@@ -76,7 +77,7 @@ enum Listener {
 /// A bound server, ready to [`run`](Server::run).
 pub struct Server {
     listener: Listener,
-    volume: Arc<Volume>,
+    exports: Exports,
     export: ExportInfo,
     options: ServerOptions,
     stop: Arc<AtomicBool>,
@@ -101,13 +102,15 @@ impl StopHandle {
 }
 
 impl Server {
-    /// Bind `listen` for `volume`. A Unix socket path that holds a stale socket is replaced;
-    /// one where a server still answers is [`Error::Busy`].
+    /// Bind `listen` for `exports` (an `Arc<Volume>` or an `Arc<KeyTable>`). A Unix socket path
+    /// that holds a stale socket is replaced; one where a server still answers is
+    /// [`Error::Busy`].
     pub fn bind(
         listen: &Listen,
-        volume: Arc<Volume>,
+        exports: impl Into<Exports>,
         options: ServerOptions,
     ) -> Result<Self, Error> {
+        let exports = exports.into();
         let listener = match listen {
             Listen::Unix(path) => Listener::Unix(bind_unix(path)?, path.clone()),
             Listen::Tcp(addr) => {
@@ -129,17 +132,17 @@ impl Server {
             | FLAG_SEND_FUA
             | FLAG_SEND_WRITE_ZEROES
             | FLAG_CAN_MULTI_CONN;
-        if volume.is_read_only() {
+        if exports.is_read_only() {
             flags |= FLAG_READ_ONLY;
         }
-        if volume.allows_discards() {
+        if exports.allows_discards() {
             flags |= FLAG_SEND_TRIM;
         }
-        let sector = volume.sector_size() as u32;
+        let sector = exports.sector_size() as u32;
         let export = ExportInfo {
             name: options.export_name.clone(),
             description: options.description.clone(),
-            size: volume.size(),
+            size: exports.size(),
             flags,
             min_block: sector,
             preferred_block: sector.max(4096),
@@ -147,7 +150,7 @@ impl Server {
         };
         Ok(Server {
             listener,
-            volume,
+            exports,
             export,
             options,
             stop: Arc::new(AtomicBool::new(false)),
@@ -220,8 +223,8 @@ impl Server {
                     .unwrap_or_else(PoisonError::into_inner)
                     .push((id, clone));
             }
-            let (volume, export, workers, registry) = (
-                Arc::clone(&self.volume),
+            let (exports, export, workers, registry) = (
+                self.exports.clone(),
                 self.export.clone(),
                 self.options.workers,
                 Arc::clone(&live),
@@ -229,7 +232,7 @@ impl Server {
             let spawned = thread::Builder::new()
                 .name(format!("nbd-conn-{id}"))
                 .spawn(move || {
-                    let _ = serve_client(stream, volume, &export, workers);
+                    let _ = serve_client(stream, &exports, &export, workers);
                     registry
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
@@ -255,7 +258,7 @@ impl Server {
         for t in threads {
             let _ = t.join();
         }
-        let flushed = self.volume.flush();
+        let flushed = self.exports.flush();
         if let Listener::Unix(_, path) = &self.listener {
             let _ = fs::remove_file(path);
         }
@@ -280,20 +283,29 @@ fn percent_encode(raw: &[u8], keep_slash: bool) -> String {
 /// One client from greeting to goodbye.
 fn serve_client(
     mut stream: Stream,
-    volume: Arc<Volume>,
-    export: &ExportInfo,
+    exports: &Exports,
+    template: &ExportInfo,
     workers: usize,
 ) -> io::Result<()> {
     stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
     stream.set_write_timeout(Some(REPLY_TIMEOUT))?;
-    let outcome = negotiate(&mut stream, export);
-    match outcome {
-        Ok(Outcome::Transmission { structured }) => {
+    let offered = Offered { exports, template };
+    let outcome = negotiate(&mut stream, &offered);
+    let target = match outcome {
+        // The export can vanish between the handshake's answer and here (a key evicted): the
+        // client then sees the connection close, as for an unknown name.
+        Ok(Outcome::Transmission { structured, name }) => exports
+            .target(&name, &template.name)
+            .map(|target| (structured, target)),
+        Ok(Outcome::Closed) | Err(_) => None,
+    };
+    match target {
+        Some((structured, target)) => {
             // Between requests a client may idle as long as it likes.
             stream.set_read_timeout(None)?;
-            transmission::serve(stream, volume, structured, export.max_payload, workers)
+            transmission::serve(stream, target, structured, template.max_payload, workers)
         }
-        Ok(Outcome::Closed) | Err(_) => {
+        None => {
             stream.shutdown();
             Ok(())
         }

@@ -22,6 +22,7 @@ use std::thread;
 
 use sectorcrypt_volume::{Announced, Error as VolumeError, Volume};
 
+use crate::exports::Target;
 use crate::proto::*;
 use crate::stream::Stream;
 
@@ -65,7 +66,7 @@ impl BufferPool {
 
 /// What the connection's threads share.
 struct Connection {
-    volume: Arc<Volume>,
+    target: Target,
     /// The read side; whoever holds it reads the next request.
     reader: Mutex<Reader>,
     writer: Mutex<Stream>,
@@ -116,10 +117,10 @@ impl Connection {
     }
 
     /// Read and decrypt, then send header and data in one write.
-    fn read(&self, req: &Request) {
+    fn read(&self, req: &Request, volume: &Volume) {
         let len = req.length as usize;
         if len == 0 {
-            return self.reply_result(req, self.volume.read(&mut [], req.offset));
+            return self.reply_result(req, volume.read(&mut [], req.offset));
         }
         let head = if self.structured {
             OFFSET_DATA_HEADER_LEN
@@ -127,7 +128,7 @@ impl Connection {
             SIMPLE_REPLY_LEN
         };
         let mut out = self.buffers.take(head + len);
-        if let Err(e) = self.volume.read(&mut out[head..head + len], req.offset) {
+        if let Err(e) = volume.read(&mut out[head..head + len], req.offset) {
             self.buffers.give(out);
             return self.reply(req, errno(req.kind, &e), &e.to_string());
         }
@@ -147,31 +148,47 @@ impl Connection {
         self.buffers.give(out);
     }
 
-    /// Run one request that passed the reader's checks.
-    fn execute(&self, req: &Request, payload: Option<Vec<u8>>) {
+    /// Run one request that passed the reader's checks, on the volume it was announced to.
+    fn execute(&self, job: Job) {
+        let Job {
+            req,
+            payload,
+            announced,
+        } = job;
+        let req = &req;
+        if req.kind == CMD_FLUSH {
+            // A flush needs no key.
+            return self.reply_result(req, self.target.flush());
+        }
+        let volume = match &announced {
+            Ok(a) => a.volume(),
+            Err(e) => {
+                if let Some(data) = payload {
+                    self.buffers.give(data);
+                }
+                return self.reply(req, errno(req.kind, e), &e.to_string());
+            }
+        };
         let fua = req.flags & CMD_FLAG_FUA != 0;
         let with_fua = |r: Result<(), VolumeError>| match r {
-            Ok(()) if fua => self.volume.flush(),
+            Ok(()) if fua => volume.flush(),
             other => other,
         };
         let len = u64::from(req.length);
         match req.kind {
-            CMD_READ => self.read(req),
+            CMD_READ => self.read(req, volume),
             CMD_WRITE => {
                 let mut data = payload.unwrap_or_default();
-                let r = self
-                    .volume
-                    .write_in_place(&mut data[..req.length as usize], req.offset);
+                let r = volume.write_in_place(&mut data[..req.length as usize], req.offset);
                 self.buffers.give(data);
                 self.reply_result(req, with_fua(r));
             }
-            CMD_FLUSH => self.reply_result(req, self.volume.flush()),
             CMD_TRIM => {
-                let r = self.volume.discard(req.offset, len);
+                let r = volume.discard(req.offset, len);
                 self.reply_result(req, with_fua(r));
             }
             CMD_WRITE_ZEROES => {
-                let r = self.volume.write_zeroes(req.offset, len);
+                let r = volume.write_zeroes(req.offset, len);
                 self.reply_result(req, with_fua(r));
             }
             _ => self.reply(req, EINVAL, "unknown command"),
@@ -197,24 +214,25 @@ struct Reader {
     done: bool,
 }
 
-/// A request read in full and ready to run.
+/// A request read in full and ready to run, with the volume (and key) it runs on, or why there
+/// is none.
 struct Job {
     req: Request,
     payload: Option<Vec<u8>>,
-    _announced: Announced,
+    announced: Result<Announced, VolumeError>,
 }
 
 /// Serve requests on `stream` until the client disconnects, breaks the protocol or the stream
 /// is shut down. Returns once every reply has been sent.
 pub(crate) fn serve(
     stream: Stream,
-    volume: Arc<Volume>,
+    target: Target,
     structured: bool,
     max_payload: u32,
     workers: usize,
 ) -> io::Result<()> {
     let conn = Arc::new(Connection {
-        volume,
+        target,
         writer: Mutex::new(stream.try_clone()?),
         reader: Mutex::new(Reader {
             stream,
@@ -263,7 +281,7 @@ fn work(conn: &Connection) {
             }
         };
         if !conn.broken.load(Ordering::Relaxed) {
-            conn.execute(&job.req, job.payload);
+            conn.execute(job);
         }
     }
 }
@@ -300,14 +318,14 @@ fn next_job(stream: &mut Stream, conn: &Connection) -> Option<Job> {
             return Some(Job {
                 req,
                 payload: Some(payload),
-                _announced: conn.volume.announce(),
+                announced: conn.target.announce(),
             });
         }
         let refusal = match req.kind {
             _ if req.flags & !KNOWN_FLAGS != 0 => Some("unknown command flags"),
             CMD_READ if len > conn.max_payload => Some("read larger than the maximum payload"),
             CMD_READ | CMD_FLUSH | CMD_WRITE_ZEROES => None,
-            CMD_TRIM if conn.volume.allows_discards() => None,
+            CMD_TRIM if conn.target.allows_discards() => None,
             CMD_TRIM => Some("discards are off (--allow-discards)"),
             _ => Some("unknown command"),
         };
@@ -317,7 +335,7 @@ fn next_job(stream: &mut Stream, conn: &Connection) -> Option<Job> {
                 return Some(Job {
                     req,
                     payload: None,
-                    _announced: conn.volume.announce(),
+                    announced: conn.target.announce(),
                 })
             }
         }

@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use rand::{RngCore, SeedableRng};
 use sectorcrypt_nbd::proto::*;
-use sectorcrypt_nbd::{Listen, Server, ServerOptions, StopHandle};
+use sectorcrypt_nbd::{Exports, Listen, Server, ServerOptions, StopHandle};
 use sectorcrypt_storage::MemStorage;
+use sectorcrypt_volume::kpio::KeyTable;
 use sectorcrypt_volume::{Layout, Volume, VolumeOptions};
 
 const SIZE: u64 = 4 << 20;
@@ -26,28 +27,20 @@ struct Harness {
 
 impl Harness {
     fn start(name: &str, opts: VolumeOptions) -> Harness {
+        let storage = Arc::new(MemStorage::new(vec![0; SIZE as usize + 4096]));
+        let volume = Volume::with_layout(storage.clone(), layout(), &[3; 64], &opts).unwrap();
+        Harness::serve(name, Arc::new(volume).into(), storage)
+    }
+
+    fn serve(name: &str, exports: Exports, storage: Arc<MemStorage>) -> Harness {
         let dir =
             std::env::temp_dir().join(format!("sectorcrypt-nbd-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let socket = dir.join("nbd.sock");
-        let storage = Arc::new(MemStorage::new(vec![0; SIZE as usize + 4096]));
-        let volume = Volume::with_layout(
-            storage.clone(),
-            Layout {
-                offset: 4096,
-                size: SIZE,
-                cipher: "aes-xts-plain64".into(),
-                sector_size: 512,
-                iv_offset: 0,
-            },
-            &[3; 64],
-            &opts,
-        )
-        .unwrap();
         let server = Server::bind(
             &Listen::Unix(socket.clone()),
-            Arc::new(volume),
+            exports,
             ServerOptions {
                 export_name: "vol".into(),
                 ..Default::default()
@@ -88,12 +81,17 @@ impl Harness {
 
     /// A connection in transmission, with or without structured replies.
     fn client(&self, structured: bool) -> Client {
+        self.client_of(b"vol", structured)
+    }
+
+    /// A connection to the export `name` in transmission.
+    fn client_of(&self, name: &[u8], structured: bool) -> Client {
         let mut s = self.greeted();
         if structured {
             send_option(&mut s, OPT_STRUCTURED_REPLY, &[]);
             assert_eq!(read_option_reply(&mut s).1, REP_ACK);
         }
-        send_option(&mut s, OPT_GO, &go_data(b"vol", &[INFO_BLOCK_SIZE]));
+        send_option(&mut s, OPT_GO, &go_data(name, &[INFO_BLOCK_SIZE]));
         let mut saw_size = false;
         loop {
             let (_, kind, data) = read_option_reply(&mut s);
@@ -242,6 +240,16 @@ impl Client {
     fn command(&mut self, kind: u16, flags: u16, offset: u64, length: u32) -> u32 {
         let cookie = self.send(kind, flags, offset, length, &[]);
         self.simple_reply(cookie)
+    }
+}
+
+fn layout() -> Layout {
+    Layout {
+        offset: 4096,
+        size: SIZE,
+        cipher: "aes-xts-plain64".into(),
+        sector_size: 512,
+        iv_offset: 0,
     }
 }
 
@@ -500,4 +508,71 @@ fn stopping_answers_what_was_read_and_flushes() {
     // The socket file is gone and the client's connection is closed.
     assert!(!h.socket.exists());
     assert_closed(&mut c.s);
+}
+
+/// The names a key-table server lists, one `NBD_REP_SERVER` each.
+fn listed(h: &Harness) -> Vec<String> {
+    let mut s = h.greeted();
+    send_option(&mut s, OPT_LIST, &[]);
+    let mut names = Vec::new();
+    loop {
+        let (_, kind, data) = read_option_reply(&mut s);
+        match kind {
+            REP_SERVER => {
+                let len = be32(&data[0..4]) as usize;
+                names.push(String::from_utf8(data[4..4 + len].to_vec()).unwrap());
+            }
+            REP_ACK => return names,
+            other => panic!("unexpected reply {other:#x} to LIST"),
+        }
+    }
+}
+
+#[test]
+fn key_table_exports_one_name_per_tag() {
+    let storage = Arc::new(MemStorage::new(vec![0; SIZE as usize + 4096]));
+    let table = Arc::new(
+        KeyTable::new(storage.clone(), layout(), &VolumeOptions::default(), 8).unwrap(),
+    );
+    for tag in [0u32, 5, 70000] {
+        table.load(tag, &[tag as u8 + 1; 64]).unwrap();
+    }
+    let h = Harness::serve("kpio", Arc::clone(&table).into(), storage);
+    assert_eq!(listed(&h), ["0", "5", "70000"]);
+
+    // No default export, no unknown tag, no second spelling of a tag.
+    for name in [&b""[..], b"vol", b"6", b"05"] {
+        let mut s = h.greeted();
+        send_option(&mut s, OPT_GO, &go_data(name, &[]));
+        assert_eq!(read_option_reply(&mut s).1, REP_ERR_UNKNOWN, "{name:?}");
+    }
+
+    // The same offset under two keys: each connection reads what it wrote, and the store
+    // holds the last write's ciphertext.
+    let (a, b) = (pattern(8192, 21), pattern(8192, 22));
+    let mut c5 = h.client_of(b"5", false);
+    let mut c0 = h.client_of(b"0", true);
+    assert_eq!(c5.write(65536, &a, 0), 0);
+    assert_eq!(c5.read(65536, 8192).unwrap(), a);
+    assert_eq!(c0.write(65536, &b, CMD_FLAG_FUA), 0);
+    assert_eq!(c0.read(65536, 8192).unwrap(), b);
+    assert_ne!(c5.read(65536, 8192).unwrap(), a, "tag 5 reads tag 0's data as noise");
+    assert_eq!(c5.write(65536, &a, 0), 0);
+
+    // Evicted while connected: its requests fail with EIO, a flush still works, and other
+    // tags go on.
+    assert!(table.evict(5));
+    assert_eq!(c5.read(65536, 8192), Err(EIO));
+    assert_eq!(c5.write(0, &a, 0), EIO);
+    assert_eq!(c5.command(CMD_WRITE_ZEROES, 0, 0, 4096), EIO);
+    assert_eq!(c5.command(CMD_FLUSH, 0, 0, 0), 0);
+    assert_eq!(c0.read(0, 4096).map(|d| d.len()), Ok(4096));
+    assert_eq!(listed(&h), ["0", "70000"]);
+    // Loaded again with the same key: the data written under it is back.
+    table.load(5, &[6; 64]).unwrap();
+    assert_eq!(c5.read(65536, 8192).unwrap(), a);
+    // Destroyed and a new key under the tag: noise.
+    assert!(table.destroy(5).unwrap());
+    table.load(5, &[7; 64]).unwrap();
+    assert_ne!(h.client_of(b"5", false).read(65536, 8192).unwrap(), a);
 }

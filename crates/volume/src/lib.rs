@@ -90,6 +90,8 @@ pub enum Error {
     Exists(String),
     /// The cipher refused (bad key, spec or sector size).
     Cipher(sectorcrypt_cipher::Error),
+    /// A key-per-I/O request named a key tag that is not loaded (never, or evicted since).
+    KeyNotLoaded(u32),
 }
 
 impl fmt::Display for Error {
@@ -116,6 +118,7 @@ impl fmt::Display for Error {
             ),
             Error::Refused(why) | Error::WrongDevice(why) | Error::Exists(why) => f.write_str(why),
             Error::Cipher(e) => write!(f, "cipher error: {e}"),
+            Error::KeyNotLoaded(tag) => write!(f, "no key is loaded under tag {tag}"),
         }
     }
 }
@@ -206,6 +209,29 @@ impl Layout {
     }
 }
 
+impl Layout {
+    /// Check that the data fits on `storage` in whole sectors; the cipher spec, parsed.
+    pub fn check_fits(&self, storage: &dyn Storage) -> Result<CipherSpec, Error> {
+        let spec = CipherSpec::parse(&self.cipher)?;
+        let end = self.offset.checked_add(self.size);
+        if end.is_none_or(|end| end > storage.len().unwrap_or(0)) {
+            return Err(Error::Unsupported(format!(
+                "{} bytes of data at offset {} do not fit on {}",
+                self.size,
+                self.offset,
+                storage.name()
+            )));
+        }
+        if !self.size.is_multiple_of(self.sector_size as u64) {
+            return Err(Error::Unsupported(format!(
+                "a data size of {} bytes, not a multiple of the {}-byte sector",
+                self.size, self.sector_size
+            )));
+        }
+        Ok(spec)
+    }
+}
+
 /// How to open a volume.
 #[derive(Clone, Debug)]
 pub struct VolumeOptions {
@@ -247,6 +273,13 @@ pub struct Volume {
 
 /// A request a server has received and will run on the volume; see [`Volume::announce`].
 pub struct Announced(Arc<Volume>);
+
+impl Announced {
+    /// The volume the request runs on.
+    pub fn volume(&self) -> &Volume {
+        &self.0
+    }
+}
 
 impl Drop for Announced {
     fn drop(&mut self) {
@@ -293,22 +326,7 @@ impl Volume {
         key: &[u8],
         opts: &VolumeOptions,
     ) -> Result<Self, Error> {
-        let spec = CipherSpec::parse(&layout.cipher)?;
-        let end = layout.offset.checked_add(layout.size);
-        if end.is_none_or(|end| end > storage.len().unwrap_or(0)) {
-            return Err(Error::Unsupported(format!(
-                "{} bytes of data at offset {} do not fit on {}",
-                layout.size,
-                layout.offset,
-                storage.name()
-            )));
-        }
-        if !layout.size.is_multiple_of(layout.sector_size as u64) {
-            return Err(Error::Unsupported(format!(
-                "a data size of {} bytes, not a multiple of the {}-byte sector",
-                layout.size, layout.sector_size
-            )));
-        }
+        let spec = layout.check_fits(&*storage)?;
         let cipher = SectorCipher::new(
             spec,
             key,
@@ -566,6 +584,7 @@ impl Volume {
 
 pub mod convert;
 pub mod datashift;
+pub mod kpio;
 pub mod reencrypt;
 
 #[cfg(test)]
