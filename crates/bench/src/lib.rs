@@ -10,6 +10,8 @@
 //!   encryption layer (the thesis' 24.43x).
 //! - [`synthetic`]: workloads with syncs (sequential and random LEB rewrites, a journal, small
 //!   synced writes, volume updates) run on our UBI and recorded as traces for [`wear`].
+//! - [`kpio`]: requests under a key drawn per request from a table of N keys (Key Per I/O)
+//!   against the same requests under one key.
 //! - [`report`]: the P/E study and the flash throughput as a Markdown report with SVG figures
 //!   and the raw rows as JSON (`sectorcrypt flash study --report`).
 //! - [`tcrypt`]: cycles per 4096-byte operation for ECB/CBC/CTR/XTS, as the Linux `tcrypt` speed
@@ -20,6 +22,7 @@
 
 pub mod breakdown;
 pub mod flash;
+pub mod kpio;
 pub mod report;
 pub mod speed;
 mod svg;

@@ -166,7 +166,16 @@ mod tests {
         assert_eq!(parse_tag(b"0"), Some(0));
         assert_eq!(parse_tag(b"65535"), Some(65535));
         assert_eq!(parse_tag(b"4294967295"), Some(u32::MAX));
-        for bad in [&b""[..], b"007", b"+7", b"-1", b"4294967296", b"7 ", b"x", b"\xff"] {
+        for bad in [
+            &b""[..],
+            b"007",
+            b"+7",
+            b"-1",
+            b"4294967296",
+            b"7 ",
+            b"x",
+            b"\xff",
+        ] {
             assert_eq!(parse_tag(bad), None, "{bad:?}");
         }
     }

@@ -159,7 +159,12 @@ impl Server {
 
     /// Where the server listens, as an NBD URI (percent-encoded, so any path or name works).
     pub fn uri(&self) -> String {
-        let name = percent_encode(self.export.name.as_bytes(), false);
+        self.uri_of(&self.export.name)
+    }
+
+    /// The NBD URI of the export `name` on this server (a key tag's, for a key table).
+    pub fn uri_of(&self, name: &str) -> String {
+        let name = percent_encode(name.as_bytes(), false);
         match &self.listener {
             Listener::Unix(_, p) => format!(
                 "nbd+unix:///{name}?socket={}",

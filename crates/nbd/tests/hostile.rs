@@ -531,9 +531,8 @@ fn listed(h: &Harness) -> Vec<String> {
 #[test]
 fn key_table_exports_one_name_per_tag() {
     let storage = Arc::new(MemStorage::new(vec![0; SIZE as usize + 4096]));
-    let table = Arc::new(
-        KeyTable::new(storage.clone(), layout(), &VolumeOptions::default(), 8).unwrap(),
-    );
+    let table =
+        Arc::new(KeyTable::new(storage.clone(), layout(), &VolumeOptions::default(), 8).unwrap());
     for tag in [0u32, 5, 70000] {
         table.load(tag, &[tag as u8 + 1; 64]).unwrap();
     }
@@ -556,7 +555,11 @@ fn key_table_exports_one_name_per_tag() {
     assert_eq!(c5.read(65536, 8192).unwrap(), a);
     assert_eq!(c0.write(65536, &b, CMD_FLAG_FUA), 0);
     assert_eq!(c0.read(65536, 8192).unwrap(), b);
-    assert_ne!(c5.read(65536, 8192).unwrap(), a, "tag 5 reads tag 0's data as noise");
+    assert_ne!(
+        c5.read(65536, 8192).unwrap(),
+        a,
+        "tag 5 reads tag 0's data as noise"
+    );
     assert_eq!(c5.write(65536, &a, 0), 0);
 
     // Evicted while connected: its requests fail with EIO, a flush still works, and other

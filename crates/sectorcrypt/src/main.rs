@@ -11,6 +11,7 @@ mod flash;
 mod header;
 mod keyfile;
 mod keyslots;
+mod kpio;
 mod mount;
 mod open;
 mod pbkdf_args;
@@ -100,6 +101,9 @@ enum Command {
     /// Encrypted raw NAND flash with UBI inside: format, info, volumes, import, export.
     #[command(subcommand)]
     Flash(flash::Command),
+    /// Key Per I/O: a store with a table of keys, each request under the key its export names.
+    #[command(subcommand)]
+    Kpio(kpio::Command),
 }
 
 fn main() -> ExitCode {
@@ -131,6 +135,7 @@ fn main() -> ExitCode {
         Command::Reencrypt(args) => convert::reencrypt(*args),
         Command::Mount(args) => mount::run(*args),
         Command::Flash(command) => flash::run(command),
+        Command::Kpio(command) => kpio::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

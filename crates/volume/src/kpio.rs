@@ -62,7 +62,9 @@ impl KeyTable {
     ) -> Result<Self, Error> {
         layout.check_fits(&*storage)?;
         if capacity == 0 {
-            return Err(Error::Refused("a key table needs room for at least one key".into()));
+            return Err(Error::Refused(
+                "a key table needs room for at least one key".into(),
+            ));
         }
         Ok(KeyTable {
             storage,
@@ -310,7 +312,10 @@ mod tests {
         let held = t.get(7).unwrap();
         assert!(t.evict(7));
         assert!(!t.evict(7));
-        assert!(matches!(t.read(7, &mut [0; 16], 0), Err(Error::KeyNotLoaded(7))));
+        assert!(matches!(
+            t.read(7, &mut [0; 16], 0),
+            Err(Error::KeyNotLoaded(7))
+        ));
         let mut back = vec![0; 1024];
         held.read(&mut back, 0).unwrap();
         assert_eq!(back, data);
@@ -342,7 +347,10 @@ mod tests {
         let destroyer = std::thread::spawn(move || {
             let destroyed = t2.destroy(3).unwrap();
             // destroy returned: the last reference must have been dropped already.
-            (destroyed, released2.load(std::sync::atomic::Ordering::SeqCst))
+            (
+                destroyed,
+                released2.load(std::sync::atomic::Ordering::SeqCst),
+            )
         });
         // The key is out of the table at once, but destroy is still waiting for `held`.
         while t.contains(3) {

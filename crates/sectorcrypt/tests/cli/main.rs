@@ -8,6 +8,7 @@ mod common;
 mod convert;
 mod flash;
 mod fuse;
+mod kpio;
 mod luks_convert;
 mod luks_read;
 mod luks_write;

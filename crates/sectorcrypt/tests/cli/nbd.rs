@@ -20,7 +20,7 @@ use serde_json::Value;
 
 use crate::common::{ok, p, python, sc};
 
-const BIN: &str = env!("CARGO_BIN_EXE_sectorcrypt");
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_sectorcrypt");
 
 /// How long a server may take to start serving, and to exit after SIGTERM: a hang detector, not a
 /// speed check (both take milliseconds). It stays under the server's 30 s handshake timeout, so a
@@ -28,19 +28,19 @@ const BIN: &str = env!("CARGO_BIN_EXE_sectorcrypt");
 const SERVER_DEADLINE: Duration = Duration::from_secs(20);
 
 /// How long any one client command may take.
-const TOOL_DEADLINE: Duration = Duration::from_secs(60);
+pub(crate) const TOOL_DEADLINE: Duration = Duration::from_secs(60);
 
-const MIB: u64 = 1 << 20;
+pub(crate) const MIB: u64 = 1 << 20;
 
 // ---------------------------------------------------------------------------------------------
 // Scratch space, data and volumes
 // ---------------------------------------------------------------------------------------------
 
 /// A test's scratch folder; removed when the test passes (kept for inspection when it fails).
-struct Scratch(PathBuf);
+pub(crate) struct Scratch(PathBuf);
 
 impl Scratch {
-    fn new(name: &str) -> Scratch {
+    pub(crate) fn new(name: &str) -> Scratch {
         Scratch(crate::common::scratch(&format!("nbd-{name}")))
     }
 }
@@ -61,13 +61,13 @@ impl Drop for Scratch {
 }
 
 /// `len` reproducible pseudo-random bytes.
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
+pub(crate) fn pattern(seed: u64, len: usize) -> Vec<u8> {
     sectorcrypt_testkit::pattern(len, seed)
 }
 
 /// Assert two byte strings are equal without printing megabytes: say where they first differ.
 #[track_caller]
-fn assert_same(actual: &[u8], expected: &[u8], what: &str) {
+pub(crate) fn assert_same(actual: &[u8], expected: &[u8], what: &str) {
     if actual == expected {
         return;
     }
@@ -84,11 +84,11 @@ fn assert_same(actual: &[u8], expected: &[u8], what: &str) {
     );
 }
 
-fn write_file(path: &Path, bytes: &[u8]) {
+pub(crate) fn write_file(path: &Path, bytes: &[u8]) {
     std::fs::write(path, bytes).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
 }
 
-fn read_file(path: &Path) -> Vec<u8> {
+pub(crate) fn read_file(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
 }
 
@@ -175,7 +175,7 @@ fn volume_key(header: &Path, key: &Path) -> String {
 
 /// Run `cmd` (no standard input) and collect its output; a command still running after
 /// `deadline` is killed and the test fails, so a hung server fails a test instead of hanging it.
-fn run_within(cmd: &mut Command, deadline: Duration) -> Output {
+pub(crate) fn run_within(cmd: &mut Command, deadline: Duration) -> Output {
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -201,7 +201,7 @@ fn run_within(cmd: &mut Command, deadline: Duration) -> Output {
 }
 
 /// Wait for `child` at most `deadline`; past it, kill and reap it and return None.
-fn wait_within(child: &mut Child, deadline: Duration) -> Option<ExitStatus> {
+pub(crate) fn wait_within(child: &mut Child, deadline: Duration) -> Option<ExitStatus> {
     let end = Instant::now() + deadline;
     loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -217,7 +217,7 @@ fn wait_within(child: &mut Child, deadline: Duration) -> Option<ExitStatus> {
 }
 
 /// Run a client tool and assert it succeeded.
-fn tool(program: &str, args: &[&str]) -> Output {
+pub(crate) fn tool(program: &str, args: &[&str]) -> Output {
     ok(
         run_within(Command::new(program).args(args), TOOL_DEADLINE),
         &format!("{program} {args:?}"),
@@ -233,7 +233,7 @@ fn serve_refused(args: &[&str]) -> (Option<i32>, String) {
     )
 }
 
-fn signal(pid: u32, sig: &str) {
+pub(crate) fn signal(pid: u32, sig: &str) {
     let _ = Command::new("kill")
         .args([sig, &pid.to_string()])
         .stdin(Stdio::null())
@@ -247,12 +247,12 @@ fn signal(pid: u32, sig: &str) {
 
 /// A running `sectorcrypt serve`. Dropping it sends SIGTERM and reaps it (SIGKILL if it does not
 /// exit in time) without asserting anything; [`Served::stop`] is the checked way to end it.
-struct Served {
+pub(crate) struct Served {
     child: Child,
     /// The URI from the "serving" line.
-    uri: String,
+    pub(crate) uri: String,
     /// The size from the "serving" line.
-    size: u64,
+    pub(crate) size: u64,
     socket: Option<PathBuf>,
     log: PathBuf,
     done: bool,
@@ -260,7 +260,12 @@ struct Served {
 
 impl Served {
     /// Start `sectorcrypt serve ARGS` and wait until it says it is serving.
-    fn start(dir: &Path, args: &[&str]) -> Served {
+    pub(crate) fn start(dir: &Path, args: &[&str]) -> Served {
+        Served::start_command(dir, &["serve"], args)
+    }
+
+    /// Start `sectorcrypt COMMAND ARGS` (a serving command) and wait until it says it is serving.
+    pub(crate) fn start_command(dir: &Path, command: &[&str], args: &[&str]) -> Served {
         static COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = dir.join(format!("serve-{n}.log"));
@@ -269,7 +274,7 @@ impl Served {
             .position(|a| *a == "--socket")
             .map(|i| PathBuf::from(args[i + 1]));
         let mut child = Command::new(BIN)
-            .arg("serve")
+            .args(command)
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -325,16 +330,20 @@ impl Served {
         Served::start(dir, &args)
     }
 
-    fn socket(&self) -> &Path {
+    pub(crate) fn socket(&self) -> &Path {
         self.socket.as_deref().expect("a Unix socket server")
     }
 
-    fn stderr(&self) -> String {
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub(crate) fn stderr(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// SIGTERM; the server must exit 0 within the deadline and remove its socket file.
-    fn stop(self) {
+    pub(crate) fn stop(self) {
         self.stop_with("-TERM");
     }
 
@@ -767,7 +776,7 @@ fn fio_randrw_with_crc32c_verify_passes() {
 /// `cryptography` from the image with AES-XTS: the tweak of each encryption sector is its
 /// offset in the payload in 512-byte units, little-endian (LUKS2 counts IVs in 512-byte units
 /// whatever the sector size).
-fn python_decrypt(
+pub(crate) fn python_decrypt(
     dir: &Path,
     image: &Path,
     data_offset: u64,

@@ -1,0 +1,374 @@
+//! `kpio`: Key Per I/O in software. `kpio serve` exports a raw store over NBD with a table of
+//! keys, one export per key tag; `kpio benchmark` measures what choosing the key per request costs.
+//!
+//! The key table file is the host key manager's side of the protocol: keys of `--key-size` bits
+//! back to back, the i-th under tag i, an all-zero entry meaning "no key under this tag". SIGHUP
+//! makes the server read it again and bring its table in line: new entries are loaded, changed
+//! ones replaced, and keys whose entry is gone or zeroed are destroyed (zeroized once the requests
+//! using them end, before the reload is reported).
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use sectorcrypt_bench::kpio::{self as bench, KpioCase};
+use sectorcrypt_cipher::CipherSpec;
+use sectorcrypt_nbd::{Error as NbdError, Listen, Server, ServerOptions};
+use sectorcrypt_storage::{FileStorage, Storage};
+use sectorcrypt_volume::kpio::KeyTable;
+use sectorcrypt_volume::{Error as VolumeError, Layout, VolumeOptions};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+use zeroize::Zeroizing;
+
+use crate::benchmark::backend_choice;
+use crate::exit::{chain, CliError, Code};
+
+#[derive(clap::Subcommand, Debug)]
+pub(crate) enum Command {
+    /// Export DEVICE over NBD with a table of keys: export "N" reads and writes with the key
+    /// under tag N. SIGHUP reloads the key table file; SIGINT/SIGTERM flush and stop.
+    Serve(Box<ServeArgs>),
+    /// Requests under a key drawn per request from N keys against the same under one key.
+    Benchmark(BenchmarkArgs),
+}
+
+/// The cipher of every key in the table.
+#[derive(clap::Args, Debug)]
+struct KeyFormat {
+    /// Cipher specification.
+    #[arg(
+        short = 'c',
+        long,
+        value_name = "SPEC",
+        default_value = "aes-xts-plain64"
+    )]
+    cipher: String,
+    /// Whole key size in bits (default 512 for XTS, 256 otherwise).
+    #[arg(short = 's', long = "key-size", value_name = "BITS")]
+    key_size: Option<usize>,
+    /// Encryption sector size.
+    #[arg(long = "sector-size", value_name = "BYTES", default_value_t = 512)]
+    sector_size: usize,
+}
+
+impl KeyFormat {
+    /// The key size in bytes, checked against the cipher.
+    fn key_bytes(&self) -> Result<usize, CliError> {
+        let spec = CipherSpec::parse(&self.cipher).map_err(|e| CliError::usage(chain(&e)))?;
+        let bits = self.key_size.unwrap_or_else(|| spec.default_key_bits());
+        if bits == 0 || !bits.is_multiple_of(8) {
+            return Err(CliError::usage(format!(
+                "--key-size {bits}: not a whole number of bytes"
+            )));
+        }
+        Ok(bits / 8)
+    }
+}
+
+#[derive(clap::Args, Debug)]
+#[command(group = clap::ArgGroup::new("address").required(true).args(["socket", "listen"]))]
+pub(crate) struct ServeArgs {
+    /// The store: a file or block device holding only encrypted data (no header).
+    #[arg(value_name = "DEVICE")]
+    device: PathBuf,
+    /// The key table: keys back to back, the i-th under tag i, all zeros for none.
+    #[arg(long = "key-table", value_name = "FILE")]
+    key_table: PathBuf,
+    #[command(flatten)]
+    format: KeyFormat,
+    /// Keys the table may hold (a reload with more entries is refused).
+    #[arg(long = "max-keys", value_name = "N", default_value_t = 65536,
+          value_parser = clap::value_parser!(u32).range(1..=1 << 24))]
+    max_keys: u32,
+    /// Where the data starts on DEVICE, in bytes (a multiple of the sector size).
+    #[arg(long, value_name = "BYTES", default_value_t = 0)]
+    offset: u64,
+    /// Refuse writes (the device is opened read-only).
+    #[arg(short = 'r', long)]
+    readonly: bool,
+    /// Pass discards (TRIM) down to the device.
+    #[arg(long = "allow-discards")]
+    allow_discards: bool,
+    /// Block-cipher implementation: auto, portable, aesni, vaes512, avx2, avx512.
+    #[arg(long, value_name = "NAME")]
+    backend: Option<String>,
+    /// Listen on this Unix socket (created with mode 0600).
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Listen on TCP at HOST:PORT instead (anyone who can reach it reads the decrypted data).
+    #[arg(long, value_name = "HOST:PORT")]
+    listen: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct BenchmarkArgs {
+    #[command(flatten)]
+    format: KeyFormat,
+    /// Key counts to compare (repeatable or comma-separated); the first is the baseline.
+    #[arg(long = "keys", value_name = "N", value_delimiter = ',',
+          default_values_t = [1usize, 16, 256, 4096, 65536])]
+    keys: Vec<usize>,
+    /// Bytes per request.
+    #[arg(long = "request-size", value_name = "BYTES", default_value_t = 4096)]
+    request_size: usize,
+    /// Seconds per key count and direction.
+    #[arg(long, default_value_t = 2.0, value_name = "S")]
+    seconds: f64,
+    /// Block-cipher implementation: auto, portable, aesni, vaes512, avx2, avx512.
+    #[arg(long, value_name = "NAME")]
+    backend: Option<String>,
+    /// One JSON object per measurement, one per line.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) fn run(command: Command) -> Result<(), CliError> {
+    match command {
+        Command::Serve(args) => serve(*args),
+        Command::Benchmark(args) => benchmark(args),
+    }
+}
+
+/// The key table file, checked: a whole number of entries, at most `max` of them.
+fn read_key_table(
+    path: &Path,
+    key_bytes: usize,
+    max: usize,
+) -> Result<Zeroizing<Vec<u8>>, CliError> {
+    let name = path.display();
+    let limit = (max * key_bytes) as u64;
+    let mut file = std::fs::File::open(path).map_err(|e| CliError {
+        code: Code::Device,
+        message: format!("cannot read the key table {name}: {e}"),
+    })?;
+    let mut bytes = Zeroizing::new(Vec::new());
+    (&mut file)
+        .take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| CliError::io(format!("cannot read the key table {name}"), e))?;
+    if bytes.is_empty() || bytes.len() % key_bytes != 0 {
+        return Err(CliError::usage(format!(
+            "the key table {name} holds {} bytes, not a whole number of {key_bytes}-byte keys",
+            bytes.len()
+        )));
+    }
+    if bytes.len() as u64 > limit {
+        return Err(CliError::usage(format!(
+            "the key table {name} holds more than --max-keys {max} keys"
+        )));
+    }
+    Ok(bytes)
+}
+
+/// Whether two keys are equal, in time that does not depend on where they differ.
+fn same_key(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The key under `tag` in a key table file's contents; `None` past the end or for zeros.
+fn entry(table: &[u8], tag: usize, key_bytes: usize) -> Option<&[u8]> {
+    let key = table.get(tag * key_bytes..(tag + 1) * key_bytes)?;
+    (key.iter().fold(0u8, |acc, b| acc | b) != 0).then_some(key)
+}
+
+/// What a reload did.
+#[derive(Default)]
+struct Changes {
+    loaded: usize,
+    replaced: usize,
+    destroyed: usize,
+}
+
+/// Bring `table` from the entries of `old` to those of `new` (both key table file contents).
+fn apply(
+    table: &KeyTable,
+    old: &[u8],
+    new: &[u8],
+    key_bytes: usize,
+) -> Result<Changes, VolumeError> {
+    let mut changes = Changes::default();
+    let entries = old.len().max(new.len()) / key_bytes;
+    for tag in 0..entries {
+        match (entry(old, tag, key_bytes), entry(new, tag, key_bytes)) {
+            (Some(a), Some(b)) if same_key(a, b) => {}
+            (Some(_), Some(b)) => {
+                table.destroy(tag as u32)?;
+                table.load(tag as u32, b)?;
+                changes.replaced += 1;
+            }
+            (Some(_), None) => {
+                table.destroy(tag as u32)?;
+                changes.destroyed += 1;
+            }
+            (None, Some(b)) => {
+                table.load(tag as u32, b)?;
+                changes.loaded += 1;
+            }
+            (None, None) => {}
+        }
+    }
+    Ok(changes)
+}
+
+fn serve(args: ServeArgs) -> Result<(), CliError> {
+    let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP])
+        .map_err(|e| CliError::io("cannot install signal handlers", e))?;
+    let key_bytes = args.format.key_bytes()?;
+    let max = args.max_keys as usize;
+    let keys = read_key_table(&args.key_table, key_bytes, max)?;
+    let opened = if args.readonly {
+        FileStorage::open_read_only(&args.device)
+    } else {
+        FileStorage::open(&args.device)
+    };
+    let storage: Arc<dyn Storage> = Arc::new(opened.map_err(|e| CliError {
+        code: Code::Device,
+        message: format!("cannot open {}: {e}", args.device.display()),
+    })?);
+    let len = storage
+        .len()
+        .map_err(|e| CliError::io("cannot size the store", e))?;
+    let ss = args.format.sector_size as u64;
+    if ss == 0 || !args.offset.is_multiple_of(ss) || args.offset >= len || (len - args.offset) < ss
+    {
+        return Err(CliError {
+            code: Code::Device,
+            message: format!(
+                "{} ({len} bytes) has no whole {ss}-byte sector after --offset {}",
+                args.device.display(),
+                args.offset
+            ),
+        });
+    }
+    let layout = Layout {
+        offset: args.offset,
+        size: (len - args.offset) / ss * ss,
+        cipher: args.format.cipher.clone(),
+        sector_size: args.format.sector_size,
+        iv_offset: 0,
+    };
+    let options = VolumeOptions {
+        read_only: args.readonly,
+        allow_discards: args.allow_discards,
+        backend: backend_choice(args.backend.as_deref())?,
+        ..VolumeOptions::default()
+    };
+    let table = Arc::new(KeyTable::new(storage, layout, &options, max)?);
+    let changes = apply(&table, &[], &keys, key_bytes)?;
+    let listen = match (&args.socket, &args.listen) {
+        (Some(path), _) => Listen::Unix(std::path::absolute(path).map_err(|e| {
+            CliError::io(format!("cannot use the socket path {}", path.display()), e)
+        })?),
+        (None, Some(addr)) => Listen::Tcp(addr.clone()),
+        (None, None) => unreachable!("clap requires --socket or --listen"),
+    };
+    let server = Server::bind(&listen, Arc::clone(&table), ServerOptions::default()).map_err(
+        |e| match e {
+            NbdError::Busy(why) => CliError {
+                code: Code::Busy,
+                message: why,
+            },
+            other => CliError::usage(other),
+        },
+    )?;
+    let stop = server
+        .stop_handle()
+        .map_err(|e| CliError::io("cannot set up the server", e))?;
+    let path = args.key_table.clone();
+    let reloader = Arc::clone(&table);
+    std::thread::spawn(move || {
+        let mut current = keys;
+        for signal in signals.forever() {
+            if signal != SIGHUP {
+                stop.stop();
+                continue;
+            }
+            // A reload that fails part way leaves the entries it had not reached as they were;
+            // the next SIGHUP starts from what the table now holds.
+            let message = match read_key_table(&path, key_bytes, max) {
+                Err(e) => format!("key table not reloaded: {}", e.message),
+                Ok(new) => {
+                    let result = apply(&reloader, &current, &new, key_bytes);
+                    current = new;
+                    match result {
+                        Ok(c) => format!(
+                            "key table reloaded: {} loaded, {} replaced, {} destroyed, {} in use",
+                            c.loaded,
+                            c.replaced,
+                            c.destroyed,
+                            reloader.len()
+                        ),
+                        Err(e) => format!("key table reloaded in part: {}", chain(&e)),
+                    }
+                }
+            };
+            let _ = writeln!(std::io::stderr(), "sectorcrypt: {message}");
+        }
+    });
+    // The URI names the lowest tag: every export is the same but for the name.
+    let first = table.tags().first().map(u32::to_string).unwrap_or_default();
+    eprintln!(
+        "sectorcrypt: {} keys loaded ({}, {}-byte sectors); each key tag is an export name",
+        changes.loaded, args.format.cipher, args.format.sector_size
+    );
+    eprintln!(
+        "sectorcrypt: serving {} ({} bytes) at {}",
+        args.device.display(),
+        table.size(),
+        server.uri_of(&first)
+    );
+    server.run().map_err(CliError::usage)
+}
+
+fn benchmark(args: BenchmarkArgs) -> Result<(), CliError> {
+    let key_bytes = args.format.key_bytes()?;
+    if !(args.seconds > 0.0 && args.seconds.is_finite()) {
+        return Err(CliError::usage(format!(
+            "--seconds {}: must be positive",
+            args.seconds
+        )));
+    }
+    let case = KpioCase {
+        cipher: args.format.cipher.clone(),
+        key_bits: key_bytes * 8,
+        sector_size: args.format.sector_size,
+        request_size: args.request_size,
+        keys: args.keys.clone(),
+        seconds: args.seconds,
+        backend: backend_choice(args.backend.as_deref())?,
+    };
+    if !args.json {
+        eprintln!(
+            "# {} {}-bit keys, {}-byte requests at random offsets, tags drawn per request",
+            case.cipher, case.key_bits, case.request_size
+        );
+    }
+    let samples = bench::measure(&case)?;
+    let mut out = std::io::stdout().lock();
+    if !args.json {
+        let _ = writeln!(
+            out,
+            "{:>7} {:>6} {:>12} {:>10} {:>9} {:>10}",
+            "keys", "op", "requests/s", "MiB/s", "vs first", "bytes/key"
+        );
+    }
+    for s in &samples {
+        let line = if args.json {
+            serde_json::to_string(s).map_err(|e| CliError::usage(e.to_string()))?
+        } else {
+            format!(
+                "{:>7} {:>6} {:>12.0} {:>10.1} {:>8.3}x {:>10}",
+                s.keys,
+                s.op,
+                s.requests_per_sec,
+                s.bytes_per_sec / f64::from(1 << 20),
+                s.vs_baseline,
+                s.table_bytes_per_key
+                    .map_or_else(|| "-".to_string(), |b| format!("{b:.0}"))
+            )
+        };
+        writeln!(out, "{line}").map_err(|e| CliError::io("cannot write the results", e))?;
+    }
+    Ok(())
+}
