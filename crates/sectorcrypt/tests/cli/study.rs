@@ -56,6 +56,16 @@ fn the_quick_study_writes_a_complete_report() {
         assert!(s["lat_mean_us"].as_f64().unwrap() > 0.0, "{what}");
         assert!(s["server_cpu_s"].as_f64().unwrap() >= 0.0, "{what}");
     }
+    // Key per I/O: 1 and 64 keys, both directions, 4 KiB and 128 KiB requests; one key is the
+    // baseline of each.
+    let kpio = results["kpio"].as_array().unwrap();
+    assert_eq!(kpio.len(), 2 * 2 * 2);
+    for r in kpio {
+        assert!(r["requests_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+        if r["keys"] == 1 {
+            assert_eq!(r["vs_baseline"], 1.0, "{r}");
+        }
+    }
     // The dm-crypt line says whether it ran, and why not.
     let dm = &results["dm_crypt"];
     assert!(dm["measured"].as_bool().unwrap() || !dm["why_not"].as_str().unwrap().is_empty());
@@ -67,6 +77,7 @@ fn the_quick_study_writes_a_complete_report() {
         "## Latency at queue depth 1",
         "## Bandwidth and CPU against the number of jobs",
         "## What this means",
+        "## Key per I/O in software",
         "dm-crypt:",
         "3.29x",
     ] {
@@ -81,7 +92,7 @@ fn the_quick_study_writes_a_complete_report() {
         .skip(1)
         .map(|rest| &rest[..rest.find(')').unwrap()])
         .collect();
-    assert_eq!(figures.len(), 2 + 4 * 2, "{figures:?}");
+    assert_eq!(figures.len(), 2 + 4 * 2 + 1, "{figures:?}");
     let check = "import sys, xml.etree.ElementTree as E\nfor f in sys.argv[1:]: E.parse(f)";
     let mut cmd = Command::new(python());
     cmd.args(["-c", check]);
