@@ -45,7 +45,7 @@ print()
 PY
 
 jobs=()
-for be in aesni vaes512; do
+for be in aesni vaes256 vaes512; do
   if "$after" benchmark --backend "$be" -c aes-ecb --seconds 0.01 >/dev/null 2>&1; then
     jobs+=("$be|aes-xts-plain64 -s 256 -s 512" "$be|aes-cbc-essiv:sha256 -s 128 -s 256")
   fi

@@ -86,7 +86,12 @@ impl Algorithm {
     /// Backends for this algorithm, fastest first (not all may run on this CPU).
     pub fn backends(self) -> &'static [Backend] {
         match self {
-            Algorithm::Aes => &[Backend::Vaes512, Backend::AesNi, Backend::Portable],
+            Algorithm::Aes => &[
+                Backend::Vaes512,
+                Backend::Vaes256,
+                Backend::AesNi,
+                Backend::Portable,
+            ],
             Algorithm::Lea => &[Backend::Avx512, Backend::Avx2, Backend::Portable],
             _ => &[Backend::Portable],
         }
@@ -113,6 +118,9 @@ pub enum Backend {
     AesNi,
     /// VAES + AVX-512 (+ VPCLMULQDQ for tweaks), four blocks per 512-bit register.
     Vaes512,
+    /// VAES + AVX2 (+ VPCLMULQDQ for tweaks), two blocks per 256-bit register: CPUs with VAES
+    /// but no AVX-512.
+    Vaes256,
     /// AVX2, eight LEA blocks per 256-bit register set.
     Avx2,
     /// AVX-512F, sixteen LEA blocks per 512-bit register set.
@@ -128,6 +136,7 @@ impl Backend {
             Backend::Portable => "portable",
             Backend::AesNi => "aesni",
             Backend::Vaes512 => "vaes512",
+            Backend::Vaes256 => "vaes256",
             Backend::Avx2 => "avx2",
             Backend::Avx512 => "avx512",
             Backend::Null => "null",
@@ -152,6 +161,14 @@ impl Backend {
                     && std::is_x86_feature_detected!("aes")
             }
             #[cfg(target_arch = "x86_64")]
+            Backend::Vaes256 => {
+                std::is_x86_feature_detected!("vaes")
+                    && std::is_x86_feature_detected!("vpclmulqdq")
+                    && std::is_x86_feature_detected!("avx2")
+                    && std::is_x86_feature_detected!("aes")
+                    && std::is_x86_feature_detected!("sse4.1")
+            }
+            #[cfg(target_arch = "x86_64")]
             Backend::Avx2 => std::is_x86_feature_detected!("avx2"),
             #[cfg(target_arch = "x86_64")]
             Backend::Avx512 => std::is_x86_feature_detected!("avx512f"),
@@ -174,6 +191,7 @@ impl FromStr for Backend {
             "portable" => Backend::Portable,
             "aesni" => Backend::AesNi,
             "vaes512" => Backend::Vaes512,
+            "vaes256" => Backend::Vaes256,
             "avx2" => Backend::Avx2,
             "avx512" => Backend::Avx512,
             _ => return Err(Error::UnknownBackend(s.to_string())),

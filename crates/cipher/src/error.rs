@@ -90,7 +90,7 @@ impl fmt::Display for Error {
             Error::SectorOverflow => f.write_str("the sector number is too large for the IV"),
             Error::UnknownBackend(b) => write!(
                 f,
-                "unknown backend '{b}' (use auto, portable, aesni, vaes512, avx2 or avx512)"
+                "unknown backend '{b}' (use auto, portable, aesni, vaes256, vaes512, avx2 or avx512)"
             ),
             Error::BackendUnavailable(b) => write!(f, "this CPU cannot run the {b} backend"),
             Error::BackendUnsupported { backend, algorithm } => {

@@ -37,7 +37,7 @@ pub(crate) struct Args {
     /// Cycles per 4096-byte operation for ECB/CBC/CTR/XTS by cipher and key size.
     #[arg(long)]
     tcrypt: bool,
-    /// Block-cipher implementation: auto, portable, aesni, vaes512, avx2, avx512
+    /// Block-cipher implementation: auto, portable, aesni, vaes256, vaes512, avx2, avx512
     /// (default: $SECTORCRYPT_BACKEND, else auto).
     #[arg(long, value_name = "NAME")]
     backend: Option<String>,

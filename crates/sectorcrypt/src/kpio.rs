@@ -90,7 +90,7 @@ pub(crate) struct ServeArgs {
     /// Pass discards (TRIM) down to the device.
     #[arg(long = "allow-discards")]
     allow_discards: bool,
-    /// Block-cipher implementation: auto, portable, aesni, vaes512, avx2, avx512.
+    /// Block-cipher implementation: auto, portable, aesni, vaes256, vaes512, avx2, avx512.
     #[arg(long, value_name = "NAME")]
     backend: Option<String>,
     /// Listen on this Unix socket (created with mode 0600).
@@ -115,7 +115,7 @@ pub(crate) struct BenchmarkArgs {
     /// Seconds per key count and direction.
     #[arg(long, default_value_t = 2.0, value_name = "S")]
     seconds: f64,
-    /// Block-cipher implementation: auto, portable, aesni, vaes512, avx2, avx512.
+    /// Block-cipher implementation: auto, portable, aesni, vaes256, vaes512, avx2, avx512.
     #[arg(long, value_name = "NAME")]
     backend: Option<String>,
     /// One JSON object per measurement, one per line.

@@ -36,7 +36,7 @@ pub(crate) struct VolumeArgs {
     /// Cipher threads for large requests (default: the number of CPUs).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
     pub threads: Option<u32>,
-    /// Block-cipher implementation: auto, portable, aesni, vaes512, avx2, avx512
+    /// Block-cipher implementation: auto, portable, aesni, vaes256, vaes512, avx2, avx512
     /// (default: $SECTORCRYPT_BACKEND, else auto).
     #[arg(long, value_name = "NAME")]
     pub backend: Option<String>,

@@ -5,6 +5,7 @@
 //!   the project must be able to run every backend in one test run, so the portable AES lives here.
 //! - `ni`: AES-NI with eight blocks in flight, fused XTS and parallel CBC-decrypt kernels.
 //! - `vaes512`: VAES on 512-bit registers (four blocks each) with VPCLMULQDQ tweak generation.
+//! - `vaes256`: VAES on 256-bit registers (two blocks each), for CPUs with VAES but no AVX-512.
 //!
 //! The backend is chosen once, when the key is set up ([`new_engine`]).
 
@@ -13,6 +14,9 @@ pub(crate) mod soft;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)] // AES-NI kernels
 pub(crate) mod ni;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // VAES + AVX2 kernels
+pub(crate) mod vaes256;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)] // VAES + AVX-512 kernels
 pub(crate) mod vaes512;
@@ -33,6 +37,8 @@ pub(crate) fn new_engine(key: &[u8], backend: Backend) -> Option<Box<dyn BlockEn
         Backend::AesNi => ni::AesNi::new(key).map(|e| Box::new(e) as Box<dyn BlockEngine>),
         #[cfg(target_arch = "x86_64")]
         Backend::Vaes512 => vaes512::Vaes512::new(key).map(|e| Box::new(e) as Box<dyn BlockEngine>),
+        #[cfg(target_arch = "x86_64")]
+        Backend::Vaes256 => vaes256::Vaes256::new(key).map(|e| Box::new(e) as Box<dyn BlockEngine>),
         _ => None,
     }
 }

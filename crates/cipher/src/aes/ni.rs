@@ -320,7 +320,7 @@ fn xts<const DEC: bool>(k: &RoundKeys, buf: &mut [u8], unit_len: usize, tweaks: 
 /// CBC decryption, eight blocks in flight across unit boundaries: block `i` of a unit is
 /// `D(C_i) ^ C_{i-1}`, with the unit's IV for `i = 0`.
 #[target_feature(enable = "aes,sse4.1")]
-fn cbc_decrypt(k: &RoundKeys, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
+pub(super) fn cbc_decrypt(k: &RoundKeys, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
     let blocks_per_unit = unit_len / BLOCK;
     let mut pos = 0; // block index inside the current unit
     let mut unit = 0;
@@ -370,7 +370,7 @@ fn cbc_decrypt(k: &RoundKeys, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
 
 /// CBC encryption: each unit is a serial chain, so up to eight units run side by side.
 #[target_feature(enable = "aes,sse4.1")]
-fn cbc_encrypt(k: &RoundKeys, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
+pub(super) fn cbc_encrypt(k: &RoundKeys, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
     for (batch, ivs) in buf.chunks_mut(LANES * unit_len).zip(ivs.chunks(LANES)) {
         match batch.len() / unit_len {
             8 => cbc_encrypt_batch::<8>(k, batch, unit_len, ivs),

@@ -23,7 +23,7 @@ use core::marker::PhantomData;
 
 use zeroize::Zeroize;
 
-use super::x86::RoundKeys;
+use super::x86::{RoundKeys, TweakSeq};
 use crate::backend::Backend;
 use crate::engine::{Block, BLOCK};
 
@@ -391,58 +391,19 @@ fn xts<const DEC: bool>(k: &WideKeys, buf: &mut [u8], unit_len: usize, tweaks: &
         // Other unit sizes: 32-block groups across unit boundaries. The tweak sequence (alpha
         // steps, restarting at every unit) is made with 128-bit integer arithmetic one group
         // ahead, stored, and loaded as registers.
-        let mut seq = TweakSeq {
-            tweaks,
-            blocks_per_unit: unit_len / BLOCK,
-            unit: 0,
-            pos: 0,
-            t: u128::from_le_bytes(tweaks[0]),
-        };
+        let mut seq = TweakSeq::new(tweaks, unit_len);
         let mut staged = StagedTweaks([0; GROUP_BLOCKS]);
         let len = buf.len();
-        seq.fill(&mut staged, len.min(GROUP) / BLOCK);
+        seq.fill(&mut staged.0, len.min(GROUP) / BLOCK);
         let mut tw = staged.load();
         for (gi, g) in buf.chunks_mut(GROUP).enumerate() {
             let next_blocks = len.saturating_sub((gi + 1) * GROUP).min(GROUP) / BLOCK;
             tw = xts_group::<DEC>(k, g, &tw, || {
-                seq.fill(&mut staged, next_blocks);
+                seq.fill(&mut staged.0, next_blocks);
                 staged.load()
             });
         }
         staged.0.zeroize();
-        seq.t.zeroize();
-    }
-}
-
-/// The XTS tweak sequence across units as 128-bit integers (IEEE 1619 order is little-endian,
-/// so multiplying by alpha is a left shift with the 0x87 reduction).
-struct TweakSeq<'a> {
-    tweaks: &'a [Block],
-    blocks_per_unit: usize,
-    unit: usize,
-    pos: usize,
-    t: u128,
-}
-
-impl TweakSeq<'_> {
-    /// Store the next `n` tweaks.
-    #[inline]
-    fn fill(&mut self, out: &mut StagedTweaks, n: usize) {
-        for slot in out.0.iter_mut().take(n) {
-            *slot = self.t;
-            self.pos += 1;
-            if self.pos == self.blocks_per_unit {
-                self.unit += 1;
-                self.pos = 0;
-                self.t = self
-                    .tweaks
-                    .get(self.unit)
-                    .map_or(0, |t| u128::from_le_bytes(*t));
-            } else {
-                // Reduction through a mask, not a branch: the tweak is secret.
-                self.t = (self.t << 1) ^ (0u128.wrapping_sub(self.t >> 127) & 0x87);
-            }
-        }
     }
 }
 

@@ -1,5 +1,6 @@
-//! What the `ni` and `vaes512` backends share: AES key expansion with AES-NI, and the clamping of
-//! requests to what the kernels may touch.
+//! What the x86 AES backends share: AES key expansion with AES-NI, the clamping of requests to
+//! what the kernels may touch, and the XTS tweak sequence for unit sizes the wide kernels do not
+//! keep in registers.
 //!
 //! The FIPS-197 word recurrence runs in general-purpose registers; only SubWord goes through
 //! `aeskeygenassist` (constant time, no S-box table), so one loop covers 128-, 192- and 256-bit
@@ -10,7 +11,7 @@ use core::arch::x86_64::*;
 
 use zeroize::Zeroize;
 
-use crate::engine::BLOCK;
+use crate::engine::{Block, BLOCK};
 
 /// Clamp a units request to whole units that have a tweak/IV (the kernels index by these
 /// lengths, so memory safety never depends on the caller's preconditions).
@@ -80,6 +81,56 @@ macro_rules! x86_block_engine {
 }
 
 pub(crate) use x86_block_engine;
+
+/// The XTS tweak sequence across units as 128-bit integers (IEEE 1619 order is little-endian,
+/// so multiplying by alpha is a left shift with the 0x87 reduction); the current tweak is
+/// zeroized on drop.
+pub(crate) struct TweakSeq<'a> {
+    tweaks: &'a [Block],
+    blocks_per_unit: usize,
+    unit: usize,
+    pos: usize,
+    t: u128,
+}
+
+impl<'a> TweakSeq<'a> {
+    /// The sequence of units of `unit_len` bytes starting with `tweaks[0]` (non-empty).
+    pub(crate) fn new(tweaks: &'a [Block], unit_len: usize) -> Self {
+        TweakSeq {
+            tweaks,
+            blocks_per_unit: unit_len / BLOCK,
+            unit: 0,
+            pos: 0,
+            t: u128::from_le_bytes(tweaks[0]),
+        }
+    }
+
+    /// Store the next `n` tweaks in `out`.
+    #[inline]
+    pub(crate) fn fill(&mut self, out: &mut [u128], n: usize) {
+        for slot in out.iter_mut().take(n) {
+            *slot = self.t;
+            self.pos += 1;
+            if self.pos == self.blocks_per_unit {
+                self.unit += 1;
+                self.pos = 0;
+                self.t = self
+                    .tweaks
+                    .get(self.unit)
+                    .map_or(0, |t| u128::from_le_bytes(*t));
+            } else {
+                // Reduction through a mask, not a branch: the tweak is secret.
+                self.t = (self.t << 1) ^ (0u128.wrapping_sub(self.t >> 127) & 0x87);
+            }
+        }
+    }
+}
+
+impl Drop for TweakSeq<'_> {
+    fn drop(&mut self) {
+        self.t.zeroize();
+    }
+}
 
 /// One 128-bit round key, 16-byte aligned so that aligned loads (foldable into the legacy-SSE
 /// `aesenc xmm, m128` form) are valid.

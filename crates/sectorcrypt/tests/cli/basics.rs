@@ -71,7 +71,7 @@ fn json_lines_have_the_documented_fields() {
         2 * 2 * 2,
         "key sizes x sector sizes x directions"
     );
-    let aes_backends = ["vaes512", "aesni", "portable"];
+    let aes_backends = ["vaes512", "vaes256", "aesni", "portable"];
     for l in &lines {
         assert_eq!(l["cipher"], "aes-xts-plain64");
         assert!(l["key_bits"] == 512 || l["key_bits"] == 256);
