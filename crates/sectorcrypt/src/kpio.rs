@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use sectorcrypt_bench::kpio::{self as bench, KpioCase};
 use sectorcrypt_cipher::CipherSpec;
-use sectorcrypt_nbd::{Error as NbdError, Listen, Server, ServerOptions};
+use sectorcrypt_nbd::{Server, ServerOptions};
 use sectorcrypt_storage::{FileStorage, Storage};
 use sectorcrypt_volume::kpio::KeyTable;
 use sectorcrypt_volume::{Error as VolumeError, Layout, VolumeOptions};
@@ -23,6 +23,7 @@ use zeroize::Zeroizing;
 
 use crate::benchmark::backend_choice;
 use crate::exit::{chain, CliError, Code};
+use crate::serve::{bind_error, listen_on};
 
 #[derive(clap::Subcommand, Debug)]
 pub(crate) enum Command {
@@ -292,22 +293,9 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
             args.key_table.display()
         )));
     }
-    let listen = match (&args.socket, &args.listen) {
-        (Some(path), _) => Listen::Unix(std::path::absolute(path).map_err(|e| {
-            CliError::io(format!("cannot use the socket path {}", path.display()), e)
-        })?),
-        (None, Some(addr)) => Listen::Tcp(addr.clone()),
-        (None, None) => unreachable!("clap requires --socket or --listen"),
-    };
-    let server = Server::bind(&listen, Arc::clone(&table), ServerOptions::default()).map_err(
-        |e| match e {
-            NbdError::Busy(why) => CliError {
-                code: Code::Busy,
-                message: why,
-            },
-            other => CliError::usage(other),
-        },
-    )?;
+    let listen = listen_on(args.socket.as_deref(), args.listen.as_deref())?;
+    let server =
+        Server::bind(&listen, Arc::clone(&table), ServerOptions::default()).map_err(bind_error)?;
     let stop = server
         .stop_handle()
         .map_err(|e| CliError::io("cannot set up the server", e))?;

@@ -1,6 +1,6 @@
 //! `serve`: unlock a volume and export it over NBD until SIGINT/SIGTERM.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use sectorcrypt_nbd::{Error as NbdError, Listen, Server, ServerOptions};
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -25,20 +25,36 @@ pub(crate) struct ServeArgs {
     export_name: String,
 }
 
+/// Where to listen: `--socket PATH` (made absolute, so that the URI a server prints works from
+/// any directory) or `--listen HOST:PORT`; clap requires one of them.
+pub(crate) fn listen_on(socket: Option<&Path>, listen: Option<&str>) -> Result<Listen, CliError> {
+    match (socket, listen) {
+        (Some(path), _) => Ok(Listen::Unix(std::path::absolute(path).map_err(|e| {
+            CliError::io(format!("cannot use the socket path {}", path.display()), e)
+        })?)),
+        (None, Some(addr)) => Ok(Listen::Tcp(addr.to_string())),
+        (None, None) => Err(CliError::usage("give --socket PATH or --listen HOST:PORT")),
+    }
+}
+
+/// A server that could not bind: exit 5 when the address is taken.
+pub(crate) fn bind_error(e: NbdError) -> CliError {
+    match e {
+        NbdError::Busy(why) => CliError {
+            code: Code::Busy,
+            message: why,
+        },
+        other => CliError::usage(other),
+    }
+}
+
 pub(crate) fn run(args: ServeArgs) -> Result<(), CliError> {
     // Signals are caught before the volume is opened, so a signal at any point ends in an
     // orderly exit rather than the default termination.
     let mut signals = Signals::new([SIGINT, SIGTERM])
         .map_err(|e| CliError::io("cannot install signal handlers", e))?;
     let volume = args.volume.open()?;
-    let listen = match (&args.socket, &args.listen) {
-        // Absolute, so that the URI printed below works from any directory.
-        (Some(path), _) => Listen::Unix(std::path::absolute(path).map_err(|e| {
-            CliError::io(format!("cannot use the socket path {}", path.display()), e)
-        })?),
-        (None, Some(addr)) => Listen::Tcp(addr.clone()),
-        (None, None) => unreachable!("clap requires --socket or --listen"),
-    };
+    let listen = listen_on(args.socket.as_deref(), args.listen.as_deref())?;
     let threads = args.volume.threads();
     let description = format!(
         "{} ({}, {}-byte sectors)",
@@ -59,13 +75,7 @@ pub(crate) fn run(args: ServeArgs) -> Result<(), CliError> {
             ..Default::default()
         },
     )
-    .map_err(|e| match e {
-        NbdError::Busy(why) => CliError {
-            code: Code::Busy,
-            message: why,
-        },
-        other => CliError::usage(other),
-    })?;
+    .map_err(bind_error)?;
     let stop = server
         .stop_handle()
         .map_err(|e| CliError::io("cannot set up the server", e))?;

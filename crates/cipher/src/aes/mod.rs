@@ -21,6 +21,8 @@ pub(crate) mod vaes256;
 #[allow(unsafe_code)] // VAES + AVX-512 kernels
 pub(crate) mod vaes512;
 #[cfg(target_arch = "x86_64")]
+mod wide;
+#[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)] // SSE loads and stores of round keys shared by both kernels
 mod x86;
 

@@ -109,10 +109,10 @@ fn rk(k: &Rk256) -> __m256i {
     unsafe { _mm256_load_si256(k.0.as_ptr().cast()) }
 }
 
-/// Register `i` of a group.
+/// Register `i` of a whole group.
 #[inline]
 #[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse4.1")]
-fn load_reg(g: &[u8; GROUP], i: usize) -> __m256i {
+fn load_reg(g: &[u8], i: usize) -> __m256i {
     let r: &[u8; REG] = g[i * REG..(i + 1) * REG].try_into().unwrap();
     // SAFETY: `r` is 32 readable bytes; the load is unaligned.
     unsafe { _mm256_loadu_si256(r.as_ptr().cast()) }
@@ -120,7 +120,7 @@ fn load_reg(g: &[u8; GROUP], i: usize) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse4.1")]
-fn store_reg(g: &mut [u8; GROUP], i: usize, v: __m256i) {
+fn store_reg(g: &mut [u8], i: usize, v: __m256i) {
     let r: &mut [u8; REG] = (&mut g[i * REG..(i + 1) * REG]).try_into().unwrap();
     // SAFETY: `r` is 32 writable bytes; the store is unaligned.
     unsafe { _mm256_storeu_si256(r.as_mut_ptr().cast(), v) }
@@ -136,11 +136,11 @@ fn load_block(b: &Block) -> __m128i {
 /// Run `f` on every whole group of `buf`, then on the tail padded to a group in a stack buffer.
 #[inline]
 #[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse4.1")]
-fn for_groups(buf: &mut [u8], mut f: impl FnMut(&mut [u8; GROUP], usize)) {
+fn for_groups(buf: &mut [u8], mut f: impl FnMut(&mut [u8], usize)) {
     let mut groups = buf.chunks_exact_mut(GROUP);
     let mut index = 0;
     for g in &mut groups {
-        f(g.try_into().unwrap(), index);
+        f(g, index);
         index += 1;
     }
     let tail = groups.into_remainder();
@@ -153,93 +153,43 @@ fn for_groups(buf: &mut [u8], mut f: impl FnMut(&mut [u8; GROUP], usize)) {
     }
 }
 
-/// The middle rounds (1 .. rounds-1), straight-line per round count (as in `vaes512`).
+/// `x ^ y ^ z`.
 #[inline]
 #[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse4.1")]
-fn middle_rounds<const DEC: bool>(k: &Keys, x: &mut [__m256i; REGS]) {
-    match k.rounds {
-        10 => rounds_fixed::<DEC, 10>(k, x),
-        12 => rounds_fixed::<DEC, 12>(k, x),
-        _ => rounds_fixed::<DEC, 14>(k, x),
-    }
+fn xor3(x: __m256i, y: __m256i, z: __m256i) -> __m256i {
+    _mm256_xor_si256(_mm256_xor_si256(x, y), z)
 }
 
-#[inline]
-#[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse4.1")]
-fn rounds_fixed<const DEC: bool, const NR: usize>(k: &Keys, x: &mut [__m256i; REGS]) {
-    let keys = if DEC { &k.dec } else { &k.enc };
-    for key in &keys[1..NR] {
-        let key = rk(key);
-        for v in x.iter_mut() {
-            *v = if DEC {
-                _mm256_aesdec_epi128(*v, key)
-            } else {
-                _mm256_aesenc_epi128(*v, key)
-            };
-        }
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse4.1")]
-fn last_round<const DEC: bool>(x: __m256i, key: __m256i) -> __m256i {
-    if DEC {
-        _mm256_aesdeclast_epi128(x, key)
-    } else {
-        _mm256_aesenclast_epi128(x, key)
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse4.1")]
-fn first_key<const DEC: bool>(k: &Keys) -> __m256i {
-    rk(if DEC { &k.dec[0] } else { &k.enc[0] })
-}
-
-#[inline]
-#[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse4.1")]
-fn last_key<const DEC: bool>(k: &Keys) -> __m256i {
-    rk(if DEC {
-        &k.dec[k.rounds]
-    } else {
-        &k.enc[k.rounds]
-    })
+super::wide::vaes_common! {
+    feature: "avx2,vaes,vpclmulqdq,aes,sse4.1",
+    reg: __m256i,
+    keys: Keys,
+    group_step: mul_a16,
+    align: 32,
+    load_aligned: _mm256_load_si256,
+    zero: _mm256_setzero_si256,
+    xor: _mm256_xor_si256,
+    aesenc: _mm256_aesenc_epi128,
+    aesdec: _mm256_aesdec_epi128,
+    aesenclast: _mm256_aesenclast_epi128,
+    aesdeclast: _mm256_aesdeclast_epi128,
+    set1_epi64: _mm256_set1_epi64x,
+    sllv: _mm256_sllv_epi64,
+    srlv: _mm256_srlv_epi64,
+    sub: _mm256_sub_epi64,
+    bslli: _mm256_bslli_epi128,
+    bsrli: _mm256_bsrli_epi128,
+    clmul: _mm256_clmulepi64_epi128,
 }
 
 // ---------------------------------------------------------------------------------------------
-// XTS tweak arithmetic on two 128-bit lanes at once (IEEE 1619 little-endian order: "times a^s"
-// is a left shift of the 128-bit integer with the 0x87 reduction).
+// XTS tweaks: two per register.
 
+/// Every lane times `a^16` (the step from one 16-block group to the next).
 #[inline]
 #[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse4.1")]
-fn gf_poly() -> __m256i {
-    _mm256_set1_epi64x(0x87)
-}
-
-/// Lane `j` times `a^(s_j)`, with `shifts` = `s_j` in both 64-bit halves of lane `j` (s < 57).
-#[inline]
-#[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse4.1")]
-fn mul_lanes(t: __m256i, shifts: __m256i) -> __m256i {
-    let shifted = _mm256_sllv_epi64(t, shifts);
-    // The bits pushed out of each half (a count of 64 gives 0 for s = 0).
-    let carries = _mm256_srlv_epi64(t, _mm256_sub_epi64(_mm256_set1_epi64x(64), shifts));
-    // Low half's carries go into the high half; the high half's are reduced into the low half.
-    let into_high = _mm256_bslli_epi128::<8>(carries);
-    let reduced = _mm256_clmulepi64_epi128::<0x01>(carries, gf_poly());
-    _mm256_xor_si256(_mm256_xor_si256(shifted, into_high), reduced)
-}
-
-/// Every lane times `a^(8 M)`: an `M`-byte shift of the lane, and the `M` bytes shifted out
-/// (brought down by `TOP = 16 - M` bytes) times 0x87.
-#[inline]
-#[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse4.1")]
-fn mul_bytes<const M: i32, const TOP: i32>(t: __m256i) -> __m256i {
-    const { assert!(M + TOP == 16 && M <= 7) };
-    let top = _mm256_bsrli_epi128::<TOP>(t);
-    _mm256_xor_si256(
-        _mm256_bslli_epi128::<M>(t),
-        _mm256_clmulepi64_epi128::<0x00>(top, gf_poly()),
-    )
+fn mul_a16(t: __m256i) -> __m256i {
+    mul_bytes::<2, 14>(t)
 }
 
 /// The 16 tweaks `T a^0 .. T a^15` of a group starting a unit, two per register.
@@ -263,24 +213,6 @@ fn unit_tweaks(t: &Block) -> [__m256i; REGS] {
     ]
 }
 
-/// One group's tweaks in memory (little-endian `u128` = the block's byte order on x86).
-#[repr(C, align(32))]
-struct StagedTweaks([u128; GROUP_BLOCKS]);
-
-impl StagedTweaks {
-    #[inline]
-    #[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse4.1")]
-    fn load(&self) -> [__m256i; REGS] {
-        let mut tw = [_mm256_setzero_si256(); REGS];
-        for (v, two) in tw.iter_mut().zip(self.0.chunks_exact(2)) {
-            // SAFETY: `two` is 32 readable bytes, 32-byte aligned (the array is, and each chunk
-            // starts at a multiple of 32 bytes).
-            *v = unsafe { _mm256_load_si256(two.as_ptr().cast()) };
-        }
-        tw
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Kernels.
 
@@ -292,77 +224,11 @@ fn ecb<const DEC: bool>(k: &Keys, buf: &mut [u8]) {
         for (i, v) in x.iter_mut().enumerate() {
             *v = _mm256_xor_si256(load_reg(g, i), k0);
         }
-        middle_rounds::<DEC>(k, &mut x);
+        middle_rounds::<REGS, DEC>(k, &mut x);
         for (i, v) in x.iter().enumerate() {
             store_reg(g, i, last_round::<DEC>(*v, kl));
         }
     });
-}
-
-/// XTS on one group with its 16 tweaks. `next` makes the following group's tweaks between the
-/// whitening and the rounds, so its latency overlaps this group's AES rounds.
-#[inline]
-#[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse4.1")]
-fn xts_group<const DEC: bool>(
-    k: &Keys,
-    g: &mut [u8; GROUP],
-    tw: &[__m256i; REGS],
-    next: impl FnOnce() -> [__m256i; REGS],
-) -> [__m256i; REGS] {
-    let k0 = first_key::<DEC>(k);
-    let mut x = [_mm256_setzero_si256(); REGS];
-    for (i, v) in x.iter_mut().enumerate() {
-        *v = _mm256_xor_si256(_mm256_xor_si256(load_reg(g, i), tw[i]), k0);
-    }
-    let next = next();
-    middle_rounds::<DEC>(k, &mut x);
-    let kl = last_key::<DEC>(k);
-    for (i, v) in x.iter().enumerate() {
-        // aesenclast(x, k ^ t) = aesenclast(x, k) ^ t: the second whitening for free.
-        store_reg(g, i, last_round::<DEC>(*v, _mm256_xor_si256(kl, tw[i])));
-    }
-    next
-}
-
-#[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse4.1")]
-fn xts<const DEC: bool>(k: &Keys, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
-    if buf.is_empty() {
-        return;
-    }
-    if unit_len.is_multiple_of(GROUP) {
-        // Sector-sized units: groups never straddle a unit, all tweaks stay in registers.
-        let groups_per_unit = unit_len / GROUP;
-        let mut tw = unit_tweaks(&tweaks[0]);
-        for (u, unit) in buf.chunks_exact_mut(unit_len).enumerate() {
-            // Past the last unit this makes tweaks nobody uses, to keep the loop simple.
-            let next_unit = tweaks.get(u + 1).unwrap_or(&tweaks[u]);
-            for (gi, g) in unit.chunks_exact_mut(GROUP).enumerate() {
-                tw = xts_group::<DEC>(k, g.try_into().unwrap(), &tw, || {
-                    if gi + 1 < groups_per_unit {
-                        tw.map(|v| mul_bytes::<2, 14>(v))
-                    } else {
-                        unit_tweaks(next_unit)
-                    }
-                });
-            }
-        }
-    } else {
-        // Other unit sizes: groups across unit boundaries, tweaks from the integer sequence
-        // one group ahead.
-        let mut seq = TweakSeq::new(tweaks, unit_len);
-        let mut staged = StagedTweaks([0; GROUP_BLOCKS]);
-        let len = buf.len();
-        seq.fill(&mut staged.0, len.min(GROUP) / BLOCK);
-        let mut tw = staged.load();
-        for_groups(buf, |g, gi| {
-            let next_blocks = len.saturating_sub((gi + 1) * GROUP).min(GROUP) / BLOCK;
-            tw = xts_group::<DEC>(k, g, &tw, || {
-                seq.fill(&mut staged.0, next_blocks);
-                staged.load()
-            });
-        });
-        staged.0.zeroize();
-    }
 }
 
 #[target_feature(enable = "aes,sse4.1")]
@@ -377,38 +243,19 @@ fn cbc_decrypt(k: &Keys, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::ni::AesNi;
     use super::super::x86::testing::{self, available};
     use super::*;
     use crate::engine::BlockEngine;
 
-    fn make(key: &[u8]) -> Box<dyn BlockEngine> {
-        Box::new(Vaes256::new(key).expect("this test needs VAES + AVX2"))
-    }
-
     #[test]
-    fn standard_vectors() {
+    fn standard_vectors_and_generic_modes() {
         if available(Backend::Vaes256) {
-            testing::check_standard_vectors(make);
-        }
-    }
-
-    #[test]
-    fn matches_generic_modes() {
-        if available(Backend::Vaes256) {
-            // The generic modes on this engine's own ECB, on AES-NI's and on the portable AES's.
-            testing::compare_with_generic(make, make, 0x5eed_0102, 120);
-            testing::compare_with_generic(
-                make,
-                |k| Box::new(AesNi::new(k).unwrap()),
-                0x5eed_0103,
-                60,
-            );
-            testing::compare_with_generic(
-                make,
-                |k| Box::new(super::super::soft::AesSoft::new(k)),
-                0x5eed_0105,
-                25,
+            testing::check_wide_backend(
+                |k| {
+                    Box::new(Vaes256::new(k).expect("this test needs VAES + AVX2"))
+                        as Box<dyn BlockEngine>
+                },
+                0x5eed_0102,
             );
         }
     }
@@ -422,7 +269,7 @@ mod tests {
         fn lanes(t: &Block, steps: usize) -> Vec<u8> {
             let mut tw = unit_tweaks(t);
             for _ in 0..steps {
-                tw = tw.map(|v| mul_bytes::<2, 14>(v));
+                tw = tw.map(|v| mul_a16(v));
             }
             let mut out = [0u8; GROUP];
             for (i, v) in tw.iter().enumerate() {
@@ -430,18 +277,7 @@ mod tests {
             }
             out.to_vec()
         }
-        for first in [
-            [0xffu8; 16],
-            [0x80; 16],
-            core::array::from_fn(|i| (i as u8).wrapping_mul(29) ^ 0xc3),
-        ] {
-            let mut want = vec![0u8; GROUP * 3];
-            crate::gf128::fill_tweaks(first, &mut want);
-            for steps in 0..3 {
-                // SAFETY: `available()` checked the target features.
-                let got = unsafe { lanes(&first, steps) };
-                assert_eq!(got, want[steps * GROUP..(steps + 1) * GROUP]);
-            }
-        }
+        // SAFETY: `available()` checked the target features.
+        testing::check_register_tweaks(GROUP, |t, steps| unsafe { lanes(t, steps) });
     }
 }

@@ -172,101 +172,30 @@ fn xor3(x: __m512i, y: __m512i, z: __m512i) -> __m512i {
     _mm512_ternarylogic_epi64(x, y, z, 0x96)
 }
 
-/// The middle rounds (1 .. rounds-1) on `N` registers. One branch on the (public) round count,
-/// then straight-line code: a runtime round loop gets unrolled by LLVM into a remainder loop
-/// plus an unrolled body, which schedules worse.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
-fn middle_rounds<const N: usize, const DEC: bool>(k: &WideKeys, x: &mut [__m512i; N]) {
-    match k.rounds {
-        10 => rounds_fixed::<N, DEC, 10>(k, x),
-        12 => rounds_fixed::<N, DEC, 12>(k, x),
-        _ => rounds_fixed::<N, DEC, 14>(k, x),
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
-fn rounds_fixed<const N: usize, const DEC: bool, const NR: usize>(
-    k: &WideKeys,
-    x: &mut [__m512i; N],
-) {
-    let keys = if DEC { &k.dec } else { &k.enc };
-    for key in &keys[1..NR] {
-        let key = rk(key);
-        for v in x.iter_mut() {
-            *v = if DEC {
-                _mm512_aesdec_epi128(*v, key)
-            } else {
-                _mm512_aesenc_epi128(*v, key)
-            };
-        }
-    }
-}
-
-/// The last round with key `key` (the last round key, possibly XORed with a whitening value).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
-fn last_round<const DEC: bool>(x: __m512i, key: __m512i) -> __m512i {
-    if DEC {
-        _mm512_aesdeclast_epi128(x, key)
-    } else {
-        _mm512_aesenclast_epi128(x, key)
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
-fn first_key<const DEC: bool>(k: &WideKeys) -> __m512i {
-    rk(if DEC { &k.dec[0] } else { &k.enc[0] })
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
-fn last_key<const DEC: bool>(k: &WideKeys) -> __m512i {
-    rk(if DEC {
-        &k.dec[k.rounds]
-    } else {
-        &k.enc[k.rounds]
-    })
+super::wide::vaes_common! {
+    feature: "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes",
+    reg: __m512i,
+    keys: WideKeys,
+    group_step: mul_a32,
+    align: 64,
+    load_aligned: _mm512_load_si512,
+    zero: _mm512_setzero_si512,
+    xor: _mm512_xor_si512,
+    aesenc: _mm512_aesenc_epi128,
+    aesdec: _mm512_aesdec_epi128,
+    aesenclast: _mm512_aesenclast_epi128,
+    aesdeclast: _mm512_aesdeclast_epi128,
+    set1_epi64: _mm512_set1_epi64,
+    sllv: _mm512_sllv_epi64,
+    srlv: _mm512_srlv_epi64,
+    sub: _mm512_sub_epi64,
+    bslli: _mm512_bslli_epi128,
+    bsrli: _mm512_bsrli_epi128,
+    clmul: _mm512_clmulepi64_epi128,
 }
 
 // ---------------------------------------------------------------------------------------------
-// XTS tweak arithmetic on four 128-bit lanes at once (IEEE 1619 little-endian order: bit 0 of
-// byte 0 is the lowest coefficient, so "times a^s" is a left shift of the 128-bit integer).
-
-/// The reduction constant x^7 + x^2 + x + 1 in the low 64 bits of each lane.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
-fn gf_poly() -> __m512i {
-    _mm512_set1_epi64(0x87)
-}
-
-/// Lane `j` times `a^(s_j)`, with `shifts` = `s_j` in both 64-bit halves of lane `j` (s < 57).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
-fn mul_lanes(t: __m512i, shifts: __m512i) -> __m512i {
-    let shifted = _mm512_sllv_epi64(t, shifts);
-    // The bits pushed out of each half (a count of 64 gives 0 for s = 0).
-    let carries = _mm512_srlv_epi64(t, _mm512_sub_epi64(_mm512_set1_epi64(64), shifts));
-    // Low half's carries go into the high half; the high half's are reduced into the low half.
-    let into_high = _mm512_bslli_epi128(carries, 8);
-    let reduced = _mm512_clmulepi64_epi128(carries, gf_poly(), 0x01);
-    xor3(shifted, into_high, reduced)
-}
-
-/// Every lane times `a^(8 M)`: an `M`-byte shift of the lane, and the `M` bytes shifted out
-/// (brought down by `TOP = 16 - M` bytes) times 0x87.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
-fn mul_bytes<const M: i32, const TOP: i32>(t: __m512i) -> __m512i {
-    const { assert!(M + TOP == 16 && M <= 7) };
-    let top = _mm512_bsrli_epi128::<TOP>(t);
-    _mm512_xor_si512(
-        _mm512_bslli_epi128::<M>(t),
-        _mm512_clmulepi64_epi128::<0x00>(top, gf_poly()),
-    )
-}
+// XTS tweaks: four per register.
 
 /// Every lane times `a^32` (the step from one 32-block group to the next).
 #[inline]
@@ -335,93 +264,13 @@ fn ecb<const DEC: bool>(k: &WideKeys, buf: &mut [u8]) {
     }
 }
 
-/// XTS on one group (`g.len() <= 512`) with its 32 tweaks. `next` makes the tweaks of the
-/// following group; it runs between the whitening and the rounds, so its latency chain
-/// (shifts, carry-less multiplies) overlaps this group's AES rounds instead of delaying the next
-/// group's first round.
+/// Run `f` on every group of `buf` with its index; the last may be partial (the kernels mask
+/// it).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
-fn xts_group<const DEC: bool>(
-    k: &WideKeys,
-    g: &mut [u8],
-    tw: &[__m512i; REGS],
-    next: impl FnOnce() -> [__m512i; REGS],
-) -> [__m512i; REGS] {
-    let k0 = first_key::<DEC>(k);
-    let mut x = [_mm512_setzero_si512(); REGS];
-    for (i, v) in x.iter_mut().enumerate() {
-        *v = xor3(load_reg(g, i), tw[i], k0);
-    }
-    let next = next();
-    middle_rounds::<REGS, DEC>(k, &mut x);
-    let kl = last_key::<DEC>(k);
-    for (i, v) in x.iter().enumerate() {
-        store_reg(g, i, last_round::<DEC>(*v, _mm512_xor_si512(kl, tw[i])));
-    }
-    next
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
-fn xts<const DEC: bool>(k: &WideKeys, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
-    if buf.is_empty() {
-        return;
-    }
-    if unit_len.is_multiple_of(GROUP) {
-        // Sector-sized units: groups never straddle a unit, all tweaks stay in registers.
-        let groups_per_unit = unit_len / GROUP;
-        let mut tw = unit_tweaks(&tweaks[0]);
-        for (u, unit) in buf.chunks_exact_mut(unit_len).enumerate() {
-            // Past the last unit this recomputes a tweak nobody uses, to keep the loop simple.
-            let next_unit = tweaks.get(u + 1).unwrap_or(&tweaks[u]);
-            for (gi, g) in unit.chunks_exact_mut(GROUP).enumerate() {
-                tw = xts_group::<DEC>(k, g, &tw, || {
-                    if gi + 1 < groups_per_unit {
-                        let mut next = tw;
-                        for v in next.iter_mut() {
-                            *v = mul_a32(*v);
-                        }
-                        next
-                    } else {
-                        unit_tweaks(next_unit)
-                    }
-                });
-            }
-        }
-    } else {
-        // Other unit sizes: 32-block groups across unit boundaries. The tweak sequence (alpha
-        // steps, restarting at every unit) is made with 128-bit integer arithmetic one group
-        // ahead, stored, and loaded as registers.
-        let mut seq = TweakSeq::new(tweaks, unit_len);
-        let mut staged = StagedTweaks([0; GROUP_BLOCKS]);
-        let len = buf.len();
-        seq.fill(&mut staged.0, len.min(GROUP) / BLOCK);
-        let mut tw = staged.load();
-        for (gi, g) in buf.chunks_mut(GROUP).enumerate() {
-            let next_blocks = len.saturating_sub((gi + 1) * GROUP).min(GROUP) / BLOCK;
-            tw = xts_group::<DEC>(k, g, &tw, || {
-                seq.fill(&mut staged.0, next_blocks);
-                staged.load()
-            });
-        }
-        staged.0.zeroize();
-    }
-}
-
-/// One group's tweaks in memory (little-endian `u128` = the block's byte order on x86).
-#[repr(C, align(64))]
-struct StagedTweaks([u128; GROUP_BLOCKS]);
-
-impl StagedTweaks {
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
-    fn load(&self) -> [__m512i; REGS] {
-        let mut tw = [_mm512_setzero_si512(); REGS];
-        for (v, four) in tw.iter_mut().zip(self.0.chunks_exact(4)) {
-            // SAFETY: `four` is 64 readable bytes, 64-byte aligned (the array is, and each
-            // chunk starts at a multiple of 64 bytes).
-            *v = unsafe { _mm512_load_si512(four.as_ptr().cast()) };
-        }
-        tw
+fn for_groups(buf: &mut [u8], mut f: impl FnMut(&mut [u8], usize)) {
+    for (i, g) in buf.chunks_mut(GROUP).enumerate() {
+        f(g, i);
     }
 }
 
@@ -715,39 +564,19 @@ fn gather(b: [__m128i; 4]) -> __m512i {
 
 #[cfg(test)]
 mod tests {
-    use super::super::ni::AesNi;
     use super::super::x86::testing::{self, available};
     use super::*;
     use crate::engine::BlockEngine;
 
-    fn make(key: &[u8]) -> Box<dyn BlockEngine> {
-        Box::new(Vaes512::new(key).expect("this test needs VAES + AVX-512"))
-    }
-
     #[test]
-    fn standard_vectors() {
+    fn standard_vectors_and_generic_modes() {
         if available(Backend::Vaes512) {
-            testing::check_standard_vectors(make);
-        }
-    }
-
-    #[test]
-    fn matches_generic_modes() {
-        if available(Backend::Vaes512) {
-            // The generic modes run on this engine's own ECB, on AES-NI's and on the portable
-            // (bitsliced) AES's: independent implementations of the rounds and key layout.
-            testing::compare_with_generic(make, make, 0x5eed_0002, 120);
-            testing::compare_with_generic(
-                make,
-                |k| Box::new(AesNi::new(k).unwrap()),
-                0x5eed_0003,
-                60,
-            );
-            testing::compare_with_generic(
-                make,
-                |k| Box::new(super::super::soft::AesSoft::new(k)),
-                0x5eed_0005,
-                25,
+            testing::check_wide_backend(
+                |k| {
+                    Box::new(Vaes512::new(k).expect("this test needs VAES + AVX-512"))
+                        as Box<dyn BlockEngine>
+                },
+                0x5eed_0002,
             );
         }
     }
@@ -761,28 +590,15 @@ mod tests {
         fn lanes(t: &Block, steps: usize) -> Vec<u8> {
             let mut tw = unit_tweaks(t);
             for _ in 0..steps {
-                for v in tw.iter_mut() {
-                    *v = mul_a32(*v);
-                }
+                tw = tw.map(|v| mul_a32(v));
             }
             let mut out = vec![0u8; GROUP];
             for (i, v) in tw.iter().enumerate() {
                 store_reg(&mut out, i, *v);
             }
-            out
+            out.to_vec()
         }
-        for first in [
-            [0xffu8; 16],
-            [0x80; 16],
-            core::array::from_fn(|i| (i as u8).wrapping_mul(29) ^ 0xc3),
-        ] {
-            let mut want = vec![0u8; GROUP * 3];
-            crate::gf128::fill_tweaks(first, &mut want);
-            for steps in 0..3 {
-                // SAFETY: `available()` checked the target features.
-                let got = unsafe { lanes(&first, steps) };
-                assert_eq!(got, want[steps * GROUP..(steps + 1) * GROUP]);
-            }
-        }
+        // SAFETY: `available()` checked the target features.
+        testing::check_register_tweaks(GROUP, |t, steps| unsafe { lanes(t, steps) });
     }
 }

@@ -264,6 +264,45 @@ pub(crate) mod testing {
     }
 
     /// The standard vectors: FIPS-197 Appendix C (ECB, every key size) and IEEE 1619 (XTS).
+    /// The checks every wide (VAES) backend runs: standard vectors, and the generic modes on
+    /// its own ECB, on AES-NI's and on the portable (bitsliced) AES's, which are independent
+    /// implementations of the rounds and key layout. `seed` varies the random cases.
+    pub(crate) fn check_wide_backend(make: impl Fn(&[u8]) -> Box<dyn BlockEngine>, seed: u64) {
+        check_standard_vectors(&make);
+        compare_with_generic(&make, &make, seed, 120);
+        compare_with_generic(
+            &make,
+            |k| Box::new(crate::aes::ni::AesNi::new(k).unwrap()),
+            seed + 1,
+            60,
+        );
+        compare_with_generic(
+            &make,
+            |k| Box::new(crate::aes::soft::AesSoft::new(k)),
+            seed + 3,
+            25,
+        );
+    }
+
+    /// A wide kernel's register tweaks against the scalar alpha chain: `lanes(first, steps)`
+    /// is the tweaks of the group `steps` groups into a unit starting at `first`, `group` bytes.
+    pub(crate) fn check_register_tweaks(group: usize, lanes: impl Fn(&Block, usize) -> Vec<u8>) {
+        for first in [
+            [0xffu8; 16],
+            [0x80; 16],
+            core::array::from_fn(|i| (i as u8).wrapping_mul(29) ^ 0xc3),
+        ] {
+            let mut want = vec![0u8; group * 3];
+            crate::gf128::fill_tweaks(first, &mut want);
+            for steps in 0..3 {
+                assert_eq!(
+                    lanes(&first, steps),
+                    want[steps * group..(steps + 1) * group]
+                );
+            }
+        }
+    }
+
     pub(crate) fn check_standard_vectors(make: impl Fn(&[u8]) -> Box<dyn BlockEngine>) {
         check_fips197(&make);
         check_ieee1619(&make);

@@ -1,0 +1,224 @@
+//! What the two VAES backends share: the round sequence, the XTS tweak arithmetic on 128-bit
+//! lanes and the XTS group kernel, written once as a macro that expands inside `vaes512` and
+//! `vaes256`. Each copy is then compiled under its module's `#[target_feature]` and inlines its
+//! intrinsics; a trait over the register type could not carry `#[target_feature]` on its
+//! methods (the same reason as `lea::simd`).
+//!
+//! The expanding module provides `REGS` (registers per group), `REG` (bytes per register),
+//! `GROUP` and `GROUP_BLOCKS`, a keys type with `enc`, `dec` (round keys pre-broadcast to a
+//! register) and `rounds`, `rk` (load a round key), `load_reg` and `store_reg` (register `i` of a
+//! group), `xor3`, `unit_tweaks` (the tweaks of a unit's first group), the step from one group's
+//! tweaks to the next one's, and `for_groups` (every group of a buffer, the last one possibly
+//! partial, with its index).
+
+/// Expands, in the calling module: `middle_rounds`, `last_round`, `first_key`, `last_key`,
+/// `gf_poly`, `mul_lanes`, `mul_bytes`, `xts_group`, `StagedTweaks` and the XTS kernel `xts`, on
+/// registers `$v` with the named intrinsics.
+macro_rules! vaes_common {
+    (
+        feature: $feature:tt,
+        reg: $v:ty,
+        keys: $keys:ty,
+        group_step: $step:ident,
+        align: $align:literal,
+        load_aligned: $load_aligned:ident,
+        zero: $zero:ident,
+        xor: $xor:ident,
+        aesenc: $aesenc:ident,
+        aesdec: $aesdec:ident,
+        aesenclast: $aesenclast:ident,
+        aesdeclast: $aesdeclast:ident,
+        set1_epi64: $set1:ident,
+        sllv: $sllv:ident,
+        srlv: $srlv:ident,
+        sub: $sub:ident,
+        bslli: $bslli:ident,
+        bsrli: $bsrli:ident,
+        clmul: $clmul:ident $(,)?
+    ) => {
+        /// The middle rounds (1 .. rounds-1) on `N` registers. One branch on the (public) round
+        /// count, then straight-line code: a runtime round loop gets unrolled by LLVM into a
+        /// remainder loop plus an unrolled body, which schedules worse.
+        #[inline]
+        #[target_feature(enable = $feature)]
+        fn middle_rounds<const N: usize, const DEC: bool>(k: &$keys, x: &mut [$v; N]) {
+            match k.rounds {
+                10 => rounds_fixed::<N, DEC, 10>(k, x),
+                12 => rounds_fixed::<N, DEC, 12>(k, x),
+                _ => rounds_fixed::<N, DEC, 14>(k, x),
+            }
+        }
+
+        #[inline]
+        #[target_feature(enable = $feature)]
+        fn rounds_fixed<const N: usize, const DEC: bool, const NR: usize>(
+            k: &$keys,
+            x: &mut [$v; N],
+        ) {
+            let keys = if DEC { &k.dec } else { &k.enc };
+            for key in &keys[1..NR] {
+                let key = rk(key);
+                for v in x.iter_mut() {
+                    *v = if DEC {
+                        $aesdec(*v, key)
+                    } else {
+                        $aesenc(*v, key)
+                    };
+                }
+            }
+        }
+
+        /// The last round with key `key` (the last round key, possibly XORed with a whitening
+        /// value).
+        #[inline]
+        #[target_feature(enable = $feature)]
+        fn last_round<const DEC: bool>(x: $v, key: $v) -> $v {
+            if DEC {
+                $aesdeclast(x, key)
+            } else {
+                $aesenclast(x, key)
+            }
+        }
+
+        #[inline]
+        #[target_feature(enable = $feature)]
+        fn first_key<const DEC: bool>(k: &$keys) -> $v {
+            rk(if DEC { &k.dec[0] } else { &k.enc[0] })
+        }
+
+        #[inline]
+        #[target_feature(enable = $feature)]
+        fn last_key<const DEC: bool>(k: &$keys) -> $v {
+            rk(if DEC {
+                &k.dec[k.rounds]
+            } else {
+                &k.enc[k.rounds]
+            })
+        }
+
+        // XTS tweak arithmetic on every 128-bit lane at once (IEEE 1619 little-endian order:
+        // bit 0 of byte 0 is the lowest coefficient, so "times a^s" is a left shift of the
+        // 128-bit integer).
+
+        /// The reduction constant x^7 + x^2 + x + 1 in the low 64 bits of each lane.
+        #[inline]
+        #[target_feature(enable = $feature)]
+        fn gf_poly() -> $v {
+            $set1(0x87)
+        }
+
+        /// Lane `j` times `a^(s_j)`, with `shifts` = `s_j` in both 64-bit halves of lane `j`
+        /// (s < 57).
+        #[inline]
+        #[target_feature(enable = $feature)]
+        fn mul_lanes(t: $v, shifts: $v) -> $v {
+            let shifted = $sllv(t, shifts);
+            // The bits pushed out of each half (a count of 64 gives 0 for s = 0).
+            let carries = $srlv(t, $sub($set1(64), shifts));
+            // Low half's carries go into the high half; the high half's are reduced into the
+            // low half.
+            let into_high = $bslli::<8>(carries);
+            let reduced = $clmul::<0x01>(carries, gf_poly());
+            xor3(shifted, into_high, reduced)
+        }
+
+        /// Every lane times `a^(8 M)`: an `M`-byte shift of the lane, and the `M` bytes shifted
+        /// out (brought down by `TOP = 16 - M` bytes) times 0x87.
+        #[inline]
+        #[target_feature(enable = $feature)]
+        fn mul_bytes<const M: i32, const TOP: i32>(t: $v) -> $v {
+            const { assert!(M + TOP == 16 && M <= 7) };
+            let top = $bsrli::<TOP>(t);
+            $xor($bslli::<M>(t), $clmul::<0x00>(top, gf_poly()))
+        }
+
+        /// XTS on one group with its tweaks, one per block. `next` makes the tweaks of the
+        /// following group; it runs between the whitening and the rounds, so its latency chain
+        /// (shifts, carry-less multiplies) overlaps this group's AES rounds instead of delaying
+        /// the next group's first round. The whitening XORs are folded into the first round
+        /// (`xor3`) and the last round key (`aesenclast(x, k ^ t) = aesenclast(x, k) ^ t`).
+        #[inline]
+        #[target_feature(enable = $feature)]
+        fn xts_group<const DEC: bool>(
+            k: &$keys,
+            g: &mut [u8],
+            tw: &[$v; REGS],
+            next: impl FnOnce() -> [$v; REGS],
+        ) -> [$v; REGS] {
+            let k0 = first_key::<DEC>(k);
+            let mut x = [$zero(); REGS];
+            for (i, v) in x.iter_mut().enumerate() {
+                *v = xor3(load_reg(g, i), tw[i], k0);
+            }
+            let next = next();
+            middle_rounds::<REGS, DEC>(k, &mut x);
+            let kl = last_key::<DEC>(k);
+            for (i, v) in x.iter().enumerate() {
+                store_reg(g, i, last_round::<DEC>(*v, $xor(kl, tw[i])));
+            }
+            next
+        }
+
+        #[target_feature(enable = $feature)]
+        fn xts<const DEC: bool>(k: &$keys, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
+            if buf.is_empty() {
+                return;
+            }
+            if unit_len.is_multiple_of(GROUP) {
+                // Sector-sized units: groups never straddle a unit, all tweaks stay in registers.
+                let groups_per_unit = unit_len / GROUP;
+                let mut tw = unit_tweaks(&tweaks[0]);
+                for (u, unit) in buf.chunks_exact_mut(unit_len).enumerate() {
+                    // Past the last unit this makes tweaks nobody uses, to keep the loop simple.
+                    let next_unit = tweaks.get(u + 1).unwrap_or(&tweaks[u]);
+                    for (gi, g) in unit.chunks_exact_mut(GROUP).enumerate() {
+                        tw = xts_group::<DEC>(k, g, &tw, || {
+                            if gi + 1 < groups_per_unit {
+                                tw.map(|v| $step(v))
+                            } else {
+                                unit_tweaks(next_unit)
+                            }
+                        });
+                    }
+                }
+            } else {
+                // Other unit sizes: groups across unit boundaries. The tweak sequence (alpha
+                // steps, restarting at every unit) is made with 128-bit integer arithmetic one
+                // group ahead, stored, and loaded as registers.
+                let mut seq = TweakSeq::new(tweaks, unit_len);
+                let mut staged = StagedTweaks([0; GROUP_BLOCKS]);
+                let len = buf.len();
+                seq.fill(&mut staged.0, len.min(GROUP) / BLOCK);
+                let mut tw = staged.load();
+                for_groups(buf, |g, gi| {
+                    let next_blocks = len.saturating_sub((gi + 1) * GROUP).min(GROUP) / BLOCK;
+                    tw = xts_group::<DEC>(k, g, &tw, || {
+                        seq.fill(&mut staged.0, next_blocks);
+                        staged.load()
+                    });
+                });
+                staged.0.zeroize();
+            }
+        }
+
+        /// One group's tweaks in memory (little-endian `u128` = the block's byte order on x86).
+        #[repr(C, align($align))]
+        struct StagedTweaks([u128; GROUP_BLOCKS]);
+
+        impl StagedTweaks {
+            #[inline]
+            #[target_feature(enable = $feature)]
+            fn load(&self) -> [$v; REGS] {
+                let mut tw = [$zero(); REGS];
+                for (v, lanes) in tw.iter_mut().zip(self.0.chunks_exact(REG / BLOCK)) {
+                    // SAFETY: `lanes` is one register's bytes, aligned to the register size (the
+                    // array is, and each chunk starts at a multiple of it).
+                    *v = unsafe { $load_aligned(lanes.as_ptr().cast()) };
+                }
+                tw
+            }
+        }
+    };
+}
+
+pub(crate) use vaes_common;
