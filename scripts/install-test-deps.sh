@@ -4,7 +4,8 @@
 # tests cross-check against (OpenSSL through Python's `cryptography`, Crypto++), the real clients
 # and peers of the NBD and FUSE exports (qemu-img, libnbd's nbdcopy/nbdinfo, fio, nbdkit with its
 # luks filter, fuse3, e2fsprogs and fuse2fs), mtd-utils, squashfs-tools and ubi_reader for raw flash (ubinize,
-# mkfs.ubifs and the readers that check exported images), and openssl(1) for the peer benchmarks. Two tools
+# mkfs.ubifs and the readers that check exported images), Ceph (a monitor, an OSD, rbd, librbd and
+# python3-rbd) for the RBD tests, and openssl(1) for the peer benchmarks. Two tools
 # keep the suite independent of the host's speed: qemu-user runs qemu-img emulated when the CPU is
 # too fast for qemu's PBKDF2 calibration, and strace stops processes at an exact write (the
 # SIGKILL/SIGINT tests) instead of at a moment in time. Safe to run again: it only installs what
@@ -16,7 +17,10 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
 debs=(g++ libcrypto++-dev libcrypto++-utils openssl python3 cryptsetup-bin qemu-utils
   qemu-user strace nbdkit libnbd-bin fio fuse3 e2fsprogs fuse2fs util-linux mount mtd-utils
-  squashfs-tools fdisk)
+  squashfs-tools fdisk
+  # Ceph RBD: a monitor and an OSD for scripts/ceph-cluster.sh, the rbd tool, librbd to link
+  # against, and librbd's own LUKS encryption as the oracle (qemu's rbd driver, python3-rbd).
+  ceph-mon ceph-osd ceph-common librbd-dev qemu-block-extra python3-rbd)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -3,6 +3,7 @@
 //! family of commands.
 
 mod basics;
+mod ceph;
 mod ciphers;
 mod common;
 mod convert;

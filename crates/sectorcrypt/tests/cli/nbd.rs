@@ -323,7 +323,7 @@ impl Served {
     }
 
     /// Serve `img` on the Unix socket `dir/NAME` (short, to stay within sun_path's limit).
-    fn unix(dir: &Path, name: &str, img: &Path, key: &Path, extra: &[&str]) -> Served {
+    pub(crate) fn unix(dir: &Path, name: &str, img: &Path, key: &Path, extra: &[&str]) -> Served {
         let sock = dir.join(name);
         let mut args = vec![p(img), "--key-file", p(key), "--socket", p(&sock)];
         args.extend(extra);

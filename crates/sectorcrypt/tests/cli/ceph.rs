@@ -1,0 +1,180 @@
+//! The project's own Ceph test cluster (`scripts/ceph-cluster.sh`, issue 16) against the real
+//! Ceph tools: it starts one monitor and one OSD, serves `rbd`, refuses a second start in the
+//! same directory and stops exactly the daemons it started. On it, a volume that sectorcrypt
+//! formatted and wrote, imported with `rbd import`, is read back through librbd's own LUKS2
+//! encryption (python3-rbd's `encryption_load`).
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::common::{ok, p, run, sc, scratch};
+use crate::nbd::{pattern, tool, write_file, Served, MIB};
+
+fn script() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-cluster.sh")
+}
+
+/// The daemons' pids from the cluster's pid files.
+fn daemon_pids(dir: &Path) -> Vec<u32> {
+    std::fs::read_dir(dir.join("run"))
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .filter(|e| e.path().extension().is_some_and(|x| x == "pid"))
+                .filter_map(|e| std::fs::read_to_string(e.path()).ok()?.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A running cluster, stopped on drop.
+struct Cluster {
+    dir: std::path::PathBuf,
+    conf: String,
+}
+
+impl Cluster {
+    fn start(dir: &Path, port: u16) -> Cluster {
+        let out = ok(
+            run(Command::new("bash").args([p(&script()), "start", p(dir), &port.to_string()])),
+            "ceph-cluster.sh start",
+        );
+        let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let conf = line
+            .strip_prefix("export CEPH_CONF=")
+            .unwrap_or_else(|| panic!("no CEPH_CONF line: {line:?}"))
+            .to_string();
+        Cluster {
+            dir: dir.to_path_buf(),
+            conf,
+        }
+    }
+
+    fn rbd(&self, args: &[&str]) -> std::process::Output {
+        ok(
+            run(Command::new("rbd").args(["--conf", &self.conf]).args(args)),
+            &format!("rbd {args:?}"),
+        )
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = run(Command::new("bash").args([p(&script()), "stop", p(&self.dir)]));
+    }
+}
+
+#[test]
+fn the_test_cluster_serves_rbd_and_librbd_reads_a_volume_made_here() {
+    let dir = scratch("ceph");
+    let cluster_dir = dir.join("cluster");
+    let cluster = Cluster::start(&cluster_dir, 3390);
+    let pids = daemon_pids(&cluster_dir);
+    assert_eq!(pids.len(), 2, "one monitor and one OSD");
+    for pid in &pids {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+        assert!(
+            comm.starts_with("ceph-mon") || comm.starts_with("ceph-osd"),
+            "{comm}"
+        );
+    }
+    let status = run(Command::new("bash").args([p(&script()), "status", p(&cluster_dir)]));
+    assert!(status.status.success(), "status of a running cluster");
+    // A second start in the same directory is refused (busy) and leaves the first one running.
+    let again = run(Command::new("bash").args([p(&script()), "start", p(&cluster_dir), "3391"]));
+    assert_eq!(
+        again.status.code(),
+        Some(5),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert_eq!(daemon_pids(&cluster_dir).len(), 2);
+
+    // A LUKS2 volume formatted and written by sectorcrypt, imported into RBD, reads back through
+    // librbd's encryption. librbd's own default data offset (16 MiB) and sector size (4096).
+    let key = dir.join("pass");
+    write_file(&key, b"rbd interop passphrase");
+    let img = dir.join("vol.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(48 * MIB)
+        .unwrap();
+    ok(
+        sc(&[
+            "format",
+            "-q",
+            "--type",
+            "luks2",
+            "--pbkdf-memory",
+            "65536",
+            "--iter-time",
+            "200",
+            "--sector-size",
+            "4096",
+            "--key-file",
+            p(&key),
+            p(&img),
+        ]),
+        "format",
+    );
+    let data = pattern(16, 4 * MIB as usize);
+    let src = dir.join("data.raw");
+    write_file(&src, &data);
+    let server = Served::unix(&dir, "v.sock", &img, &key, &[]);
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            &format!("write -s {} {} {}", p(&src), MIB, 4 * MIB),
+            &server.uri,
+        ],
+    );
+    server.stop();
+    cluster.rbd(&["import", "--no-progress", p(&img), "rbd/scvol"]);
+    const READ: &str = r#"
+import sys, rados, rbd
+conf, key, offset, length, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+with rados.Rados(conffile=conf) as cluster, cluster.open_ioctx("rbd") as io, rbd.Image(io, "scvol") as image:
+    image.encryption_load(rbd.RBD_ENCRYPTION_FORMAT_LUKS2, open(key, "rb").read())
+    print(image.size())
+    open(out, "wb").write(image.read(offset, length))
+"#;
+    let out = dir.join("librbd.raw");
+    // Debian's own Python: python3-rbd is installed for it, whatever python3 is first on PATH.
+    let res = ok(
+        run(Command::new("/usr/bin/python3").args([
+            "-c",
+            READ,
+            &cluster.conf,
+            p(&key),
+            &MIB.to_string(),
+            &(4 * MIB).to_string(),
+            p(&out),
+        ])),
+        "python3-rbd encryption_load",
+    );
+    let size: u64 = String::from_utf8_lossy(&res.stdout).trim().parse().unwrap();
+    assert_eq!(size, 32 * MIB, "48 MiB less librbd's 16 MiB data offset");
+    assert!(
+        std::fs::read(&out).unwrap() == data,
+        "librbd decrypts what sectorcrypt wrote"
+    );
+
+    // Stopping ends exactly the daemons the script started, and nothing is left running.
+    drop(cluster);
+    for pid in pids {
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "daemon {pid} still runs"
+        );
+    }
+    assert!(daemon_pids(&cluster_dir).is_empty(), "pid files removed");
+    let status = run(Command::new("bash").args([p(&script()), "status", p(&cluster_dir)]));
+    assert!(
+        !status.status.success(),
+        "a stopped cluster does not answer"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
