@@ -6,6 +6,7 @@ mod benchmark;
 mod chip;
 mod config;
 mod convert;
+mod device;
 mod exit;
 mod flash;
 mod header;

@@ -5,20 +5,23 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use sectorcrypt_luks::Header;
-use sectorcrypt_storage::{FileStorage, Storage};
+use sectorcrypt_storage::Storage;
 use sectorcrypt_volume::convert::{self, AtOpen};
 use sectorcrypt_volume::{Error as VolumeError, Layout, Volume, VolumeOptions};
 
 use crate::convert::{finish_conversion, resume_hint};
-use crate::exit::{CliError, Code};
+use crate::device::{self, CephArgs};
+use crate::exit::CliError;
 use crate::keyfile::KeyArgs;
 
 /// The volume to open and how.
 #[derive(clap::Args, Debug)]
 pub(crate) struct VolumeArgs {
-    /// The LUKS device or image file.
+    /// The LUKS device or image file, or an RBD image (rbd:POOL[/NAMESPACE]/IMAGE).
     #[arg(value_name = "DEVICE")]
     pub device: PathBuf,
+    #[command(flatten)]
+    pub ceph: CephArgs,
     /// Read the header from this detached header file; DEVICE then holds only data.
     #[arg(long, value_name = "FILE")]
     pub header: Option<PathBuf>,
@@ -59,24 +62,10 @@ impl VolumeArgs {
 
     /// Read the header, unlock it with the passphrase, and open the data segment.
     pub(crate) fn open(&self) -> Result<Arc<Volume>, CliError> {
-        let open = |path: &PathBuf, write: bool| {
-            let opened = if write {
-                FileStorage::open(path)
-            } else {
-                FileStorage::open_read_only(path)
-            };
-            opened.map_err(|e| CliError {
-                code: if e.kind() == std::io::ErrorKind::PermissionDenied {
-                    Code::Usage
-                } else {
-                    Code::Device
-                },
-                message: format!("cannot open {}: {e}", path.display()),
-            })
-        };
-        let data: Arc<dyn Storage> = Arc::new(open(&self.device, !self.readonly)?);
+        let open = |path: &PathBuf, write: bool| device::open(path, write, &self.ceph);
+        let data = open(&self.device, !self.readonly)?;
         let header_dev: Arc<dyn Storage> = match &self.header {
-            Some(h) => Arc::new(open(h, false)?),
+            Some(h) => open(h, false)?,
             None => Arc::clone(&data),
         };
         let mut header = Header::read(&*header_dev)?;
@@ -96,7 +85,7 @@ impl VolumeArgs {
                     self.device.display()
                 );
                 let header_rw = match &self.header {
-                    Some(h) => Arc::new(open(h, true)?) as Arc<dyn Storage>,
+                    Some(h) => open(h, true)?,
                     None => Arc::clone(&data),
                 };
                 finish_conversion(&*header_rw, &*data, &pass, self.threads(), &hint)?;

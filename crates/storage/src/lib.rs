@@ -2,7 +2,8 @@
 //! encrypted payload. Positioned reads and writes (no shared cursor, so several threads can use one
 //! device), an explicit `sync` (the ordering point for crash safety), and the length.
 //!
-//! Implementations: [`FileStorage`] (a regular file or a block device), [`MemStorage`] (tests) and
+//! Implementations: [`FileStorage`] (a regular file or a block device), `rbd::RbdStorage` (a Ceph
+//! RBD image through librbd, with the `rbd` feature), [`MemStorage`] (tests) and
 //! [`CrashingStorage`] (tests: a device that loses power after the n-th write or sync, keeping only
 //! what its last sync made durable plus any part of the writes since; see [`crash`]).
 //! Keeping every byte of I/O behind this trait is what lets tests substitute a device that fails
@@ -16,6 +17,10 @@ use std::sync::RwLock;
 
 pub mod crash;
 pub mod dir;
+// The crate's one module with `unsafe`: the FFI calls into librados and librbd.
+#[cfg(feature = "rbd")]
+#[allow(unsafe_code)]
+pub mod rbd;
 pub use crash::{CrashingDirectory, CrashingStorage, Outcome, Power};
 pub use dir::{install_file, rename_durably, Directory, FsDirectory};
 

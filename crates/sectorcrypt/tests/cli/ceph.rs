@@ -1,8 +1,8 @@
 //! The project's own Ceph test cluster (`scripts/ceph-cluster.sh`, issue 16) against the real
 //! Ceph tools: it starts one monitor and one OSD, serves `rbd`, refuses a second start in the
-//! same directory and stops exactly the daemons it started. On it, a volume that sectorcrypt
-//! formatted and wrote, imported with `rbd import`, is read back through librbd's own LUKS2
-//! encryption (python3-rbd's `encryption_load`).
+//! same directory and stops exactly the daemons it started. On it, `sectorcrypt serve rbd:...`
+//! writes a volume that librbd's own LUKS2 encryption reads back (python3-rbd's
+//! `encryption_load`); a second writer is refused, a read-only server coexists.
 
 use std::path::Path;
 use std::process::Command;
@@ -90,8 +90,9 @@ fn the_test_cluster_serves_rbd_and_librbd_reads_a_volume_made_here() {
     );
     assert_eq!(daemon_pids(&cluster_dir).len(), 2);
 
-    // A LUKS2 volume formatted and written by sectorcrypt, imported into RBD, reads back through
-    // librbd's encryption. librbd's own default data offset (16 MiB) and sector size (4096).
+    // A LUKS2 volume formatted by sectorcrypt (librbd's own data offset, 16 MiB, and sector
+    // size, 4096), imported into RBD, then written through `sectorcrypt serve rbd:...`, reads
+    // back through librbd's encryption.
     let key = dir.join("pass");
     write_file(&key, b"rbd interop passphrase");
     let img = dir.join("vol.img");
@@ -117,10 +118,13 @@ fn the_test_cluster_serves_rbd_and_librbd_reads_a_volume_made_here() {
         ]),
         "format",
     );
+    cluster.rbd(&["import", "--no-progress", p(&img), "rbd/scvol"]);
     let data = pattern(16, 4 * MIB as usize);
     let src = dir.join("data.raw");
     write_file(&src, &data);
-    let server = Served::unix(&dir, "v.sock", &img, &key, &[]);
+    let conf = ["--ceph-conf", cluster.conf.as_str()];
+    let server = Served::unix(&dir, "w.sock", Path::new("rbd:rbd/scvol"), &key, &conf);
+    assert_eq!(server.size, 32 * MIB, "48 MiB less the 16 MiB data offset");
     tool(
         "qemu-io",
         &[
@@ -131,8 +135,31 @@ fn the_test_cluster_serves_rbd_and_librbd_reads_a_volume_made_here() {
             &server.uri,
         ],
     );
+    // A second writer is refused (busy); a read-only server coexists and sees the data.
+    let second = run(Command::new(env!("CARGO_BIN_EXE_sectorcrypt")).args([
+        "serve",
+        "rbd:rbd/scvol",
+        "--ceph-conf",
+        &cluster.conf,
+        "--key-file",
+        p(&key),
+        "--socket",
+        p(&dir.join("x.sock")),
+    ]));
+    assert_eq!(
+        second.status.code(),
+        Some(5),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    let mut ro = conf.to_vec();
+    ro.push("--readonly");
+    let reader = Served::unix(&dir, "r.sock", Path::new("rbd:rbd/scvol"), &key, &ro);
+    let seen = dir.join("seen.raw");
+    tool("nbdcopy", &[&reader.uri, p(&seen)]);
+    assert!(std::fs::read(&seen).unwrap()[MIB as usize..5 * MIB as usize] == data[..]);
+    reader.stop();
     server.stop();
-    cluster.rbd(&["import", "--no-progress", p(&img), "rbd/scvol"]);
     const READ: &str = r#"
 import sys, rados, rbd
 conf, key, offset, length, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]

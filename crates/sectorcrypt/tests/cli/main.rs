@@ -3,6 +3,7 @@
 //! family of commands.
 
 mod basics;
+#[cfg(feature = "rbd")]
 mod ceph;
 mod ciphers;
 mod common;

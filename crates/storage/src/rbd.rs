@@ -1,0 +1,413 @@
+//! A Ceph RBD image as storage, through librbd (feature `rbd`; links librados and librbd).
+//!
+//! Names take the form `rbd:POOL/IMAGE` or `rbd:POOL/NAMESPACE/IMAGE`. The cluster is found by
+//! a ceph.conf (`--ceph-conf`, else librados' own search: `$CEPH_CONF`, `/etc/ceph/ceph.conf`,
+//! ...) and reached as a client id (`--ceph-id`, default `admin`), as Ceph's tools do.
+//!
+//! Design:
+//! - The calls are librbd's synchronous ones; librbd is thread-safe on one image handle, so the
+//!   servers' worker threads keep as many requests in flight as they have threads.
+//! - A writable open takes the image's exclusive lock explicitly (`rbd_lock_acquire`): librbd
+//!   then refuses writes from every other client (EROFS), instead of handing the lock over on
+//!   request as it does by default. A second writer is refused at open ([`io::ErrorKind::ResourceBusy`]);
+//!   read-only opens take no lock and coexist with the writer.
+//! - `sync` is `rbd_flush`: librbd acknowledges a write once the OSDs have it, but its cache
+//!   (when enabled) holds writes until a flush.
+//! - This module is the crate's only `unsafe` code: the FFI declarations and one call per
+//!   function, each with a SAFETY comment.
+
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::io;
+use std::path::Path;
+use std::ptr;
+
+type RadosT = *mut c_void;
+type IoCtxT = *mut c_void;
+type ImageT = *mut c_void;
+
+/// `RBD_LOCK_MODE_EXCLUSIVE` of `<rbd/librbd.h>`.
+const RBD_LOCK_MODE_EXCLUSIVE: c_int = 0;
+
+#[link(name = "rados")]
+extern "C" {
+    fn rados_create(cluster: *mut RadosT, id: *const c_char) -> c_int;
+    fn rados_conf_read_file(cluster: RadosT, path: *const c_char) -> c_int;
+    fn rados_connect(cluster: RadosT) -> c_int;
+    fn rados_shutdown(cluster: RadosT);
+    fn rados_ioctx_create(cluster: RadosT, pool: *const c_char, ioctx: *mut IoCtxT) -> c_int;
+    fn rados_ioctx_set_namespace(ioctx: IoCtxT, nspace: *const c_char);
+    fn rados_ioctx_destroy(ioctx: IoCtxT);
+}
+
+#[link(name = "rbd")]
+extern "C" {
+    fn rbd_open(io: IoCtxT, name: *const c_char, image: *mut ImageT, snap: *const c_char) -> c_int;
+    fn rbd_open_read_only(
+        io: IoCtxT,
+        name: *const c_char,
+        image: *mut ImageT,
+        snap: *const c_char,
+    ) -> c_int;
+    fn rbd_close(image: ImageT) -> c_int;
+    fn rbd_get_size(image: ImageT, size: *mut u64) -> c_int;
+    fn rbd_lock_acquire(image: ImageT, mode: c_int) -> c_int;
+    fn rbd_read2(image: ImageT, ofs: u64, len: usize, buf: *mut c_char, flags: c_int) -> isize;
+    fn rbd_write2(image: ImageT, ofs: u64, len: usize, buf: *const c_char, flags: c_int) -> isize;
+    fn rbd_discard(image: ImageT, ofs: u64, len: u64) -> c_int;
+    fn rbd_flush(image: ImageT) -> c_int;
+}
+
+/// Where an image is: pool, namespace (empty: the default) and name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RbdSpec {
+    /// The pool.
+    pub pool: String,
+    /// The namespace inside the pool ("" for none).
+    pub namespace: String,
+    /// The image.
+    pub image: String,
+}
+
+impl RbdSpec {
+    /// `rbd:POOL/IMAGE` or `rbd:POOL/NAMESPACE/IMAGE`; `None` for any other name (a path).
+    pub fn parse(name: &str) -> Option<Result<RbdSpec, String>> {
+        let rest = name.strip_prefix("rbd:")?;
+        let parts: Vec<&str> = rest.split('/').collect();
+        let bad = || {
+            Err(format!(
+                "{name}: expected rbd:POOL/IMAGE or rbd:POOL/NAMESPACE/IMAGE"
+            ))
+        };
+        if parts
+            .iter()
+            .any(|p| p.is_empty() || p.contains('\0') || p.contains('@'))
+        {
+            return Some(bad());
+        }
+        Some(match parts.as_slice() {
+            [pool, image] => Ok(RbdSpec {
+                pool: pool.to_string(),
+                namespace: String::new(),
+                image: image.to_string(),
+            }),
+            [pool, namespace, image] => Ok(RbdSpec {
+                pool: pool.to_string(),
+                namespace: namespace.to_string(),
+                image: image.to_string(),
+            }),
+            _ => bad(),
+        })
+    }
+}
+
+impl std::fmt::Display for RbdSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.namespace.is_empty() {
+            write!(f, "rbd:{}/{}", self.pool, self.image)
+        } else {
+            write!(f, "rbd:{}/{}/{}", self.pool, self.namespace, self.image)
+        }
+    }
+}
+
+/// How to reach the cluster.
+#[derive(Clone, Debug, Default)]
+pub struct CephOptions<'a> {
+    /// A ceph.conf; `None`: librados' own search.
+    pub conf: Option<&'a Path>,
+    /// The client id (`admin` for `client.admin`); `None`: `admin`.
+    pub id: Option<&'a str>,
+}
+
+/// A librbd error code as an `io::Error`, with what failed.
+fn rbd_error(what: &str, code: i64) -> io::Error {
+    // EIO for anything that is not a negative errno.
+    let errno = i32::try_from(-code).ok().filter(|e| *e > 0).unwrap_or(5);
+    let os = io::Error::from_raw_os_error(errno);
+    io::Error::new(os.kind(), format!("{what}: {os}"))
+}
+
+fn c_string(what: &str, s: &str) -> io::Result<CString> {
+    CString::new(s).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{what} contains a NUL byte"),
+        )
+    })
+}
+
+/// The connection, pool context and image; closed in reverse order on drop.
+struct Handles {
+    cluster: RadosT,
+    ioctx: IoCtxT,
+    image: ImageT,
+}
+
+impl Drop for Handles {
+    fn drop(&mut self) {
+        // SAFETY: each handle is either null (never opened) or was returned by its open call
+        // and is released exactly once, image before context before cluster.
+        unsafe {
+            if !self.image.is_null() {
+                rbd_close(self.image);
+            }
+            if !self.ioctx.is_null() {
+                rados_ioctx_destroy(self.ioctx);
+            }
+            if !self.cluster.is_null() {
+                rados_shutdown(self.cluster);
+            }
+        }
+    }
+}
+
+/// An open RBD image.
+pub struct RbdStorage {
+    handles: Handles,
+    spec: RbdSpec,
+    writable: bool,
+}
+
+// SAFETY: librbd's image handle may be used from several threads at once (its calls lock
+// internally); the handles are only released in `Drop`, which has `&mut self`.
+unsafe impl Send for RbdStorage {}
+// SAFETY: as for `Send`: every method takes `&self` and calls thread-safe librbd functions.
+unsafe impl Sync for RbdStorage {}
+
+impl std::fmt::Debug for RbdStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RbdStorage")
+            .field("spec", &self.spec)
+            .field("writable", &self.writable)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RbdStorage {
+    /// Open `spec`; `write` takes the image's exclusive lock, and fails with
+    /// [`io::ErrorKind::ResourceBusy`] if another client holds it.
+    pub fn open(spec: &RbdSpec, write: bool, ceph: &CephOptions<'_>) -> io::Result<Self> {
+        let id = c_string("the client id", ceph.id.unwrap_or("admin"))?;
+        let conf = match ceph.conf {
+            Some(p) => Some(c_string(
+                "the ceph.conf path",
+                p.to_str().ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "the ceph.conf path is not UTF-8",
+                    )
+                })?,
+            )?),
+            None => None,
+        };
+        let pool = c_string("the pool name", &spec.pool)?;
+        let namespace = c_string("the namespace", &spec.namespace)?;
+        let image = c_string("the image name", &spec.image)?;
+        let mut h = Handles {
+            cluster: ptr::null_mut(),
+            ioctx: ptr::null_mut(),
+            image: ptr::null_mut(),
+        };
+        // SAFETY: `h.cluster` is a valid out-pointer; `id` is a NUL-terminated string that
+        // outlives the call.
+        let r = unsafe { rados_create(&mut h.cluster, id.as_ptr()) };
+        if r < 0 {
+            h.cluster = ptr::null_mut();
+            return Err(rbd_error("cannot create a Ceph client", r.into()));
+        }
+        let conf_ptr = conf.as_ref().map_or(ptr::null(), |c| c.as_ptr());
+        // SAFETY: `h.cluster` was created above and not yet connected; `conf_ptr` is null (the
+        // default search) or a NUL-terminated path that outlives the call.
+        let r = unsafe { rados_conf_read_file(h.cluster, conf_ptr) };
+        if r < 0 {
+            let which = ceph.conf.map_or("the default ceph.conf".to_string(), |p| {
+                p.display().to_string()
+            });
+            return Err(rbd_error(&format!("cannot read {which}"), r.into()));
+        }
+        // SAFETY: `h.cluster` is configured and not yet connected.
+        let r = unsafe { rados_connect(h.cluster) };
+        if r < 0 {
+            return Err(rbd_error("cannot connect to the Ceph cluster", r.into()));
+        }
+        // SAFETY: `h.cluster` is connected; `pool` outlives the call; `h.ioctx` is a valid
+        // out-pointer.
+        let r = unsafe { rados_ioctx_create(h.cluster, pool.as_ptr(), &mut h.ioctx) };
+        if r < 0 {
+            h.ioctx = ptr::null_mut();
+            return Err(rbd_error(
+                &format!("cannot open pool {}", spec.pool),
+                r.into(),
+            ));
+        }
+        // SAFETY: `h.ioctx` is a live context; librados copies the namespace string.
+        unsafe { rados_ioctx_set_namespace(h.ioctx, namespace.as_ptr()) };
+        // SAFETY: `h.ioctx` is live, `image` outlives the call, `h.image` is a valid
+        // out-pointer, and a null snapshot name opens the image head.
+        let r = unsafe {
+            if write {
+                rbd_open(h.ioctx, image.as_ptr(), &mut h.image, ptr::null())
+            } else {
+                rbd_open_read_only(h.ioctx, image.as_ptr(), &mut h.image, ptr::null())
+            }
+        };
+        if r < 0 {
+            h.image = ptr::null_mut();
+            return Err(rbd_error(&format!("cannot open {spec}"), r.into()));
+        }
+        if write {
+            // SAFETY: `h.image` is an open image.
+            let r = unsafe { rbd_lock_acquire(h.image, RBD_LOCK_MODE_EXCLUSIVE) };
+            if r < 0 {
+                let e = rbd_error(&format!("cannot lock {spec}"), r.into());
+                // EROFS / EBUSY: another client holds the lock.
+                return Err(if matches!(-r, 30 | 16) {
+                    io::Error::new(
+                        io::ErrorKind::ResourceBusy,
+                        format!("{spec} is in use by another writer (its exclusive lock is held)"),
+                    )
+                } else {
+                    e
+                });
+            }
+        }
+        Ok(RbdStorage {
+            handles: h,
+            spec: spec.clone(),
+            writable: write,
+        })
+    }
+
+    /// Whether the image was opened for writing (and locked).
+    pub fn is_writable(&self) -> bool {
+        self.writable
+    }
+
+    fn check_range(&self, what: &str, offset: u64, len: usize) -> io::Result<()> {
+        let size = super::Storage::len(self)?;
+        if offset.checked_add(len as u64).is_none_or(|end| end > size) {
+            return Err(super::past_end(what, offset, len, size));
+        }
+        Ok(())
+    }
+}
+
+impl super::Storage for RbdStorage {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.check_range("a read", offset, buf.len())?;
+        let mut done = 0;
+        while done < buf.len() {
+            let rest = &mut buf[done..];
+            // SAFETY: the image is open; `rest` is writable for `rest.len()` bytes.
+            let n = unsafe {
+                rbd_read2(
+                    self.handles.image,
+                    offset + done as u64,
+                    rest.len(),
+                    rest.as_mut_ptr().cast(),
+                    0,
+                )
+            };
+            if n < 0 {
+                return Err(rbd_error(&format!("reading {}", self.spec), n as i64));
+            }
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("{} ended early at byte {}", self.spec, offset + done as u64),
+                ));
+            }
+            done += n as usize;
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.check_range("a write", offset, buf.len())?;
+        let mut done = 0;
+        while done < buf.len() {
+            let rest = &buf[done..];
+            // SAFETY: the image is open; `rest` is readable for `rest.len()` bytes.
+            let n = unsafe {
+                rbd_write2(
+                    self.handles.image,
+                    offset + done as u64,
+                    rest.len(),
+                    rest.as_ptr().cast(),
+                    0,
+                )
+            };
+            if n <= 0 {
+                // 0 bytes written is no progress: EIO.
+                return Err(rbd_error(&format!("writing {}", self.spec), n as i64));
+            }
+            done += n as usize;
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        // SAFETY: the image is open.
+        let r = unsafe { rbd_flush(self.handles.image) };
+        if r < 0 {
+            return Err(rbd_error(&format!("flushing {}", self.spec), r.into()));
+        }
+        Ok(())
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.check_range(
+            "a discard",
+            offset,
+            usize::try_from(len).unwrap_or(usize::MAX),
+        )?;
+        // SAFETY: the image is open.
+        let r = unsafe { rbd_discard(self.handles.image, offset, len) };
+        if r < 0 {
+            return Err(rbd_error(&format!("discarding in {}", self.spec), r.into()));
+        }
+        Ok(())
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        let mut size = 0u64;
+        // SAFETY: the image is open; `size` is a valid out-pointer.
+        let r = unsafe { rbd_get_size(self.handles.image, &mut size) };
+        if r < 0 {
+            return Err(rbd_error(&format!("sizing {}", self.spec), r.into()));
+        }
+        Ok(size)
+    }
+
+    fn name(&self) -> String {
+        self.spec.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RbdSpec;
+
+    #[test]
+    fn names() {
+        assert_eq!(RbdSpec::parse("disk.img"), None);
+        let s = RbdSpec::parse("rbd:pool/img").unwrap().unwrap();
+        assert_eq!(
+            (s.pool.as_str(), s.namespace.as_str(), s.image.as_str()),
+            ("pool", "", "img")
+        );
+        assert_eq!(s.to_string(), "rbd:pool/img");
+        let s = RbdSpec::parse("rbd:pool/ns/img").unwrap().unwrap();
+        assert_eq!(s.to_string(), "rbd:pool/ns/img");
+        for bad in [
+            "rbd:",
+            "rbd:pool",
+            "rbd:pool/",
+            "rbd:/img",
+            "rbd:a/b/c/d",
+            "rbd:p/i@snap",
+        ] {
+            assert!(RbdSpec::parse(bad).unwrap().is_err(), "{bad}");
+        }
+    }
+}
