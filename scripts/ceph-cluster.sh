@@ -92,7 +92,6 @@ public addr = 127.0.0.1
 cluster addr = 127.0.0.1
 ms bind msgr1 = false
 run dir = $dir/run
-admin socket = $dir/run/\$name.asok
 pid file = $dir/run/\$name.pid
 log file = $dir/log/\$name.log
 keyring = $dir/keyring
@@ -110,10 +109,15 @@ osd crush chooseleaf type = 0
 mon allow pool size one = true
 mon warn on pool no redundancy = false
 mon data avail crit = 1
+[client]
+# Clients (rbd, qemu, librbd programs) open no admin socket: several at once would collide.
+admin socket =
 [mon]
+admin socket = $dir/run/\$name.asok
 paxos propose interval = 0.1
 paxos min wait = 0.01
 [osd]
+admin socket = $dir/run/\$name.asok
 keyring = $dir/\$name/keyring
 osd objectstore = bluestore
 osd memory target = 1073741824

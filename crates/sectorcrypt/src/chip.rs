@@ -77,6 +77,9 @@ fn chip_error(path: &Path, e: sectorcrypt_flash::Error) -> CliError {
 
 /// The raw flash at `path`, if it is one (`None`: an ordinary file or block device).
 pub(crate) fn open_chip(path: &Path, read_only: bool) -> Result<Option<Chip>, CliError> {
+    if path.to_str().is_some_and(|p| p.starts_with("rbd:")) {
+        return Ok(None);
+    }
     if let Some(spec) = path.to_str().and_then(|p| p.strip_prefix("nanddump:")) {
         return open_dump(spec, read_only).map(Some);
     }
@@ -155,6 +158,9 @@ pub(crate) fn require_chip(path: &Path, read_only: bool) -> Result<Chip, CliErro
 /// While a flash is being converted, its header is read-only: a key change would rewrite the
 /// blocks whose journal the conversion is using.
 pub(crate) fn open_header(path: &Path, read_only: bool) -> Result<Box<dyn Storage>, CliError> {
+    if let Some(image) = crate::device::rbd(path, !read_only) {
+        return image;
+    }
     match open_flash(path, read_only)? {
         Some(flash) => {
             let h = sectorcrypt_flashvol::read_header(flash)?;

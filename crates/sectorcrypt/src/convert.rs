@@ -176,7 +176,7 @@ fn stop_on_signals() -> Result<Arc<AtomicBool>, CliError> {
 fn convert(
     resume: &str,
     header_path: &Path,
-    data: &FileStorage,
+    data: &dyn Storage,
     pass: &[u8],
     args: &RunArgs,
     stop: &AtomicBool,
@@ -268,7 +268,7 @@ pub(crate) fn resume_hint(verb: &str, device: &Path, header: Option<&Path>) -> S
     }
 }
 
-fn device_len(dev: &FileStorage) -> Result<u64, CliError> {
+fn device_len(dev: &dyn Storage) -> Result<u64, CliError> {
     dev.len()
         .map_err(|e| CliError::io(format!("cannot read the size of {}", dev.name()), e))
 }
@@ -509,7 +509,7 @@ pub(crate) fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
 fn decrypt_attached(
     args: &DecryptArgs,
     header_path: &Path,
-    dev: &FileStorage,
+    dev: &dyn Storage,
     stop: &AtomicBool,
 ) -> Result<(), CliError> {
     let init = InitOptions {
@@ -573,7 +573,7 @@ fn with_resume_hint(e: VolumeError, device: &Path) -> CliError {
 fn start(
     args: &EncryptArgs,
     header_path: &Path,
-    data: &FileStorage,
+    data: &dyn Storage,
     data_len: u64,
 ) -> Result<zeroize::Zeroizing<Vec<u8>>, CliError> {
     let existing = FileStorage::open_read_only(header_path).ok();

@@ -1,54 +1,45 @@
-//! Opening a DEVICE argument: a file or block device, or a Ceph RBD image named
-//! `rbd:POOL[/NAMESPACE]/IMAGE` (CLI.md), reached with `--ceph-conf` and `--ceph-id` as Ceph's own
-//! tools name them.
+//! `rbd:POOL[/NAMESPACE]/IMAGE` devices (CLI.md): wherever a command takes a DEVICE, an RBD image
+//! can stand, reached with the global `--ceph-conf` and `--ceph-id`, as Ceph's own tools name
+//! them. Files, block devices and flash keep their own openers (and their own messages); each
+//! asks [`rbd`] first.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::OnceLock;
 
-use sectorcrypt_storage::{FileStorage, Storage};
+use sectorcrypt_storage::Storage;
 
-use crate::exit::{CliError, Code};
+use crate::exit::CliError;
 
-/// How to reach a Ceph cluster, for `rbd:` devices.
+/// How to reach a Ceph cluster, for `rbd:` devices (global options).
 #[derive(clap::Args, Debug, Clone, Default)]
 pub(crate) struct CephArgs {
     /// The ceph.conf for rbd: devices (default: $CEPH_CONF, then /etc/ceph/ceph.conf).
-    #[arg(long = "ceph-conf", value_name = "FILE")]
+    #[arg(long = "ceph-conf", value_name = "FILE", global = true)]
     pub conf: Option<PathBuf>,
     /// The Ceph client id for rbd: devices (default: admin).
-    #[arg(long = "ceph-id", value_name = "NAME")]
+    #[arg(long = "ceph-id", value_name = "NAME", global = true)]
     pub id: Option<String>,
 }
 
-/// Open `device` for reading, or reading and writing. A writable RBD image is locked against
-/// other writers (exit 5 if one holds it); a missing file or image is exit 4.
-pub(crate) fn open(
-    device: &Path,
-    write: bool,
-    ceph: &CephArgs,
-) -> Result<Arc<dyn Storage>, CliError> {
-    let name = device.to_string_lossy();
-    if name.starts_with("rbd:") {
-        return open_rbd(&name, write, ceph);
-    }
-    let opened = if write {
-        FileStorage::open(device)
-    } else {
-        FileStorage::open_read_only(device)
-    };
-    let storage = opened.map_err(|e| CliError {
-        code: if e.kind() == std::io::ErrorKind::PermissionDenied {
-            Code::Usage
-        } else {
-            Code::Device
-        },
-        message: format!("cannot open {}: {e}", device.display()),
-    })?;
-    Ok(Arc::new(storage))
+static CEPH: OnceLock<CephArgs> = OnceLock::new();
+
+/// Record the command line's Ceph options (once, before any device is opened).
+pub(crate) fn configure(args: CephArgs) {
+    let _ = CEPH.set(args);
+}
+
+/// `device` opened for reading, or reading and writing, if it names an RBD image; `None` for
+/// any other name. A writable image is locked against other writers (exit 5 if one holds it);
+/// a missing image is exit 4.
+pub(crate) fn rbd(device: &Path, write: bool) -> Option<Result<Box<dyn Storage>, CliError>> {
+    let name = device.to_str()?;
+    name.starts_with("rbd:")
+        .then(|| open_rbd(name, write, CEPH.get_or_init(CephArgs::default)))
 }
 
 #[cfg(feature = "rbd")]
-fn open_rbd(name: &str, write: bool, ceph: &CephArgs) -> Result<Arc<dyn Storage>, CliError> {
+fn open_rbd(name: &str, write: bool, ceph: &CephArgs) -> Result<Box<dyn Storage>, CliError> {
+    use crate::exit::Code;
     use sectorcrypt_storage::rbd::{CephOptions, RbdSpec, RbdStorage};
     let spec = match RbdSpec::parse(name) {
         Some(Ok(spec)) => spec,
@@ -59,6 +50,22 @@ fn open_rbd(name: &str, write: bool, ceph: &CephArgs) -> Result<Arc<dyn Storage>
         conf: ceph.conf.as_deref(),
         id: ceph.id.as_deref(),
     };
+    // One handle per image in this process: a command that opens the device twice (header and
+    // data on one image) must not find its own exclusive lock in the way.
+    static OPEN: std::sync::Mutex<Vec<(RbdSpec, std::sync::Weak<RbdStorage>)>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut open = OPEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    open.retain(|(_, handle)| handle.strong_count() > 0);
+    let shared = open
+        .iter()
+        .filter(|(s, _)| *s == spec)
+        .filter_map(|(_, handle)| handle.upgrade())
+        .find(|image| image.is_writable() || !write);
+    if let Some(image) = shared {
+        return Ok(Box::new(image));
+    }
     let image = RbdStorage::open(&spec, write, &options).map_err(|e| CliError {
         code: match e.kind() {
             std::io::ErrorKind::NotFound => Code::Device,
@@ -67,11 +74,13 @@ fn open_rbd(name: &str, write: bool, ceph: &CephArgs) -> Result<Arc<dyn Storage>
         },
         message: e.to_string(),
     })?;
-    Ok(Arc::new(image))
+    let image = std::sync::Arc::new(image);
+    open.push((spec, std::sync::Arc::downgrade(&image)));
+    Ok(Box::new(image))
 }
 
 #[cfg(not(feature = "rbd"))]
-fn open_rbd(name: &str, _write: bool, _ceph: &CephArgs) -> Result<Arc<dyn Storage>, CliError> {
+fn open_rbd(name: &str, _write: bool, _ceph: &CephArgs) -> Result<Box<dyn Storage>, CliError> {
     Err(CliError::usage(format!(
         "{name}: this sectorcrypt was built without RBD support (cargo build --features rbd, \
          with librbd-dev installed)"

@@ -20,15 +20,20 @@ use crate::exit::{CliError, Code};
 use crate::keyfile::KeyArgs;
 use crate::pbkdf_args::{CipherArgs, NewKeyArgs, PbkdfArgs};
 
-/// Open `path` for writing: exit 4 if it is missing or not writable.
-pub(crate) fn open_rw(path: &Path) -> Result<FileStorage, CliError> {
-    FileStorage::open(path).map_err(|e| CliError {
+/// Open `path` (a file, block device or RBD image) for writing: exit 4 if it is missing or not
+/// writable.
+pub(crate) fn open_rw(path: &Path) -> Result<Box<dyn Storage>, CliError> {
+    if let Some(image) = crate::device::rbd(path, true) {
+        return image;
+    }
+    let file = FileStorage::open(path).map_err(|e| CliError {
         code: Code::Device,
         message: format!(
             "Device {} does not exist or access denied ({e}).",
             path.display()
         ),
-    })
+    })?;
+    Ok(Box::new(file))
 }
 
 /// Ask "Are you sure?" on a terminal unless `batch`; like cryptsetup, proceed without asking when
@@ -180,7 +185,10 @@ pub(crate) fn format(args: FormatArgs) -> Result<(), CliError> {
         )?),
         None => None,
     };
-    let target = header_dev.as_ref().unwrap_or(&data);
+    let target: &dyn Storage = match &header_dev {
+        Some(h) => h,
+        None => &*data,
+    };
     confirm(
         args.batch,
         &format!(
@@ -225,7 +233,10 @@ fn open_or_create_header_file(path: &Path, size: u64) -> Result<FileStorage, Cli
             .map_err(|e| CliError::io(format!("cannot size header file {}", path.display()), e))?;
     }
     drop(file);
-    open_rw(path)
+    FileStorage::open(path).map_err(|e| CliError {
+        code: Code::Device,
+        message: format!("cannot open header file {}: {e}", path.display()),
+    })
 }
 
 /// Device, detached header, existing passphrase, target slot, PBKDF: what the keyslot commands share.

@@ -33,6 +33,8 @@ struct Cli {
     /// Print more about what happens (and why a check failed).
     #[arg(short = 'v', long, global = true)]
     verbose: bool,
+    #[command(flatten)]
+    ceph: device::CephArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -112,6 +114,7 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return exit::usage(e),
     };
+    device::configure(cli.ceph);
     let result: Result<(), CliError> = match cli.command {
         Command::Benchmark(args) => benchmark::run(args),
         Command::Dump(args) => header::dump(args),

@@ -5,13 +5,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use sectorcrypt_luks::Header;
-use sectorcrypt_storage::Storage;
+use sectorcrypt_storage::{FileStorage, Storage};
 use sectorcrypt_volume::convert::{self, AtOpen};
 use sectorcrypt_volume::{Error as VolumeError, Layout, Volume, VolumeOptions};
 
 use crate::convert::{finish_conversion, resume_hint};
-use crate::device::{self, CephArgs};
-use crate::exit::CliError;
+use crate::device;
+use crate::exit::{CliError, Code};
 use crate::keyfile::KeyArgs;
 
 /// The volume to open and how.
@@ -20,8 +20,6 @@ pub(crate) struct VolumeArgs {
     /// The LUKS device or image file, or an RBD image (rbd:POOL[/NAMESPACE]/IMAGE).
     #[arg(value_name = "DEVICE")]
     pub device: PathBuf,
-    #[command(flatten)]
-    pub ceph: CephArgs,
     /// Read the header from this detached header file; DEVICE then holds only data.
     #[arg(long, value_name = "FILE")]
     pub header: Option<PathBuf>,
@@ -62,7 +60,25 @@ impl VolumeArgs {
 
     /// Read the header, unlock it with the passphrase, and open the data segment.
     pub(crate) fn open(&self) -> Result<Arc<Volume>, CliError> {
-        let open = |path: &PathBuf, write: bool| device::open(path, write, &self.ceph);
+        let open = |path: &PathBuf, write: bool| -> Result<Arc<dyn Storage>, CliError> {
+            if let Some(image) = device::rbd(path, write) {
+                return image.map(Arc::from);
+            }
+            let opened = if write {
+                FileStorage::open(path)
+            } else {
+                FileStorage::open_read_only(path)
+            };
+            let file = opened.map_err(|e| CliError {
+                code: if e.kind() == std::io::ErrorKind::PermissionDenied {
+                    Code::Usage
+                } else {
+                    Code::Device
+                },
+                message: format!("cannot open {}: {e}", path.display()),
+            })?;
+            Ok(Arc::new(file))
+        };
         let data = open(&self.device, !self.readonly)?;
         let header_dev: Arc<dyn Storage> = match &self.header {
             Some(h) => open(h, false)?,

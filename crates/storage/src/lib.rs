@@ -48,6 +48,50 @@ pub trait Storage: Send + Sync {
     fn name(&self) -> String;
 }
 
+/// A boxed device is a device (so that openers can return files and RBD images alike).
+impl<T: Storage + ?Sized> Storage for Box<T> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        (**self).read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        (**self).write_at(buf, offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        (**self).sync()
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        (**self).discard(offset, len)
+    }
+    fn len(&self) -> io::Result<u64> {
+        (**self).len()
+    }
+    fn name(&self) -> String {
+        (**self).name()
+    }
+}
+
+/// A shared device is a device (one handle used by several parts of a command).
+impl<T: Storage + ?Sized> Storage for std::sync::Arc<T> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        (**self).read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        (**self).write_at(buf, offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        (**self).sync()
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        (**self).discard(offset, len)
+    }
+    fn len(&self) -> io::Result<u64> {
+        (**self).len()
+    }
+    fn name(&self) -> String {
+        (**self).name()
+    }
+}
+
 fn past_end(what: &str, offset: u64, len: usize, size: u64) -> io::Error {
     io::Error::new(
         io::ErrorKind::UnexpectedEof,
