@@ -283,6 +283,10 @@ pub struct FormatOptions {
     pub detached_header: bool,
     /// Where the data starts (`--offset`, bytes) instead of after the header.
     pub data_offset: Option<u64>,
+    /// The data device's optimal I/O size (an RBD image's stripe period), as cryptsetup takes a
+    /// block device's: without `data_offset`, data starts at a multiple of it (LUKS1's payload
+    /// after the keyslots; LUKS2's default 16 MiB, rounded up).
+    pub data_alignment: Option<u64>,
 }
 
 impl FormatOptions {
@@ -396,6 +400,9 @@ pub fn format(
                 keyslot: options.keyslot,
                 volume_key: options.volume_key.clone(),
                 detached_header: options.detached_header,
+                payload_align: options
+                    .data_alignment
+                    .map_or(LUKS1_PAYLOAD_ALIGN, |a| a.max(LUKS1_PAYLOAD_ALIGN)),
             };
             luks1::format(dev, &params, passphrase).map(|(h, u)| (Header::Luks1(Box::new(h)), u))
         }
@@ -415,11 +422,28 @@ pub fn format(
                 keyslots_size: options.keyslots_size,
                 detached_header: options.detached_header,
                 data_device_size: Some(data_len),
-                data_offset: options.data_offset,
+                data_offset: options
+                    .data_offset
+                    .or_else(|| luks2_aligned_offset(options)),
             };
             luks2::format(dev, &params, passphrase).map(|(h, u)| (Header::Luks2(Box::new(h)), u))
         }
     }
+}
+
+/// cryptsetup's LUKS1 payload alignment when the device states none.
+const LUKS1_PAYLOAD_ALIGN: u64 = 1 << 20;
+
+/// cryptsetup's LUKS2 data offset with the default metadata and keyslots areas.
+const LUKS2_DEFAULT_DATA_OFFSET: u64 = 16 << 20;
+
+/// LUKS2's default data offset rounded up to the device's alignment, where it is not already a
+/// multiple and the areas have their default sizes; `None`: the writer's own default.
+fn luks2_aligned_offset(options: &FormatOptions) -> Option<u64> {
+    let a = options.data_alignment.filter(|&a| a > 0)?;
+    let defaults = options.metadata_size.is_none() && options.keyslots_size.is_none();
+    (defaults && !options.detached_header && !LUKS2_DEFAULT_DATA_OFFSET.is_multiple_of(a))
+        .then(|| LUKS2_DEFAULT_DATA_OFFSET.div_ceil(a) * a)
 }
 
 impl Header {

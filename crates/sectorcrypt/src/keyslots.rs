@@ -175,6 +175,8 @@ pub(crate) fn format(args: FormatArgs) -> Result<(), CliError> {
         keyslots_size: args.keyslots_size,
         detached_header: args.header.is_some(),
         data_offset: None,
+        // An RBD image's object size, as librbd aligns its own LUKS data (files state none).
+        data_alignment: data.optimal_io_size(),
     };
     // Everything that can be refused is refused before the device is touched.
     options.check()?;

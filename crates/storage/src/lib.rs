@@ -38,6 +38,12 @@ pub trait Storage: Send + Sync {
         let _ = (offset, len);
         Ok(())
     }
+    /// The size that I/O is best aligned to, where the device states one (an RBD image's
+    /// stripe period; cryptsetup reads a block device's `optimal_io_size`): new volumes start
+    /// their data at a multiple of it.
+    fn optimal_io_size(&self) -> Option<u64> {
+        None
+    }
     /// The length in bytes.
     fn len(&self) -> io::Result<u64>;
     /// Whether the device has no bytes.
@@ -52,6 +58,9 @@ pub trait Storage: Send + Sync {
 impl<T: Storage + ?Sized> Storage for Box<T> {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         (**self).read_at(buf, offset)
+    }
+    fn optimal_io_size(&self) -> Option<u64> {
+        (**self).optimal_io_size()
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         (**self).write_at(buf, offset)
@@ -74,6 +83,9 @@ impl<T: Storage + ?Sized> Storage for Box<T> {
 impl<T: Storage + ?Sized> Storage for std::sync::Arc<T> {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         (**self).read_at(buf, offset)
+    }
+    fn optimal_io_size(&self) -> Option<u64> {
+        (**self).optimal_io_size()
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         (**self).write_at(buf, offset)

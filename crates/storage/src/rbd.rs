@@ -54,6 +54,8 @@ extern "C" {
     fn rbd_read2(image: ImageT, ofs: u64, len: usize, buf: *mut c_char, flags: c_int) -> isize;
     fn rbd_write2(image: ImageT, ofs: u64, len: usize, buf: *const c_char, flags: c_int) -> isize;
     fn rbd_discard(image: ImageT, ofs: u64, len: u64) -> c_int;
+    fn rbd_get_stripe_unit(image: ImageT, stripe_unit: *mut u64) -> c_int;
+    fn rbd_get_stripe_count(image: ImageT, stripe_count: *mut u64) -> c_int;
     fn rbd_flush(image: ImageT) -> c_int;
 }
 
@@ -367,6 +369,19 @@ impl super::Storage for RbdStorage {
             return Err(rbd_error(&format!("discarding in {}", self.spec), r.into()));
         }
         Ok(())
+    }
+
+    /// The stripe period (stripe unit times stripe count; the object size unless the image
+    /// uses fancy striping): librbd lays its own LUKS data out at a multiple of it, and newer
+    /// releases refuse a data offset that is not.
+    fn optimal_io_size(&self) -> Option<u64> {
+        let (mut unit, mut count) = (0u64, 0u64);
+        // SAFETY: the image is open; `unit` and `count` are valid out-pointers.
+        let ok = unsafe {
+            rbd_get_stripe_unit(self.handles.image, &mut unit) >= 0
+                && rbd_get_stripe_count(self.handles.image, &mut count) >= 0
+        };
+        ok.then(|| unit.saturating_mul(count)).filter(|&p| p > 0)
     }
 
     fn len(&self) -> io::Result<u64> {

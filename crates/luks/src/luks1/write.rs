@@ -66,6 +66,10 @@ pub struct FormatParams {
     /// The header lives on its own device (`--header`): the payload offset is 0 and the device
     /// needs room for the header and keyslots only.
     pub detached_header: bool,
+    /// The payload starts at the first multiple of this many bytes after the keyslots
+    /// (cryptsetup's `--align-payload`, in bytes; a multiple of 512): 1 MiB by default, a
+    /// device's optimal I/O size where it is larger (an RBD image's object size).
+    pub payload_align: u64,
 }
 
 impl Default for FormatParams {
@@ -80,6 +84,7 @@ impl Default for FormatParams {
             keyslot: None,
             volume_key: None,
             detached_header: false,
+            payload_align: PAYLOAD_ALIGN,
         }
     }
 }
@@ -279,7 +284,14 @@ pub fn format(
     let payload_offset = if params.detached_header {
         0
     } else {
-        let p = next.div_ceil(PAYLOAD_ALIGN / SECTOR_SIZE) * (PAYLOAD_ALIGN / SECTOR_SIZE);
+        if params.payload_align == 0 || !params.payload_align.is_multiple_of(SECTOR_SIZE) {
+            return Err(Error::Unsupported(format!(
+                "a payload alignment of {} bytes, not a positive multiple of 512",
+                params.payload_align
+            )));
+        }
+        let align = params.payload_align / SECTOR_SIZE;
+        let p = next.div_ceil(align) * align;
         u32::try_from(p).map_err(|_| Error::Unsupported("a key too large for LUKS1".into()))?
     };
     let keyslots_end = (u64::from(offsets[KEYSLOTS - 1]) + area_sectors) * SECTOR_SIZE;

@@ -364,6 +364,55 @@ fn every_header_command_and_reencryption_work_on_rbd_images() {
         "librbd reads the re-encrypted data"
     );
 
+    // librbd's layout: data aligned to the object size. LUKS1 starts at 4 MiB (cryptsetup's
+    // 2 MiB on a file), LUKS2 on 32 MiB objects at 32 MiB; librbd loads both.
+    cluster.rbd(&["create", "--size", "48M", "rbd/luks1"]);
+    cluster.rbd(&[
+        "create",
+        "--size",
+        "96M",
+        "--object-size",
+        "32M",
+        "rbd/big-objects",
+    ]);
+    let mut args = vec![
+        "format",
+        "-q",
+        "--type",
+        "luks1",
+        "--pbkdf-force-iterations",
+        "1000",
+    ];
+    args.extend(["--key-file", p(&key), "rbd:rbd/luks1"]);
+    ok(sc_rbd(&args), "format --type luks1 rbd:");
+    let dump = ok(sc_rbd(&["dump", "rbd:rbd/luks1"]), "dump luks1");
+    assert!(String::from_utf8_lossy(&dump.stdout).contains("Payload offset:\t8192\n"));
+    let mut args = vec!["format", "-q", "--type", "luks2", "--key-file", p(&key)];
+    args.extend(fast);
+    args.push("rbd:rbd/big-objects");
+    ok(sc_rbd(&args), "format rbd: with 32 MiB objects");
+    let dump = ok(sc_rbd(&["dump", "rbd:rbd/big-objects"]), "dump big objects");
+    assert!(String::from_utf8_lossy(&dump.stdout).contains("offset: 33554432 [bytes]"));
+    const LIBRBD_SIZES: &str = r#"
+import sys, rados, rbd
+conf, key = sys.argv[1:3]
+pw = open(key, "rb").read()
+with rados.Rados(conffile=conf) as c, c.open_ioctx("rbd") as io:
+    for name, fmt in (("luks1", rbd.RBD_ENCRYPTION_FORMAT_LUKS1),
+                      ("big-objects", rbd.RBD_ENCRYPTION_FORMAT_LUKS2)):
+        with rbd.Image(io, name) as im:
+            im.encryption_load(fmt, pw)
+            print(im.size())
+"#;
+    let sizes = librbd(LIBRBD_SIZES, &[&conf, p(&key)]);
+    assert_eq!(
+        String::from_utf8_lossy(&sizes.stdout)
+            .split_whitespace()
+            .collect::<Vec<_>>(),
+        [(44 * MIB).to_string(), (64 * MIB).to_string()],
+        "48 MiB less 4 MiB, 96 MiB less 32 MiB"
+    );
+
     // The other direction: an image formatted and written by librbd's own encryption opens
     // here (librbd's Argon2id takes about 1 GiB and a few seconds, once).
     const LIBRBD_MAKE: &str = r#"
