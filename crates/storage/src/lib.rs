@@ -54,55 +54,38 @@ pub trait Storage: Send + Sync {
     fn name(&self) -> String;
 }
 
-/// A boxed device is a device (so that openers can return files and RBD images alike).
-impl<T: Storage + ?Sized> Storage for Box<T> {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        (**self).read_at(buf, offset)
-    }
-    fn optimal_io_size(&self) -> Option<u64> {
-        (**self).optimal_io_size()
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        (**self).write_at(buf, offset)
-    }
-    fn sync(&self) -> io::Result<()> {
-        (**self).sync()
-    }
-    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        (**self).discard(offset, len)
-    }
-    fn len(&self) -> io::Result<u64> {
-        (**self).len()
-    }
-    fn name(&self) -> String {
-        (**self).name()
-    }
+/// `impl Storage` for a pointer type over any device: a boxed device (openers return files and
+/// RBD images alike) and a shared one (one handle used by several parts of a command).
+macro_rules! delegate_storage {
+    ($($ptr:ident)::+) => {
+        impl<T: Storage + ?Sized> Storage for $($ptr)::+<T> {
+            fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+                (**self).read_at(buf, offset)
+            }
+            fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+                (**self).write_at(buf, offset)
+            }
+            fn sync(&self) -> io::Result<()> {
+                (**self).sync()
+            }
+            fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+                (**self).discard(offset, len)
+            }
+            fn optimal_io_size(&self) -> Option<u64> {
+                (**self).optimal_io_size()
+            }
+            fn len(&self) -> io::Result<u64> {
+                (**self).len()
+            }
+            fn name(&self) -> String {
+                (**self).name()
+            }
+        }
+    };
 }
 
-/// A shared device is a device (one handle used by several parts of a command).
-impl<T: Storage + ?Sized> Storage for std::sync::Arc<T> {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        (**self).read_at(buf, offset)
-    }
-    fn optimal_io_size(&self) -> Option<u64> {
-        (**self).optimal_io_size()
-    }
-    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        (**self).write_at(buf, offset)
-    }
-    fn sync(&self) -> io::Result<()> {
-        (**self).sync()
-    }
-    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        (**self).discard(offset, len)
-    }
-    fn len(&self) -> io::Result<u64> {
-        (**self).len()
-    }
-    fn name(&self) -> String {
-        (**self).name()
-    }
-}
+delegate_storage!(Box);
+delegate_storage!(std::sync::Arc);
 
 fn past_end(what: &str, offset: u64, len: usize, size: u64) -> io::Error {
     io::Error::new(
