@@ -362,6 +362,57 @@ mod tests {
         assert_eq!(destroyer.join().unwrap(), (true, true));
     }
 
+    /// A memory device that counts its syncs.
+    #[derive(Default)]
+    struct CountsSyncs {
+        data: MemStorage,
+        syncs: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Storage for CountsSyncs {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            self.data.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            self.data.write_at(buf, offset)
+        }
+        fn sync(&self) -> std::io::Result<()> {
+            self.syncs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        }
+        fn len(&self) -> std::io::Result<u64> {
+            self.data.len()
+        }
+        fn name(&self) -> String {
+            "counts-syncs".into()
+        }
+    }
+
+    #[test]
+    fn flush_reaches_the_storage_without_any_key() {
+        let storage = Arc::new(CountsSyncs {
+            data: MemStorage::new(vec![0; 8192]),
+            ..Default::default()
+        });
+        let layout = Layout {
+            offset: 0,
+            size: 8192,
+            cipher: "aes-xts-plain64".into(),
+            sector_size: 512,
+            iv_offset: 0,
+        };
+        let t = KeyTable::new(
+            Arc::clone(&storage) as Arc<dyn Storage>,
+            layout,
+            &VolumeOptions::default(),
+            2,
+        )
+        .unwrap();
+        assert!(t.is_empty());
+        t.flush().unwrap();
+        assert_eq!(storage.syncs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
     #[test]
     fn read_only_and_bad_layouts() {
         let storage: Arc<dyn Storage> = Arc::new(MemStorage::new(vec![0; 8192]));

@@ -91,6 +91,22 @@ fn to_json_opts(opts: &str) -> String {
         .join(",")
 }
 
+/// Write `table` to `keys`, send SIGHUP and wait until the server reports `outcome` (a hang
+/// detector, not a speed check); the server's stderr.
+fn reload(server: &Served, keys: &std::path::Path, table: &[u8], outcome: &str) -> String {
+    write_file(keys, table);
+    signal(server.pid(), "-HUP");
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = server.stderr();
+        if log.contains(outcome) {
+            return log;
+        }
+        assert!(Instant::now() < end, "no '{outcome}' reported: {log}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn key_per_io_over_nbd_decrypts_with_each_tags_key_and_reloads() {
     let dir = Scratch::new("kpio");
@@ -150,26 +166,15 @@ fn key_per_io_over_nbd_decrypts_with_each_tags_key_and_reloads() {
     assert_eq!(read_file(&whole).len() as u64, server.size);
 
     // Reload: tag 1 destroyed, tag 2 given a new key, tag 5 added.
-    write_file(
+    let reloaded = reload(
+        &server,
         &keys,
         &key_table(&[Some(10), None, Some(99), None, None, Some(15)]),
+        "key table reloaded",
     );
-    signal(server.pid(), "-HUP");
-    let end = Instant::now() + Duration::from_secs(20);
-    while !server.stderr().contains("key table reloaded") {
-        assert!(
-            Instant::now() < end,
-            "no reload reported: {}",
-            server.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
     assert!(
-        server
-            .stderr()
-            .contains("1 loaded, 1 replaced, 1 destroyed, 3 in use"),
-        "{}",
-        server.stderr()
+        reloaded.contains("1 loaded, 1 replaced, 1 destroyed, 3 in use"),
+        "{reloaded}"
     );
     assert_eq!(listed(&sock), ["0", "2", "5"]);
     let gone = run_within(
@@ -187,16 +192,7 @@ fn key_per_io_over_nbd_decrypts_with_each_tags_key_and_reloads() {
     );
 
     // A key table that does not parse is refused and the old table stays.
-    write_file(&keys, &[1u8; 100]);
-    signal(server.pid(), "-HUP");
-    while !server.stderr().contains("key table not reloaded") {
-        assert!(
-            Instant::now() < end,
-            "no refusal reported: {}",
-            server.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    reload(&server, &keys, &[1u8; 100], "key table not reloaded");
     assert_eq!(listed(&sock), ["0", "2", "5"]);
     server.stop();
 
