@@ -284,7 +284,9 @@ impl Served {
         let end = Instant::now() + SERVER_DEADLINE;
         let line = loop {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if let Some(l) = text
+            // Only whole lines: stderr is unbuffered, so a line can be caught half-written.
+            let complete = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
+            if let Some(l) = complete
                 .lines()
                 .find(|l| l.starts_with("sectorcrypt: serving "))
             {
