@@ -7,6 +7,8 @@
 #   scripts/ceph-cluster.sh start DIR [PORT]   # prints "export CEPH_CONF=DIR/ceph.conf"
 #   scripts/ceph-cluster.sh stop DIR           # stops exactly the daemons it started
 #   scripts/ceph-cluster.sh status DIR         # exit 0 if the cluster answers
+#   scripts/ceph-cluster.sh osd-kill DIR       # the OSD dies as in a crash (SIGKILL), for fault tests
+#   scripts/ceph-cluster.sh osd-start DIR      # ... and comes back (bluestore replays its journal)
 #
 # `eval "$(scripts/ceph-cluster.sh start DIR)"` makes every client (ceph, rbd, qemu's rbd driver,
 # librbd programs) reach the cluster with nothing else set; the pool `rbd` exists. PORT (default
@@ -16,7 +18,7 @@
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 start DIR [PORT] | stop DIR | status DIR" >&2
+  echo "usage: $0 start DIR [PORT] | stop DIR | status DIR | osd-kill DIR | osd-start DIR" >&2
   exit 1
 }
 
@@ -25,17 +27,18 @@ cmd="$1"
 dir="$2"
 port="${3:-3300}"
 
-# Stop the daemons whose pid files are in DIR/run, checking that each pid is still that daemon
-# (a recycled pid belongs to someone else), then wait for them to exit.
+# Stop the daemons whose pid files are in DIR/run (those named NAME, default all), with SIGNAL
+# (default TERM), checking that each pid is still that daemon (a recycled pid belongs to someone
+# else), then wait for them to exit.
 stop_daemons() {
-  local run="$1/run" pids=() f pid name
+  local run="$1/run" name_glob="${2:-*}" signal="${3:-TERM}" pids=() f pid name
   [ -d "$run" ] || return 0
-  for f in "$run"/*.pid; do
+  for f in "$run"/$name_glob.pid; do
     [ -e "$f" ] || continue
     pid="$(cat "$f")"
     name="$(basename "$f" .pid)"
     if [ -r "/proc/$pid/comm" ] && [[ "$(cat "/proc/$pid/comm")" == ceph-"${name%%.*}"* ]]; then
-      kill -TERM "$pid" 2>/dev/null && pids+=("$pid")
+      kill -"$signal" "$pid" 2>/dev/null && pids+=("$pid")
     fi
     rm -f "$f"
   done
@@ -56,6 +59,14 @@ case "$cmd" in
 stop)
   stop_daemons "$dir"
   exit 0
+  ;;
+osd-kill)
+  stop_daemons "$dir" osd.0 KILL
+  exit 0
+  ;;
+osd-start)
+  [ -f "$dir/ceph.conf" ] || { echo "ceph-cluster: no cluster in $dir" >&2; exit 4; }
+  exec ceph-osd --conf "$dir/ceph.conf" -i 0 2>>"$dir/log/osd.0.start.log"
   ;;
 status)
   [ -f "$dir/ceph.conf" ] || exit 1

@@ -6,6 +6,7 @@
 //! connection covers writes completed on all of them, which is what `NBD_FLAG_CAN_MULTI_CONN`
 //! promises.
 
+use sectorcrypt_volume::Error as VolumeError;
 use std::fs;
 use std::io;
 use std::net::TcpListener;
@@ -56,6 +57,9 @@ pub struct ServerOptions {
     pub workers: usize,
     /// Connections served at once; more are closed straight away.
     pub max_connections: usize,
+    /// Called for each request the storage failed (an I/O error, not a bad request): the
+    /// client gets its error reply either way; this tells whoever runs the server.
+    pub on_storage_error: Option<fn(&VolumeError)>,
 }
 
 impl Default for ServerOptions {
@@ -65,6 +69,7 @@ impl Default for ServerOptions {
             description: String::new(),
             workers: 4,
             max_connections: 64,
+            on_storage_error: None,
         }
     }
 }
@@ -228,16 +233,17 @@ impl Server {
                     .unwrap_or_else(PoisonError::into_inner)
                     .push((id, clone));
             }
-            let (exports, export, workers, registry) = (
+            let (exports, export, workers, on_error, registry) = (
                 self.exports.clone(),
                 self.export.clone(),
                 self.options.workers,
+                self.options.on_storage_error,
                 Arc::clone(&live),
             );
             let spawned = thread::Builder::new()
                 .name(format!("nbd-conn-{id}"))
                 .spawn(move || {
-                    let _ = serve_client(stream, &exports, &export, workers);
+                    let _ = serve_client(stream, &exports, &export, workers, on_error);
                     registry
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
@@ -291,6 +297,7 @@ fn serve_client(
     exports: &Exports,
     template: &ExportInfo,
     workers: usize,
+    on_storage_error: Option<fn(&VolumeError)>,
 ) -> io::Result<()> {
     stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
     stream.set_write_timeout(Some(REPLY_TIMEOUT))?;
@@ -308,7 +315,14 @@ fn serve_client(
         Some((structured, target)) => {
             // Between requests a client may idle as long as it likes.
             stream.set_read_timeout(None)?;
-            transmission::serve(stream, target, structured, template.max_payload, workers)
+            transmission::serve(
+                stream,
+                target,
+                structured,
+                template.max_payload,
+                workers,
+                on_storage_error,
+            )
         }
         None => {
             stream.shutdown();

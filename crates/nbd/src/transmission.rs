@@ -75,6 +75,7 @@ struct Connection {
     /// Set when a reply could not be sent: the client is gone or stuck, stop serving it.
     broken: AtomicBool,
     buffers: BufferPool,
+    on_storage_error: Option<fn(&VolumeError)>,
 }
 
 impl Connection {
@@ -109,10 +110,18 @@ impl Connection {
         }
     }
 
+    /// The error reply for `e`; a storage failure is also reported to the server's owner.
+    fn fail(&self, req: &Request, e: &VolumeError) {
+        if let (VolumeError::Io(_), Some(report)) = (e, self.on_storage_error) {
+            report(e);
+        }
+        self.reply(req, errno(req.kind, e), &e.to_string())
+    }
+
     fn reply_result(&self, req: &Request, result: Result<(), VolumeError>) {
         match result {
             Ok(()) => self.reply(req, 0, ""),
-            Err(e) => self.reply(req, errno(req.kind, &e), &e.to_string()),
+            Err(e) => self.fail(req, &e),
         }
     }
 
@@ -130,7 +139,7 @@ impl Connection {
         let mut out = self.buffers.take(head + len);
         if let Err(e) = volume.read(&mut out[head..head + len], req.offset) {
             self.buffers.give(out);
-            return self.reply(req, errno(req.kind, &e), &e.to_string());
+            return self.fail(req, &e);
         }
         if self.structured {
             chunk_header(
@@ -166,7 +175,7 @@ impl Connection {
                 if let Some(data) = payload {
                     self.buffers.give(data);
                 }
-                return self.reply(req, errno(req.kind, e), &e.to_string());
+                return self.fail(req, e);
             }
         };
         let fua = req.flags & CMD_FLAG_FUA != 0;
@@ -230,6 +239,7 @@ pub(crate) fn serve(
     structured: bool,
     max_payload: u32,
     workers: usize,
+    on_storage_error: Option<fn(&VolumeError)>,
 ) -> io::Result<()> {
     let conn = Arc::new(Connection {
         target,
@@ -242,6 +252,7 @@ pub(crate) fn serve(
         max_payload,
         broken: AtomicBool::new(false),
         buffers: BufferPool::default(),
+        on_storage_error,
     });
     // This thread is one of the workers.
     let others: Vec<_> = (1..workers.max(1))

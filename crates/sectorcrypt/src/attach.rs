@@ -102,6 +102,7 @@ fn serve(dir: &Path, exports: &[Export]) -> Result<Vec<Server>, CliError> {
             let options = ServerOptions {
                 export_name: e.name.clone(),
                 description: format!("UBI volume {}", e.name),
+                on_storage_error: Some(crate::serve::report_storage_error),
                 ..ServerOptions::default()
             };
             Server::bind(&Listen::Unix(socket), Arc::clone(&e.volume), options).map_err(|err| {

@@ -1,6 +1,6 @@
 //! `rbd:POOL[/NAMESPACE]/IMAGE` devices (CLI.md): wherever a command takes a DEVICE, an RBD image
 //! can stand, reached with the global `--ceph-conf` and `--ceph-id`, as Ceph's own tools name
-//! them. Files, block devices and flash keep their own openers (and their own messages); each
+//! them, and `--ceph-timeout` for requests that must fail rather than wait for the cluster. Files, block devices and flash keep their own openers (and their own messages); each
 //! asks [`rbd`] first.
 
 use std::path::{Path, PathBuf};
@@ -19,6 +19,11 @@ pub(crate) struct CephArgs {
     /// The Ceph client id for rbd: devices (default: admin).
     #[arg(long = "ceph-id", value_name = "NAME", global = true)]
     pub id: Option<String>,
+    /// Fail an rbd: request that the cluster has not answered within SECONDS, with an I/O
+    /// error (default: wait for the cluster however long it takes, as librbd does).
+    #[arg(long = "ceph-timeout", value_name = "SECONDS", global = true,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout: Option<u64>,
 }
 
 static CEPH: OnceLock<CephArgs> = OnceLock::new();
@@ -49,6 +54,7 @@ fn open_rbd(name: &str, write: bool, ceph: &CephArgs) -> Result<Box<dyn Storage>
     let options = CephOptions {
         conf: ceph.conf.as_deref(),
         id: ceph.id.as_deref(),
+        op_timeout: ceph.timeout.map(std::time::Duration::from_secs),
     };
     // One handle per image in this process: a command that opens the device twice (header and
     // data on one image) must not find its own exclusive lock in the way.
@@ -66,17 +72,51 @@ fn open_rbd(name: &str, write: bool, ceph: &CephArgs) -> Result<Box<dyn Storage>
     if let Some(image) = shared {
         return Ok(Box::new(image));
     }
-    let image = RbdStorage::open(&spec, write, &options).map_err(|e| CliError {
-        code: match e.kind() {
-            std::io::ErrorKind::NotFound => Code::Device,
-            std::io::ErrorKind::ResourceBusy => Code::Busy,
-            _ => Code::Usage,
-        },
-        message: e.to_string(),
-    })?;
+    let image =
+        with_lock_note(&spec, write, || RbdStorage::open(&spec, write, &options)).map_err(|e| {
+            CliError {
+                code: match e.kind() {
+                    std::io::ErrorKind::NotFound => Code::Device,
+                    std::io::ErrorKind::ResourceBusy => Code::Busy,
+                    _ => Code::Usage,
+                },
+                message: e.to_string(),
+            }
+        })?;
     let image = std::sync::Arc::new(image);
     open.push((spec, std::sync::Arc::downgrade(&image)));
     Ok(Box::new(image))
+}
+
+/// Run `open`, saying on standard error if a writable open waits for the image's exclusive
+/// lock: a writer that died without closing (killed, its host lost) keeps the lock until the
+/// OSD notices its watch is gone (`osd_client_watch_timeout`, 30 s by default), and librbd
+/// waits that long before breaking it. A live writer refuses at once.
+#[cfg(feature = "rbd")]
+fn with_lock_note<T>(
+    spec: &sectorcrypt_storage::rbd::RbdSpec,
+    write: bool,
+    open: impl FnOnce() -> T,
+) -> T {
+    if !write {
+        return open();
+    }
+    let (done, waiting) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            if waiting.recv_timeout(std::time::Duration::from_secs(3))
+                == Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+            {
+                eprintln!(
+                    "sectorcrypt: waiting for {spec}'s exclusive lock (a writer that stopped \
+                     without closing holds it until the cluster notices, about 30 s)"
+                );
+            }
+        });
+        let opened = open();
+        drop(done);
+        opened
+    })
 }
 
 #[cfg(not(feature = "rbd"))]

@@ -294,8 +294,15 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
         )));
     }
     let listen = listen_on(args.socket.as_deref(), args.listen.as_deref())?;
-    let server =
-        Server::bind(&listen, Arc::clone(&table), ServerOptions::default()).map_err(bind_error)?;
+    let server = Server::bind(
+        &listen,
+        Arc::clone(&table),
+        ServerOptions {
+            on_storage_error: Some(crate::serve::report_storage_error),
+            ..ServerOptions::default()
+        },
+    )
+    .map_err(bind_error)?;
     let stop = server
         .stop_handle()
         .map_err(|e| CliError::io("cannot set up the server", e))?;

@@ -25,6 +25,29 @@ pub(crate) struct ServeArgs {
     export_name: String,
 }
 
+/// A request the storage failed, on standard error: at most one line a second, counting the
+/// failures in between (an unreachable cluster fails every request).
+pub(crate) fn report_storage_error(e: &sectorcrypt_volume::Error) {
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+    static LAST: Mutex<(Option<Instant>, u64)> = Mutex::new((None, 0));
+    let mut last = LAST
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let now = Instant::now();
+    match last.0 {
+        Some(at) if now.duration_since(at) < Duration::from_secs(1) => last.1 += 1,
+        _ => {
+            let more = match last.1 {
+                0 => String::new(),
+                n => format!(" ({n} more failed requests since the last report)"),
+            };
+            eprintln!("sectorcrypt: a request failed: {e}{more}");
+            *last = (Some(now), 0);
+        }
+    }
+}
+
 /// Where to listen: `--socket PATH` (made absolute, so that the URI a server prints works from
 /// any directory) or `--listen HOST:PORT`; clap requires one of them.
 pub(crate) fn listen_on(socket: Option<&Path>, listen: Option<&str>) -> Result<Listen, CliError> {
@@ -72,6 +95,7 @@ pub(crate) fn run(args: ServeArgs) -> Result<(), CliError> {
             // Enough workers per connection to keep the disk and the cipher threads busy at
             // once, without one client tying up the whole machine.
             workers: (2 * threads).max(4),
+            on_storage_error: Some(report_storage_error),
             ..Default::default()
         },
     )

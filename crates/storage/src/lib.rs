@@ -38,6 +38,41 @@ pub trait Storage: Send + Sync {
         let _ = (offset, len);
         Ok(())
     }
+    /// Fill `buf` from `offset` in pieces of `piece` bytes (not 0; the last may be shorter), handing
+    /// each piece with its index, in order, to `each` as soon as it has arrived. Devices with
+    /// asynchronous I/O have every piece in flight at once, so `each` works on one piece while
+    /// the next are still on their way; the default reads a piece, then hands it over.
+    fn read_pieces(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        piece: usize,
+        each: &mut dyn FnMut(usize, &mut [u8]) -> io::Result<()>,
+    ) -> io::Result<()> {
+        for (i, p) in buf.chunks_mut(piece).enumerate() {
+            self.read_at(p, offset + (i * piece) as u64)?;
+            each(i, p)?;
+        }
+        Ok(())
+    }
+    /// Write `buf` at `offset` in pieces of `piece` bytes (not 0; the last may be shorter): `prepare`
+    /// gets each piece with its index, in order, just before it is sent. Devices with
+    /// asynchronous I/O send a piece as soon as it is prepared and wait for all at the end, so
+    /// the next piece is prepared while the last are on their way; the default prepares and
+    /// writes a piece at a time. On an error some pieces may have been written.
+    fn write_pieces(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        piece: usize,
+        prepare: &mut dyn FnMut(usize, &mut [u8]) -> io::Result<()>,
+    ) -> io::Result<()> {
+        for (i, p) in buf.chunks_mut(piece).enumerate() {
+            prepare(i, p)?;
+            self.write_at(p, offset + (i * piece) as u64)?;
+        }
+        Ok(())
+    }
     /// The size that I/O is best aligned to, where the device states one (an RBD image's
     /// stripe period; cryptsetup reads a block device's `optimal_io_size`): new volumes start
     /// their data at a multiple of it.
@@ -70,6 +105,24 @@ macro_rules! delegate_storage {
             }
             fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
                 (**self).discard(offset, len)
+            }
+            fn read_pieces(
+                &self,
+                buf: &mut [u8],
+                offset: u64,
+                piece: usize,
+                each: &mut dyn FnMut(usize, &mut [u8]) -> io::Result<()>,
+            ) -> io::Result<()> {
+                (**self).read_pieces(buf, offset, piece, each)
+            }
+            fn write_pieces(
+                &self,
+                buf: &mut [u8],
+                offset: u64,
+                piece: usize,
+                prepare: &mut dyn FnMut(usize, &mut [u8]) -> io::Result<()>,
+            ) -> io::Result<()> {
+                (**self).write_pieces(buf, offset, piece, prepare)
             }
             fn optimal_io_size(&self) -> Option<u64> {
                 (**self).optimal_io_size()

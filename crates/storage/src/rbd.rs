@@ -5,8 +5,17 @@
 //! ...) and reached as a client id (`--ceph-id`, default `admin`), as Ceph's tools do.
 //!
 //! Design:
-//! - The calls are librbd's synchronous ones; librbd is thread-safe on one image handle, so the
-//!   servers' worker threads keep as many requests in flight as they have threads.
+//! - Requests in pieces (`read_pieces`, `write_pieces`: what the volume layer uses between the
+//!   cipher and the storage) go through librbd's asynchronous calls, every piece in flight at
+//!   once: a read decrypts its first piece while the others are still on the network, and a
+//!   write encrypts its next piece while the last ones travel. Single reads and writes use the
+//!   synchronous calls (librbd splits them over objects itself). librbd is thread-safe on one
+//!   image handle, so the servers' worker threads add their requests on top.
+//! - By default a request waits as long as the cluster needs (an OSD that restarts is waited
+//!   for, as librbd does). With an operation timeout ([`CephOptions::op_timeout`], librados'
+//!   `rados_osd_op_timeout` and `rados_mon_op_timeout`) a request that takes longer fails with
+//!   ETIMEDOUT instead: the client sees an I/O error, never a write acknowledged that is not in
+//!   the cluster.
 //! - A writable open takes the image's exclusive lock explicitly (`rbd_lock_acquire`): librbd
 //!   then refuses writes from every other client (EROFS), instead of handing the lock over on
 //!   request as it does by default. A second writer is refused at open ([`io::ErrorKind::ResourceBusy`]);
@@ -20,10 +29,13 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use std::io;
 use std::path::Path;
 use std::ptr;
+use std::time::Duration;
 
 type RadosT = *mut c_void;
 type IoCtxT = *mut c_void;
 type ImageT = *mut c_void;
+type CompletionT = *mut c_void;
+type CallbackT = extern "C" fn(completion: CompletionT, arg: *mut c_void);
 
 /// `RBD_LOCK_MODE_EXCLUSIVE` of `<rbd/librbd.h>`.
 const RBD_LOCK_MODE_EXCLUSIVE: c_int = 0;
@@ -32,6 +44,7 @@ const RBD_LOCK_MODE_EXCLUSIVE: c_int = 0;
 extern "C" {
     fn rados_create(cluster: *mut RadosT, id: *const c_char) -> c_int;
     fn rados_conf_read_file(cluster: RadosT, path: *const c_char) -> c_int;
+    fn rados_conf_set(cluster: RadosT, option: *const c_char, value: *const c_char) -> c_int;
     fn rados_connect(cluster: RadosT) -> c_int;
     fn rados_shutdown(cluster: RadosT);
     fn rados_ioctx_create(cluster: RadosT, pool: *const c_char, ioctx: *mut IoCtxT) -> c_int;
@@ -57,6 +70,75 @@ extern "C" {
     fn rbd_get_stripe_unit(image: ImageT, stripe_unit: *mut u64) -> c_int;
     fn rbd_get_stripe_count(image: ImageT, stripe_count: *mut u64) -> c_int;
     fn rbd_flush(image: ImageT) -> c_int;
+    fn rbd_aio_create_completion(
+        arg: *mut c_void,
+        complete: CallbackT,
+        completion: *mut CompletionT,
+    ) -> c_int;
+    fn rbd_aio_read2(
+        image: ImageT,
+        ofs: u64,
+        len: usize,
+        buf: *mut c_char,
+        completion: CompletionT,
+        flags: c_int,
+    ) -> c_int;
+    fn rbd_aio_write2(
+        image: ImageT,
+        ofs: u64,
+        len: usize,
+        buf: *const c_char,
+        completion: CompletionT,
+        flags: c_int,
+    ) -> c_int;
+    fn rbd_aio_wait_for_complete(completion: CompletionT) -> c_int;
+    fn rbd_aio_get_return_value(completion: CompletionT) -> isize;
+    fn rbd_aio_release(completion: CompletionT);
+}
+
+/// The completion callback: nothing to do, completions are waited for.
+extern "C" fn no_callback(_completion: CompletionT, _arg: *mut c_void) {}
+
+/// One asynchronous request in flight. Dropping it waits for the request to end, so the buffer
+/// it reads into or writes from (which the owner keeps borrowed for longer) is never released
+/// while librbd may still touch it.
+struct InFlight {
+    completion: CompletionT,
+    len: usize,
+}
+
+impl InFlight {
+    /// Wait for the request; its error, or a short transfer, as an `io::Error`.
+    fn wait(&mut self, what: &dyn Fn() -> String) -> io::Result<()> {
+        // SAFETY: `completion` was created by `rbd_aio_create_completion`, handed to one aio
+        // call, and is released only in `Drop`.
+        let r = unsafe {
+            rbd_aio_wait_for_complete(self.completion);
+            rbd_aio_get_return_value(self.completion)
+        };
+        if r < 0 {
+            return Err(rbd_error(&what(), r as i64));
+        }
+        // Reads return the bytes read, writes 0 or the bytes written.
+        if r != 0 && r as usize != self.len {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("{}: {r} of {} bytes", what(), self.len),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        // SAFETY: as in `wait`; waiting again after a completed wait returns at once, and the
+        // completion is released exactly once, after the request has ended.
+        unsafe {
+            rbd_aio_wait_for_complete(self.completion);
+            rbd_aio_release(self.completion);
+        }
+    }
 }
 
 /// Where an image is: pool, namespace (empty: the default) and name.
@@ -119,6 +201,9 @@ pub struct CephOptions<'a> {
     pub conf: Option<&'a Path>,
     /// The client id (`admin` for `client.admin`); `None`: `admin`.
     pub id: Option<&'a str>,
+    /// How long one request may take before it fails with ETIMEDOUT; `None`: requests wait
+    /// for the cluster however long it takes (librados' default).
+    pub op_timeout: Option<Duration>,
 }
 
 /// A librbd error code as an `io::Error`, with what failed.
@@ -227,6 +312,22 @@ impl RbdStorage {
             });
             return Err(rbd_error(&format!("cannot read {which}"), r.into()));
         }
+        if let Some(t) = ceph.op_timeout {
+            // Whole seconds as librados takes them; at least one (0 means "no timeout").
+            let secs = t.as_secs_f64().ceil().max(1.0).to_string();
+            let value = c_string("the timeout", &secs)?;
+            for option in [
+                c"rados_osd_op_timeout",
+                c"rados_mon_op_timeout",
+                c"client_mount_timeout",
+            ] {
+                // SAFETY: `h.cluster` is not yet connected; both strings outlive the call.
+                let r = unsafe { rados_conf_set(h.cluster, option.as_ptr(), value.as_ptr()) };
+                if r < 0 {
+                    return Err(rbd_error("cannot set the Ceph timeout", r.into()));
+                }
+            }
+        }
         // SAFETY: `h.cluster` is configured and not yet connected.
         let r = unsafe { rados_connect(h.cluster) };
         if r < 0 {
@@ -283,6 +384,31 @@ impl RbdStorage {
     /// Whether the image was opened for writing (and locked).
     pub fn is_writable(&self) -> bool {
         self.writable
+    }
+
+    /// Start one asynchronous request of `len` bytes: `start` hands the completion to the aio
+    /// call and returns what it returned.
+    fn submit(
+        &self,
+        len: usize,
+        what: &str,
+        start: impl FnOnce(CompletionT) -> c_int,
+    ) -> io::Result<InFlight> {
+        let mut completion = ptr::null_mut();
+        // SAFETY: `completion` is a valid out-pointer; the callback does nothing with its
+        // (null) argument.
+        let r = unsafe { rbd_aio_create_completion(ptr::null_mut(), no_callback, &mut completion) };
+        if r < 0 {
+            return Err(rbd_error("cannot create an RBD completion", r.into()));
+        }
+        let r = start(completion);
+        if r < 0 {
+            // Never submitted: released without waiting for a request that does not exist.
+            // SAFETY: the completion was created above and handed to no request.
+            unsafe { rbd_aio_release(completion) };
+            return Err(rbd_error(&format!("{what} {}", self.spec), r.into()));
+        }
+        Ok(InFlight { completion, len })
     }
 
     fn check_range(&self, what: &str, offset: u64, len: usize) -> io::Result<()> {
@@ -346,6 +472,65 @@ impl super::Storage for RbdStorage {
             done += n as usize;
         }
         Ok(())
+    }
+
+    fn read_pieces(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        piece: usize,
+        each: &mut dyn FnMut(usize, &mut [u8]) -> io::Result<()>,
+    ) -> io::Result<()> {
+        self.check_range("a read", offset, buf.len())?;
+        let mut pieces: Vec<&mut [u8]> = buf.chunks_mut(piece).collect();
+        // Declared after `pieces`, so on an early return the requests are waited for (dropped)
+        // before the slices go.
+        let mut in_flight = Vec::with_capacity(pieces.len());
+        for (i, p) in pieces.iter_mut().enumerate() {
+            let (at, len, buf) = (offset + (i * piece) as u64, p.len(), p.as_mut_ptr());
+            in_flight.push(self.submit(len, "reading", |completion| {
+                // SAFETY: the image is open; the piece stays valid and untouched until the
+                // request has been waited for (below, or when `in_flight` drops), and no other
+                // piece overlaps it.
+                unsafe { rbd_aio_read2(self.handles.image, at, len, buf.cast(), completion, 0) }
+            })?);
+        }
+        for (i, (p, request)) in pieces.iter_mut().zip(in_flight.iter_mut()).enumerate() {
+            request.wait(&|| format!("reading {}", self.spec))?;
+            each(i, p)?;
+        }
+        Ok(())
+    }
+
+    fn write_pieces(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        piece: usize,
+        prepare: &mut dyn FnMut(usize, &mut [u8]) -> io::Result<()>,
+    ) -> io::Result<()> {
+        self.check_range("a write", offset, buf.len())?;
+        let mut pieces: Vec<&mut [u8]> = buf.chunks_mut(piece).collect();
+        let mut in_flight = Vec::with_capacity(pieces.len());
+        for (i, p) in pieces.iter_mut().enumerate() {
+            prepare(i, p)?;
+            let (at, len, buf) = (offset + (i * piece) as u64, p.len(), p.as_ptr());
+            in_flight.push(self.submit(len, "writing", |completion| {
+                // SAFETY: the image is open; the piece stays valid and unchanged until the
+                // request has been waited for (below, or when `in_flight` drops), and no other
+                // piece overlaps it.
+                unsafe { rbd_aio_write2(self.handles.image, at, len, buf.cast(), completion, 0) }
+            })?);
+        }
+        // Every request is waited for, and the first error reported.
+        let mut result = Ok(());
+        for request in &mut in_flight {
+            let r = request.wait(&|| format!("writing {}", self.spec));
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        result
     }
 
     fn sync(&self) -> io::Result<()> {

@@ -433,15 +433,37 @@ impl Volume {
             self.cipher.process(buf, sector, Direction::Decrypt)?;
             return Ok(());
         }
-        // Inline: read and decrypt a cache-sized piece at a time, so the cipher finds the data
-        // the read just brought in still in cache.
-        for (i, piece) in buf.chunks_mut(CACHE_PIECE).enumerate() {
-            let first = sector + (i * CACHE_PIECE / ss) as u64;
-            self.storage.read_at(piece, at + (i * CACHE_PIECE) as u64)?;
-            self.cipher
-                .process_inline(piece, first, Direction::Decrypt)?;
+        // Inline: decrypt a cache-sized piece at a time, as it arrives, so the cipher finds the
+        // data the read just brought in still in cache (and, on network storage, works while
+        // the next pieces are on their way).
+        self.in_pieces(sector, Direction::Decrypt, |work| {
+            self.storage.read_pieces(buf, at, CACHE_PIECE, work)
+        })
+    }
+
+    /// Run the cipher over the pieces of a storage call (`call` hands `work` to
+    /// `read_pieces` or `write_pieces`), the first piece starting at `sector`. A cipher error
+    /// travels through the storage call as an I/O error and comes out as itself.
+    fn in_pieces(
+        &self,
+        sector: u64,
+        dir: Direction,
+        call: impl FnOnce(&mut dyn FnMut(usize, &mut [u8]) -> io::Result<()>) -> io::Result<()>,
+    ) -> Result<(), Error> {
+        let sectors_per_piece = (CACHE_PIECE / self.layout.sector_size) as u64;
+        let mut refused = None;
+        let result = call(&mut |i, piece| {
+            let first = sector + i as u64 * sectors_per_piece;
+            self.cipher.process_inline(piece, first, dir).map_err(|e| {
+                let carried = io::Error::other(e.to_string());
+                refused = Some(e);
+                carried
+            })
+        });
+        match (refused, result) {
+            (Some(e), _) => Err(Error::Cipher(e)),
+            (None, result) => Ok(result?),
         }
-        Ok(())
     }
 
     /// Encrypt whole sectors of plaintext in `buf` in place and write them, the first being
@@ -455,14 +477,9 @@ impl Volume {
             return Ok(());
         }
         // Inline: each piece is written while its ciphertext is still in cache.
-        for (i, piece) in buf.chunks_mut(CACHE_PIECE).enumerate() {
-            let first = sector + (i * CACHE_PIECE / ss) as u64;
-            self.cipher
-                .process_inline(piece, first, Direction::Encrypt)?;
-            self.storage
-                .write_at(piece, at + (i * CACHE_PIECE) as u64)?;
-        }
-        Ok(())
+        self.in_pieces(sector, Direction::Encrypt, |work| {
+            self.storage.write_pieces(buf, at, CACHE_PIECE, work)
+        })
     }
 
     /// Fill `buf` with the plaintext at `offset`.

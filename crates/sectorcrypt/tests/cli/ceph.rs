@@ -10,7 +10,7 @@ use std::process::Command;
 use crate::common::{ok, p, run, sc, scratch};
 use crate::nbd::{pattern, tool, write_file, Served, MIB};
 
-fn script() -> std::path::PathBuf {
+pub(crate) fn script() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-cluster.sh")
 }
 
@@ -28,13 +28,13 @@ fn daemon_pids(dir: &Path) -> Vec<u32> {
 }
 
 /// A running cluster, stopped on drop.
-struct Cluster {
+pub(crate) struct Cluster {
     dir: std::path::PathBuf,
-    conf: String,
+    pub(crate) conf: String,
 }
 
 impl Cluster {
-    fn start(dir: &Path, port: u16) -> Cluster {
+    pub(crate) fn start(dir: &Path, port: u16) -> Cluster {
         let out = ok(
             run(Command::new("bash").args([p(&script()), "start", p(dir), &port.to_string()])),
             "ceph-cluster.sh start",
@@ -50,11 +50,19 @@ impl Cluster {
         }
     }
 
-    fn rbd(&self, args: &[&str]) -> std::process::Output {
+    pub(crate) fn rbd(&self, args: &[&str]) -> std::process::Output {
         ok(
             run(Command::new("rbd").args(["--conf", &self.conf]).args(args)),
             &format!("rbd {args:?}"),
         )
+    }
+
+    /// `ceph-cluster.sh osd-kill` or `osd-start`: the OSD dies as in a crash, or comes back.
+    pub(crate) fn osd(&self, what: &str) {
+        ok(
+            run(Command::new("bash").args([p(&script()), what, p(&self.dir)])),
+            &format!("ceph-cluster.sh {what}"),
+        );
     }
 }
 
@@ -208,7 +216,7 @@ with rados.Rados(conffile=conf) as cluster, cluster.open_ioctx("rbd") as io, rbd
 
 /// Run Debian's Python (python3-rbd is installed for it, whatever python3 is first on PATH)
 /// with `script` and `args`.
-fn librbd(script: &str, args: &[&str]) -> std::process::Output {
+pub(crate) fn librbd(script: &str, args: &[&str]) -> std::process::Output {
     ok(
         run(Command::new("/usr/bin/python3")
             .arg("-c")
@@ -220,7 +228,7 @@ fn librbd(script: &str, args: &[&str]) -> std::process::Output {
 
 /// `length` bytes at `offset` of image `image`, read through librbd's LUKS2 encryption with the
 /// passphrase in `key`, into `out`.
-const LIBRBD_READ: &str = r#"
+pub(crate) const LIBRBD_READ: &str = r#"
 import sys, rados, rbd
 conf, image, key, offset, length, out = sys.argv[1:7]
 with rados.Rados(conffile=conf) as c, c.open_ioctx("rbd") as io, rbd.Image(io, image) as im:

@@ -5,6 +5,8 @@
 mod basics;
 #[cfg(feature = "rbd")]
 mod ceph;
+#[cfg(feature = "rbd")]
+mod ceph_faults;
 mod ciphers;
 mod common;
 mod convert;
