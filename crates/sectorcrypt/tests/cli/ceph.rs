@@ -341,6 +341,16 @@ fn every_header_command_and_reencryption_work_on_rbd_images() {
         ],
     );
     server.stop();
+    // The passphrase added here unlocks in librbd, which reads the data written through serve.
+    let out = dir.join("before.raw");
+    librbd(
+        LIBRBD_READ,
+        &[&conf, "cmd", p(&key2), "0", &(4 * MIB).to_string(), p(&out)],
+    );
+    assert!(
+        std::fs::read(&out).unwrap() == data,
+        "librbd, unlocked with the passphrase added here, reads what serve wrote"
+    );
     let volume_key = |what: &str| {
         let out = ok(
             sc_rbd(&[
@@ -370,6 +380,91 @@ fn every_header_command_and_reencryption_work_on_rbd_images() {
     assert!(
         std::fs::read(&out).unwrap() == data,
         "librbd reads the re-encrypted data"
+    );
+
+    // mount: what is written to MOUNTPOINT/volume reaches the image; librbd reads it.
+    let mnt = crate::fuse::mountpoint(&dir, "mnt");
+    let mounted = crate::fuse::Mounted::spawn(
+        &[
+            "mount",
+            "rbd:rbd/cmd",
+            p(&mnt),
+            "--key-file",
+            p(&key),
+            "--ceph-conf",
+            &conf,
+        ],
+        &mnt,
+    );
+    let more = pattern(18, MIB as usize);
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(mounted.volume())
+            .unwrap();
+        f.write_all_at(&more, 8 * MIB).unwrap();
+        f.sync_all().unwrap();
+    }
+    assert!(mounted.unmount().success(), "mount exits 0");
+    librbd(
+        LIBRBD_READ,
+        &[
+            &conf,
+            "cmd",
+            p(&key),
+            &(8 * MIB).to_string(),
+            &MIB.to_string(),
+            p(&out),
+        ],
+    );
+    assert!(
+        std::fs::read(&out).unwrap() == more,
+        "librbd reads what was written through the mount"
+    );
+
+    // Encryption in place, the data shifted to make room for the header: librbd reads the
+    // original; decryption in place (the header exported to a file) brings it back at 0.
+    let plain = pattern(19, 32 * MIB as usize);
+    let plain_file = dir.join("plain.raw");
+    write_file(&plain_file, &plain);
+    cluster.rbd(&["import", "--no-progress", p(&plain_file), "rbd/plain"]);
+    let mut args = vec![
+        "encrypt",
+        "rbd:rbd/plain",
+        "--reduce-device-size",
+        "16M",
+        "--key-file",
+        p(&key),
+    ];
+    args.extend(fast);
+    ok(sc_rbd(&args), "encrypt rbd: in place");
+    let kept = 16 * MIB as usize;
+    librbd(
+        LIBRBD_READ,
+        &[&conf, "plain", p(&key), "0", &kept.to_string(), p(&out)],
+    );
+    assert!(
+        std::fs::read(&out).unwrap() == plain[..kept],
+        "librbd reads the data encrypted in place"
+    );
+    let exported_hdr = dir.join("exported.hdr");
+    ok(
+        sc_rbd(&[
+            "decrypt",
+            "rbd:rbd/plain",
+            "--header",
+            p(&exported_hdr),
+            "--key-file",
+            p(&key),
+        ]),
+        "decrypt rbd: in place",
+    );
+    let back = dir.join("plain-back.raw");
+    cluster.rbd(&["export", "--no-progress", "rbd/plain", p(&back)]);
+    assert!(
+        std::fs::read(&back).unwrap()[..kept] == plain[..kept],
+        "decrypted back to the original at offset 0"
     );
 
     // librbd's layout: data aligned to the object size. LUKS1 starts at 4 MiB (cryptsetup's
@@ -423,31 +518,40 @@ with rados.Rados(conffile=conf) as c, c.open_ioctx("rbd") as io:
 
     // The other direction: an image formatted and written by librbd's own encryption opens
     // here (librbd's Argon2id takes about 1 GiB and a few seconds, once).
+    // LUKS2 and LUKS1 (LUKS1's PBKDF2 takes no memory).
     const LIBRBD_MAKE: &str = r#"
 import sys, rados, rbd
 conf, key, data = sys.argv[1:4]
 with rados.Rados(conffile=conf) as c, c.open_ioctx("rbd") as io:
-    rbd.RBD().create(io, "made-by-librbd", 48 << 20)
-    with rbd.Image(io, "made-by-librbd") as im:
-        pw = open(key, "rb").read()
-        # Formatting also loads the encryption on this handle (Pacific refuses a second load).
-        im.encryption_format(rbd.RBD_ENCRYPTION_FORMAT_LUKS2, pw)
-        im.write(open(data, "rb").read(), 1 << 20)
-        im.flush()
+    for name, fmt in (("librbd-luks2", rbd.RBD_ENCRYPTION_FORMAT_LUKS2),
+                      ("librbd-luks1", rbd.RBD_ENCRYPTION_FORMAT_LUKS1)):
+        rbd.RBD().create(io, name, 48 << 20)
+        with rbd.Image(io, name) as im:
+            pw = open(key, "rb").read()
+            # Formatting also loads the encryption on this handle (Pacific refuses a second load).
+            im.encryption_format(fmt, pw)
+            im.write(open(data, "rb").read(), 1 << 20)
+            im.flush()
 "#;
     librbd(LIBRBD_MAKE, &[&conf, p(&key), p(&src)]);
-    let reader = Served::unix(
-        &dir,
-        "l.sock",
-        Path::new("rbd:rbd/made-by-librbd"),
-        &key,
-        &["--ceph-conf", &conf, "--readonly"],
-    );
-    assert_eq!(reader.size, 32 * MIB);
-    let seen = dir.join("seen.raw");
-    tool("nbdcopy", &[&reader.uri, p(&seen)]);
-    assert!(std::fs::read(&seen).unwrap()[MIB as usize..5 * MIB as usize] == data[..]);
-    reader.stop();
+    // Data at 16 MiB (LUKS2) and 4 MiB (LUKS1, aligned to the object size).
+    for (image, size) in [("librbd-luks2", 32 * MIB), ("librbd-luks1", 44 * MIB)] {
+        let reader = Served::unix(
+            &dir,
+            "l.sock",
+            Path::new(&format!("rbd:rbd/{image}")),
+            &key,
+            &["--ceph-conf", &conf, "--readonly"],
+        );
+        assert_eq!(reader.size, size, "{image}");
+        let seen = dir.join("seen.raw");
+        tool("nbdcopy", &[&reader.uri, p(&seen)]);
+        assert!(
+            std::fs::read(&seen).unwrap()[MIB as usize..5 * MIB as usize] == data[..],
+            "{image}: the data librbd wrote"
+        );
+        reader.stop();
+    }
     drop(cluster);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -148,7 +148,7 @@ impl Mounted {
         mounted
     }
 
-    fn volume(&self) -> PathBuf {
+    pub(crate) fn volume(&self) -> PathBuf {
         self.mountpoint.join("volume")
     }
 
@@ -179,7 +179,7 @@ impl Mounted {
 
     /// `fusermount3 -u` (retried while the loop driver lets go of the file), then the exit
     /// status, after checking that the mount is gone.
-    fn unmount(mut self) -> ExitStatus {
+    pub(crate) fn unmount(mut self) -> ExitStatus {
         let deadline = Instant::now() + PATIENCE;
         loop {
             let out = run(Command::new("fusermount3").arg("-u").arg(&self.mountpoint));
