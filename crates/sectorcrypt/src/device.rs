@@ -33,13 +33,23 @@ pub(crate) fn configure(args: CephArgs) {
     let _ = CEPH.set(args);
 }
 
+/// NBD worker threads per connection for an RBD image: a network store needs many requests in
+/// flight (qemu and fio queue 16 to 64), and a waiting worker costs only its stack.
+pub(crate) const RBD_WORKERS: usize = 32;
+
+/// Whether `device` names an RBD image.
+pub(crate) fn is_rbd(device: &Path) -> bool {
+    device.to_str().is_some_and(|name| name.starts_with("rbd:"))
+}
+
 /// `device` opened for reading, or reading and writing, if it names an RBD image; `None` for
 /// any other name. A writable image is locked against other writers (exit 5 if one holds it);
 /// a missing image is exit 4.
 pub(crate) fn rbd(device: &Path, write: bool) -> Option<Result<Box<dyn Storage>, CliError>> {
-    let name = device.to_str()?;
-    name.starts_with("rbd:")
-        .then(|| open_rbd(name, write, CEPH.get_or_init(CephArgs::default)))
+    is_rbd(device).then(|| {
+        let name = device.to_str().unwrap_or_default();
+        open_rbd(name, write, CEPH.get_or_init(CephArgs::default))
+    })
 }
 
 #[cfg(feature = "rbd")]

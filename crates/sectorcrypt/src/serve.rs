@@ -93,8 +93,14 @@ pub(crate) fn run(args: ServeArgs) -> Result<(), CliError> {
             export_name: args.export_name.clone(),
             description,
             // Enough workers per connection to keep the disk and the cipher threads busy at
-            // once, without one client tying up the whole machine.
-            workers: (2 * threads).max(4),
+            // once, without one client tying up the whole machine. An RBD image answers each
+            // request after a network round trip, so there they are as many as a client
+            // usually queues: the requests in flight make the bandwidth.
+            workers: if crate::device::is_rbd(&args.volume.device) {
+                crate::device::RBD_WORKERS
+            } else {
+                (2 * threads).max(4)
+            },
             on_storage_error: Some(report_storage_error),
             ..Default::default()
         },
