@@ -10,6 +10,8 @@
 //!   encryption layer (the thesis' 24.43x).
 //! - [`synthetic`]: workloads with syncs (sequential and random LEB rewrites, a journal, small
 //!   synced writes, volume updates) run on our UBI and recorded as traces for [`wear`].
+//! - [`io`]: timed reads or writes on an unlocked volume against the same requests on its
+//!   storage (`sectorcrypt benchmark --device`, as `rbd bench` times an image).
 //! - [`kpio`]: requests under a key drawn per request from a table of N keys (Key Per I/O)
 //!   against the same requests under one key.
 //! - [`report`]: the P/E study and the flash throughput as a Markdown report with SVG figures
@@ -22,6 +24,7 @@
 
 pub mod breakdown;
 pub mod flash;
+pub mod io;
 pub mod kpio;
 pub mod report;
 pub mod speed;

@@ -1,12 +1,16 @@
 //! `sectorcrypt benchmark`: cipher speed on this machine (CLI.md), the paper's per-phase breakdown
-//! (`--breakdown`) and the tcrypt-style cycle table (`--tcrypt`).
+//! (`--breakdown`), the tcrypt-style cycle table (`--tcrypt`), and timed I/O on a volume against
+//! its ciphertext (`--device`, as `rbd bench` times an image).
 
 use std::io::Write;
+use std::path::PathBuf;
 
+use sectorcrypt_bench::io::{IoCase, IoType, Pattern};
 use sectorcrypt_bench::{breakdown, speed, tcrypt};
 use sectorcrypt_cipher::{BackendChoice, Direction};
 
-use crate::exit::CliError;
+use crate::exit::{CliError, Code};
+use crate::keyfile::KeyArgs;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
@@ -41,6 +45,53 @@ pub(crate) struct Args {
     /// (default: $SECTORCRYPT_BACKEND, else auto).
     #[arg(long, value_name = "NAME")]
     backend: Option<String>,
+    /// Time I/O on this volume instead (a LUKS device or image, or rbd:POOL/IMAGE): the same
+    /// requests through the encryption and on the ciphertext. Needs its passphrase.
+    #[arg(long, value_name = "DEVICE", conflicts_with_all = ["breakdown", "tcrypt"])]
+    device: Option<PathBuf>,
+    #[command(flatten)]
+    key: KeyArgs,
+    /// With --device: the volume's detached header.
+    #[arg(long, value_name = "FILE", requires = "device")]
+    header: Option<PathBuf>,
+    /// With --device: only try this keyslot.
+    #[arg(short = 'S', long = "key-slot", value_name = "N", requires = "device")]
+    key_slot: Option<usize>,
+    /// With --device: read, or write (zeros: overwrites the data it reaches).
+    #[arg(long = "io-type", value_name = "TYPE", default_value = "read",
+          value_parser = ["read", "write"], requires = "device")]
+    io_type: String,
+    /// With --device: sequential from the start, or random offsets.
+    #[arg(long = "io-pattern", value_name = "PATTERN", default_value = "seq",
+          value_parser = ["seq", "rand"], requires = "device")]
+    io_pattern: String,
+    /// With --device: bytes per request (K, M, G suffixes), a multiple of the sector size.
+    #[arg(
+        long = "io-size",
+        value_name = "SIZE",
+        default_value = "4K",
+        requires = "device"
+    )]
+    io_size: String,
+    /// With --device: requests in flight.
+    #[arg(
+        long = "io-threads",
+        value_name = "N",
+        default_value_t = 16,
+        requires = "device"
+    )]
+    io_threads: usize,
+    /// With --device: bytes to move, each way (K, M, G suffixes).
+    #[arg(
+        long = "io-total",
+        value_name = "SIZE",
+        default_value = "1G",
+        requires = "device"
+    )]
+    io_total: String,
+    /// Do not ask before a write benchmark overwrites data.
+    #[arg(short = 'q', long = "batch-mode")]
+    batch: bool,
 }
 
 /// `--backend NAME`, else `$SECTORCRYPT_BACKEND`, else auto.
@@ -60,6 +111,12 @@ pub(crate) fn run(args: Args) -> Result<(), CliError> {
     let mut emit = |line: String| -> Result<(), CliError> {
         writeln!(out, "{line}").map_err(|e| CliError::io("cannot write the results", e))
     };
+    if let Some(device) = &args.device {
+        return run_io(&args, device, &mut emit);
+    }
+    if args.key.key_file.is_some() {
+        return Err(CliError::usage("--key-file is for --device"));
+    }
     if args.breakdown {
         return run_breakdown(&args, backend, &mut emit);
     }
@@ -178,6 +235,123 @@ fn run_breakdown(
         }
     }
     Ok(())
+}
+
+/// `--device`: unlock the volume, run the requests on its storage and through it, print both.
+fn run_io(
+    args: &Args,
+    device: &std::path::Path,
+    emit: &mut impl FnMut(String) -> Result<(), CliError>,
+) -> Result<(), CliError> {
+    let size = |what: &str, text: &str| {
+        crate::units::parse_size(text).map_err(|e| CliError::usage(format!("{what}: {e}")))
+    };
+    let io_type = if args.io_type == "write" {
+        IoType::Write
+    } else {
+        IoType::Read
+    };
+    let case = IoCase {
+        io_type,
+        pattern: if args.io_pattern == "rand" {
+            Pattern::Rand
+        } else {
+            Pattern::Seq
+        },
+        io_size: usize::try_from(size("--io-size", &args.io_size)?).unwrap_or(usize::MAX),
+        threads: args.io_threads,
+        total: size("--io-total", &args.io_total)?,
+    };
+    let volume = crate::open::VolumeArgs {
+        device: device.to_path_buf(),
+        header: args.header.clone(),
+        key: args.key.clone(),
+        key_slot: args.key_slot,
+        readonly: io_type == IoType::Read,
+        allow_discards: false,
+        threads: None,
+        backend: args.backend.clone(),
+        size: None,
+        device_size: None,
+    }
+    .open()?;
+    sectorcrypt_bench::io::check(&case, &volume).map_err(CliError::usage)?;
+    if io_type == IoType::Write {
+        crate::keyslots::confirm(
+            args.batch,
+            &format!(
+                "WARNING!\n========\nThis overwrites data on {} with zeros.",
+                device.display()
+            ),
+        )?;
+    }
+    let bar = crate::progress::terminal_bar(
+        "{msg:>6} [{bar:30}] {percent:>3}%  {bytes} / {total_bytes}  {bytes_per_sec}",
+    );
+    if let Some(bar) = &bar {
+        bar.set_length(case.total / case.io_size as u64 * case.io_size as u64);
+    }
+    let results = sectorcrypt_bench::io::measure(&case, &volume, &|path, done| {
+        if let Some(bar) = &bar {
+            if bar.message() != path {
+                bar.set_message(path);
+                bar.reset();
+            }
+            bar.set_position(done);
+        }
+    })
+    .map_err(|e| CliError {
+        code: Code::Device,
+        message: format!("{}: {e}", device.display()),
+    })?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let layout = volume.layout();
+    if args.json {
+        for r in &results {
+            let mut v = serde_json::to_value(r).expect("serializable");
+            v["device"] = device.display().to_string().into();
+            v["cipher"] = layout.cipher.clone().into();
+            v["sector_size"] = layout.sector_size.into();
+            emit(v.to_string())?;
+        }
+        return Ok(());
+    }
+    emit(format!(
+        "# {} ({}, {}-byte sectors): {} {}, {} requests, {} in flight, {} each way",
+        device.display(),
+        layout.cipher,
+        layout.sector_size,
+        args.io_pattern,
+        args.io_type,
+        human_size(case.io_size),
+        case.threads,
+        human_size(usize::try_from(results[0].bytes).unwrap_or(usize::MAX)),
+    ))?;
+    emit(format!(
+        "#{:>24} | {:>10} | {:>12} | {:>12} | {:>9}",
+        "path", "ops", "ops/s", "MiB/s", "seconds"
+    ))?;
+    for r in &results {
+        let label = if r.path == "raw" {
+            "raw (ciphertext)"
+        } else {
+            "through the encryption"
+        };
+        emit(format!(
+            "{:>25}   {:>10}   {:>12.1}   {:>12.1}   {:>9.2}",
+            label,
+            r.ops,
+            r.ops_per_sec,
+            r.bytes_per_sec / 1048576.0,
+            r.seconds
+        ))?;
+    }
+    emit(format!(
+        "# through the encryption: {:.2}x the raw bandwidth",
+        results[1].bytes_per_sec / results[0].bytes_per_sec
+    ))
 }
 
 fn human_size(n: usize) -> String {

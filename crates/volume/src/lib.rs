@@ -368,6 +368,11 @@ impl Volume {
         &self.layout
     }
 
+    /// The storage the encrypted data is on (for measurements that compare the two).
+    pub fn storage(&self) -> &dyn Storage {
+        &*self.storage
+    }
+
     /// The keyed cipher (for its name, backend and threads).
     pub fn cipher(&self) -> &SectorCipher {
         &self.cipher

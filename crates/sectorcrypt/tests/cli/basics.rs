@@ -273,3 +273,131 @@ fn bad_input_exits_1_with_one_line() {
     assert_eq!(help.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&help.stdout).contains("benchmark"));
 }
+
+/// `benchmark --device`: the same requests on the ciphertext and through the encryption, as
+/// JSON lines; a read benchmark changes nothing; a write benchmark leaves zeros where it wrote
+/// (Python's `cryptography` decrypts them); a wrong passphrase changes nothing (exit 2).
+#[test]
+fn benchmark_device_times_a_volume_against_its_ciphertext() {
+    use crate::common::{our_volume_key, p, sc, sc_fast, scratch};
+    let dir = scratch("benchmark-device");
+    let img = dir.join("vol.img");
+    std::fs::write(&img, vec![0u8; (16 + 8) << 20]).unwrap();
+    let key = crate::common::key(&dir, "bench");
+    let out = sc_fast(&["format", "-q", "--key-file", p(&key), p(&img)]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let before = std::fs::read(&img).unwrap();
+
+    let reads = json_lines(&sc(&[
+        "benchmark",
+        "--device",
+        p(&img),
+        "--key-file",
+        p(&key),
+        "--io-size",
+        "64K",
+        "--io-total",
+        "4M",
+        "--io-pattern",
+        "rand",
+        "--json",
+    ]));
+    assert_eq!(reads.len(), 2);
+    for (r, path) in reads.iter().zip(["raw", "volume"]) {
+        assert_eq!(r["path"], path);
+        assert_eq!(r["io_type"], "read");
+        assert_eq!(r["pattern"], "rand");
+        assert_eq!(
+            (r["ops"].as_u64(), r["bytes"].as_u64()),
+            (Some(64), Some(4 << 20))
+        );
+        assert!(r["bytes_per_sec"].as_f64().unwrap() > 0.0);
+        assert_eq!(r["cipher"], "aes-xts-plain64");
+    }
+    assert!(
+        std::fs::read(&img).unwrap() == before,
+        "a read benchmark wrote"
+    );
+
+    let wrong = crate::common::key(&dir, "wrong");
+    let out = sc(&[
+        "benchmark",
+        "--device",
+        p(&img),
+        "--key-file",
+        p(&wrong),
+        "--io-type",
+        "write",
+        "-q",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        std::fs::read(&img).unwrap() == before,
+        "a refused benchmark wrote"
+    );
+
+    let text = sc(&[
+        "benchmark",
+        "--device",
+        p(&img),
+        "--key-file",
+        p(&key),
+        "--io-type",
+        "write",
+        "-q",
+        "--io-size",
+        "128K",
+        "--io-total",
+        "1M",
+        "--io-threads",
+        "3",
+    ]);
+    assert!(
+        text.status.success(),
+        "{}",
+        String::from_utf8_lossy(&text.stderr)
+    );
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("seq write, 128KiB requests, 3 in flight, 1MiB each way"),
+        "{text}"
+    );
+    assert!(
+        text.contains("raw (ciphertext)") && text.contains("the raw bandwidth"),
+        "{text}"
+    );
+    let dump: Value = serde_json::from_slice(&sc(&["dump", "--json", p(&img)]).stdout).unwrap();
+    let segment = &dump["segments"]["0"];
+    let offset = segment["offset"].as_str().unwrap().parse().unwrap();
+    let sector = segment["sector_size"].as_u64().unwrap();
+    let vk = our_volume_key(&img, &key);
+    let plain = crate::nbd::python_decrypt(&dir, &img, offset, sector, &vk, 0, 2 << 20);
+    assert!(
+        plain[..1 << 20].iter().all(|&b| b == 0),
+        "the written MiB is zeros"
+    );
+    assert!(
+        plain[1 << 20..].iter().any(|&b| b != 0),
+        "the next MiB was not written"
+    );
+
+    assert_fails(
+        &[
+            "benchmark",
+            "--device",
+            p(&img),
+            "--key-file",
+            p(&key),
+            "--io-size",
+            "1000",
+        ],
+        1,
+        "1000",
+    );
+    assert_fails(&["benchmark", "--key-file", p(&key)], 1, "--device");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -382,6 +382,35 @@ fn every_header_command_and_reencryption_work_on_rbd_images() {
         "librbd reads the re-encrypted data"
     );
 
+    // benchmark --device on the image: the same requests through librbd raw and decrypted.
+    let bench = ok(
+        sc_rbd(&[
+            "benchmark",
+            "--device",
+            "rbd:rbd/cmd",
+            "--key-file",
+            p(&key),
+            "--io-size",
+            "64K",
+            "--io-total",
+            "4M",
+            "--json",
+        ]),
+        "benchmark --device rbd:",
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&bench.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    for (line, path) in lines.iter().zip(["raw", "volume"]) {
+        assert_eq!(
+            (line["path"].as_str(), line["ops"].as_u64()),
+            (Some(path), Some(64))
+        );
+        assert_eq!(line["device"], "rbd:rbd/cmd");
+    }
+
     // mount: what is written to MOUNTPOINT/volume reaches the image; librbd reads it.
     let mnt = crate::fuse::mountpoint(&dir, "mnt");
     let mounted = crate::fuse::Mounted::spawn(
