@@ -56,43 +56,9 @@ make_image luks2 --cipher aes-xts-plain64 --sector-size 4096
 make_image null2 --cipher cipher_null-ecb --sector-size 4096
 make_image luks1 --type luks1 --cipher aes-xts-plain64
 
-# Runs a command as a child, passes SIGTERM on to it, and when it exits writes its rusage (user +
-# system seconds of every thread it ever had) to $usage.
-usage="$out/usage"
-rusage_py='
-import os, signal, sys
-out, argv = sys.argv[1], sys.argv[2:]
-pid = os.fork()
-if pid == 0:
-    os.execvp(argv[0], argv)
-for sig in (signal.SIGTERM, signal.SIGINT):
-    signal.signal(sig, lambda s, f: os.kill(pid, signal.SIGTERM))
-while True:
-    try:
-        _, status, ru = os.wait4(pid, 0)
-        break
-    except InterruptedError:
-        continue
-open(out, "w").write(f"{ru.ru_utime + ru.ru_stime:.6f}\n")
-'
-start() { # command...
-  rm -f "$sock" "$usage"
-  python3 -c "$rusage_py" "$usage" "$@" >/dev/null 2>"$out/server.log" &
-  server=$!
-  for _ in $(seq 200); do
-    if [ -S "$sock" ] && nbdinfo --size "$uri" >/dev/null 2>&1; then return; fi
-    sleep 0.05
-  done
-  echo "bench-nbd: server did not start: $*" >&2
-  cat "$out/server.log" >&2
-  exit 1
-}
-stop() { # sets $cpu to the server's CPU seconds (not in a subshell: wait needs the parent)
-  kill "$server"
-  wait "$server" 2>/dev/null || true
-  server=""
-  cpu=$(cat "$usage")
-}
+bench=bench-nbd
+# shellcheck source=scripts/bench-server.sh
+source scripts/bench-server.sh
 server_cmd() { # contender name -> command
   case "$1" in
   nbdkit-file) echo "nbdkit -f -U $sock file $dir/plain.img" ;;

@@ -14,7 +14,7 @@
 #    time from wait4's rusage, one server per workload, less the same server's cost of starting,
 #    unlocking and stopping with no I/O. Each image is written in full once before measuring.
 # 2. Unlock of an image made by `rbd encryption format luks2` (librbd's defaults: Argon2id with
-#    1 GiB): wall time and peak RSS of `sectorcrypt test-passphrase rbd:...` against python3-rbd's
+#    up to 1 GiB): wall time and peak RSS of `sectorcrypt test-passphrase rbd:...` against python3-rbd's
 #    `encryption_load`, and the same Python process opening the image without loading.
 #
 # Every round runs each contender back to back; tables show medians over rounds. Needs
@@ -41,7 +41,17 @@ trap cleanup EXIT
 
 cargo build --release --locked -q -p sectorcrypt --features rbd
 sc="$PWD/target/release/sectorcrypt"
-eval "$(bash scripts/ceph-cluster.sh start "$dir/cluster" "${BENCH_CEPH_PORT:-3320}")"
+# The cluster's daemons on the upper half of the CPUs, the client side (fio and the server
+# under test) on the lower half, as on separate machines: the OSD does not take the cycles the
+# encryption needs, nor the other way round.
+cpus="$(nproc)"
+pin_cluster=()
+pin_client=()
+if [ "$cpus" -ge 2 ]; then
+  pin_client=(taskset -c "0-$((cpus / 2 - 1))")
+  pin_cluster=(taskset -c "$((cpus / 2))-$((cpus - 1))")
+fi
+eval "$("${pin_cluster[@]}" bash scripts/ceph-cluster.sh start "$dir/cluster" "${BENCH_CEPH_PORT:-3320}")"
 key="$dir/passphrase"
 printf 'benchmark passphrase' >"$key"
 fast=(--key-file "$key" --pbkdf-memory 65536 --iter-time 200 -q)
@@ -55,43 +65,9 @@ rbd create --size 1G rbd/plain
 "$sc" format rbd:rbd/aes "${fast[@]}" --cipher aes-xts-plain64 --sector-size 4096
 "$sc" format rbd:rbd/null "${fast[@]}" --cipher cipher_null-ecb --sector-size 4096
 
-# Runs a command as a child, passes SIGTERM on to it, and when it exits writes its rusage (user +
-# system seconds of every thread it ever had) to $usage.
-usage="$out/usage"
-rusage_py='
-import os, signal, sys
-out, argv = sys.argv[1], sys.argv[2:]
-pid = os.fork()
-if pid == 0:
-    os.execvp(argv[0], argv)
-for sig in (signal.SIGTERM, signal.SIGINT):
-    signal.signal(sig, lambda s, f: os.kill(pid, signal.SIGTERM))
-while True:
-    try:
-        _, status, ru = os.wait4(pid, 0)
-        break
-    except InterruptedError:
-        continue
-open(out, "w").write(f"{ru.ru_utime + ru.ru_stime:.6f}\n")
-'
-start() { # command...
-  rm -f "$sock" "$usage"
-  /usr/bin/python3 -c "$rusage_py" "$usage" "$@" >/dev/null 2>"$out/server.log" &
-  server=$!
-  for _ in $(seq 600); do
-    if [ -S "$sock" ] && nbdinfo --size "$uri" >/dev/null 2>&1; then return; fi
-    sleep 0.05
-  done
-  echo "bench-rbd: server did not start: $*" >&2
-  cat "$out/server.log" >&2
-  exit 1
-}
-stop() { # sets $cpu to the server's CPU seconds (not in a subshell: wait needs the parent)
-  kill "$server"
-  wait "$server" 2>/dev/null || true
-  server=""
-  cpu=$(cat "$usage")
-}
+bench=bench-rbd
+# shellcheck source=scripts/bench-server.sh
+source scripts/bench-server.sh
 qemu_nbd() { # image-opts
   echo "qemu-nbd --persistent -k $sock --object secret,id=sec0,file=$key --image-opts driver=rbd,pool=rbd,conf=$CEPH_CONF,$1"
 }
@@ -110,7 +86,7 @@ workloads=("write 1m 8" "read 1m 8" "randwrite 4k 32" "randread 4k 32")
 for c in sectorcrypt-aes sectorcrypt-null qemu-nbd-plain; do
   # shellcheck disable=SC2046
   start $(server_cmd "$c")
-  nbdcopy --flush --requests=8 --request-size=1048576 "$dir/source.raw" "$uri"
+  "${pin_client[@]}" nbdcopy --flush --requests=8 --request-size=1048576 "$dir/source.raw" "$uri"
   stop
 done
 
@@ -124,7 +100,7 @@ for r in $(seq "$rounds"); do
       set -- $w
       # shellcheck disable=SC2046
       start $(server_cmd "$c")
-      fio --name=bench --ioengine=nbd --uri="$uri" --rw="$1" --bs="$2" --iodepth="$3" \
+      "${pin_client[@]}" fio --name=bench --ioengine=nbd --uri="$uri" --rw="$1" --bs="$2" --iodepth="$3" \
         --size=1g --time_based --runtime="$secs" --ramp_time=1 --randseed=16 \
         --output-format=json >"$out/fio.$r.$c.$1.json"
       stop
@@ -136,6 +112,7 @@ done
 # Unlock: librbd's own format (Argon2id, 1 GiB), opened here and by librbd.
 rbd create --size 64M rbd/made-by-librbd
 rbd encryption format rbd/made-by-librbd luks2 "$key"
+"$sc" dump rbd:rbd/made-by-librbd | grep -E '^\s*(PBKDF|Memory|Time cost|Threads):' | head -4 >"$out/pbkdf.txt"
 load_py='
 import sys, rados, rbd
 conf, key, load = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
@@ -146,7 +123,7 @@ with rados.Rados(conffile=conf) as c, c.open_ioctx("rbd") as io, rbd.Image(io, "
 timed() { # label, command... -> a JSON line with wall seconds and peak RSS (KiB)
   local label="$1"
   shift
-  /usr/bin/time -f "{\"what\":\"$label\",\"secs\":%e,\"kib\":%M}" -o "$out/time.json" "$@" >/dev/null
+  "${pin_client[@]}" /usr/bin/time -f "{\"what\":\"$label\",\"secs\":%e,\"kib\":%M}" -o "$out/time.json" "$@" >/dev/null
   cat "$out/time.json" >>"$out/unlock.jsonl"
 }
 for _ in $(seq "$rounds"); do
@@ -172,8 +149,10 @@ def fio(r, c, w):
 model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
 ceph = subprocess.run(["ceph", "--version"], capture_output=True, text=True).stdout.split()[2]
-print(f"Machine: {model}, {nproc} cores; Ceph {ceph}, one monitor and one OSD on the same machine; "
-      f"{rounds} rounds of {secs} s per workload.\n")
+pinned = int(nproc) >= 2
+print(f"Machine: {model}, {nproc} cores; Ceph {ceph}, one monitor and one OSD on the same machine"
+      + (f" (the cluster pinned to the upper half of the cores, fio and the server under test to the lower half)" if pinned else "")
+      + f"; {rounds} rounds of {secs} s per workload.\n")
 names = {"sectorcrypt-aes": "sectorcrypt, aes-xts-plain64", "sectorcrypt-null": "sectorcrypt, cipher_null-ecb",
          "qemu-nbd-luks2": "qemu-nbd + librbd LUKS2", "qemu-nbd-plain": "qemu-nbd + librbd, no encryption"}
 rows = (("write", "sequential write, 1 MiB, QD8"), ("read", "sequential read, 1 MiB, QD8"),
@@ -195,7 +174,8 @@ for w, label in rows:
         vs_lib = ratio("qemu-nbd-luks2", bwf) if c.startswith("sectorcrypt") else ""
         vs_lib_cpu = ratio("qemu-nbd-luks2", cpuf) if c.startswith("sectorcrypt") else ""
         print(f"| {label} | {name} | {med(bw) / 2**20:.1f} | {med(iops):.0f} | {med(per_gib):.2f} | {vs_null} | {vs_lib} | {vs_lib_cpu} |")
-print("\nUnlock of an image made by `rbd encryption format luks2` (librbd's Argon2id, 1 GiB), "
+pbkdf = ", ".join(" ".join(l.split()) for l in (out / "pbkdf.txt").read_text().splitlines())
+print(f"\nUnlock of an image made by `rbd encryption format luks2` (its keyslot: {pbkdf}), "
       f"median of {rounds}:\n")
 un = [json.loads(l) for l in (out / "unlock.jsonl").read_text().splitlines()]
 get = lambda what, k: med([u[k] for u in un if u["what"] == what])

@@ -70,7 +70,8 @@ impl KeyFormat {
 #[derive(clap::Args, Debug)]
 #[command(group = clap::ArgGroup::new("address").required(true).args(["socket", "listen"]))]
 pub(crate) struct ServeArgs {
-    /// The store: a file or block device holding only encrypted data (no header).
+    /// The store: a file, block device or RBD image (rbd:POOL/IMAGE) holding only encrypted data
+    /// (no header).
     #[arg(value_name = "DEVICE")]
     device: PathBuf,
     /// The key table: keys back to back, the i-th under tag i, all zeros for none.
@@ -246,15 +247,20 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
     let key_bytes = args.format.key_bytes()?;
     let max = args.max_keys as usize;
     let keys = read_key_table(&args.key_table, key_bytes, max)?;
-    let opened = if args.readonly {
-        FileStorage::open_read_only(&args.device)
-    } else {
-        FileStorage::open(&args.device)
+    let storage: Arc<dyn Storage> = match crate::device::rbd(&args.device, !args.readonly) {
+        Some(image) => Arc::from(image?),
+        None => {
+            let opened = if args.readonly {
+                FileStorage::open_read_only(&args.device)
+            } else {
+                FileStorage::open(&args.device)
+            };
+            Arc::new(opened.map_err(|e| CliError {
+                code: Code::Device,
+                message: format!("cannot open {}: {e}", args.device.display()),
+            })?)
+        }
     };
-    let storage: Arc<dyn Storage> = Arc::new(opened.map_err(|e| CliError {
-        code: Code::Device,
-        message: format!("cannot open {}: {e}", args.device.display()),
-    })?);
     let len = storage
         .len()
         .map_err(|e| CliError::io("cannot size the store", e))?;
@@ -299,6 +305,11 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
         Arc::clone(&table),
         ServerOptions {
             on_storage_error: Some(crate::serve::report_storage_error),
+            workers: if crate::device::is_rbd(&args.device) {
+                crate::device::RBD_WORKERS
+            } else {
+                ServerOptions::default().workers
+            },
             ..ServerOptions::default()
         },
     )

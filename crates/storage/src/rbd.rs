@@ -6,9 +6,10 @@
 //!
 //! Design:
 //! - Requests in pieces (`read_pieces`, `write_pieces`: what the volume layer uses between the
-//!   cipher and the storage) go through librbd's asynchronous calls, every piece in flight at
-//!   once: a read decrypts its first piece while the others are still on the network, and a
-//!   write encrypts its next piece while the last ones travel. Single reads and writes use the
+//!   cipher and the storage) go through librbd's asynchronous calls in runs of 1 MiB, every run
+//!   in flight at once: a read decrypts its first run while the others are still on the
+//!   network, and a write encrypts its next run while the last ones travel. Runs, rather than
+//!   the volume's cache-sized pieces, because each request is an operation for the OSDs. Single reads and writes use the
 //!   synchronous calls (librbd splits them over objects itself). librbd is thread-safe on one
 //!   image handle, so the servers' worker threads add their requests on top.
 //! - By default a request waits as long as the cluster needs (an OSD that restarts is waited
@@ -94,6 +95,16 @@ extern "C" {
     fn rbd_aio_wait_for_complete(completion: CompletionT) -> c_int;
     fn rbd_aio_get_return_value(completion: CompletionT) -> isize;
     fn rbd_aio_release(completion: CompletionT);
+}
+
+/// Pieces go to librbd in runs of about this many bytes, one request each: every request costs
+/// the OSD an operation (and, replicated, one per replica), so a 1 MiB write in 256 KiB pieces
+/// is one request, not four; a larger one still has several runs in flight.
+const RUN: usize = 1 << 20;
+
+/// The bytes of one run: whole pieces, at least one.
+fn run_len(piece: usize) -> usize {
+    piece * (RUN / piece).max(1)
 }
 
 /// The completion callback: nothing to do, completions are waited for.
@@ -482,22 +493,26 @@ impl super::Storage for RbdStorage {
         each: &mut dyn FnMut(usize, &mut [u8]) -> io::Result<()>,
     ) -> io::Result<()> {
         self.check_range("a read", offset, buf.len())?;
-        let mut pieces: Vec<&mut [u8]> = buf.chunks_mut(piece).collect();
-        // Declared after `pieces`, so on an early return the requests are waited for (dropped)
+        let run = run_len(piece);
+        let mut runs: Vec<&mut [u8]> = buf.chunks_mut(run).collect();
+        // Declared after `runs`, so on an early return the requests are waited for (dropped)
         // before the slices go.
-        let mut in_flight = Vec::with_capacity(pieces.len());
-        for (i, p) in pieces.iter_mut().enumerate() {
-            let (at, len, buf) = (offset + (i * piece) as u64, p.len(), p.as_mut_ptr());
+        let mut in_flight = Vec::with_capacity(runs.len());
+        for (r, part) in runs.iter_mut().enumerate() {
+            let (at, len, buf) = (offset + (r * run) as u64, part.len(), part.as_mut_ptr());
             in_flight.push(self.submit(len, "reading", |completion| {
-                // SAFETY: the image is open; the piece stays valid and untouched until the
+                // SAFETY: the image is open; the run stays valid and untouched until the
                 // request has been waited for (below, or when `in_flight` drops), and no other
-                // piece overlaps it.
+                // run overlaps it.
                 unsafe { rbd_aio_read2(self.handles.image, at, len, buf.cast(), completion, 0) }
             })?);
         }
-        for (i, (p, request)) in pieces.iter_mut().zip(in_flight.iter_mut()).enumerate() {
+        let per_run = run / piece;
+        for (r, (part, request)) in runs.iter_mut().zip(in_flight.iter_mut()).enumerate() {
             request.wait(&|| format!("reading {}", self.spec))?;
-            each(i, p)?;
+            for (j, p) in part.chunks_mut(piece).enumerate() {
+                each(r * per_run + j, p)?;
+            }
         }
         Ok(())
     }
@@ -510,15 +525,19 @@ impl super::Storage for RbdStorage {
         prepare: &mut dyn FnMut(usize, &mut [u8]) -> io::Result<()>,
     ) -> io::Result<()> {
         self.check_range("a write", offset, buf.len())?;
-        let mut pieces: Vec<&mut [u8]> = buf.chunks_mut(piece).collect();
-        let mut in_flight = Vec::with_capacity(pieces.len());
-        for (i, p) in pieces.iter_mut().enumerate() {
-            prepare(i, p)?;
-            let (at, len, buf) = (offset + (i * piece) as u64, p.len(), p.as_ptr());
+        let run = run_len(piece);
+        let per_run = run / piece;
+        let mut runs: Vec<&mut [u8]> = buf.chunks_mut(run).collect();
+        let mut in_flight = Vec::with_capacity(runs.len());
+        for (r, part) in runs.iter_mut().enumerate() {
+            for (j, p) in part.chunks_mut(piece).enumerate() {
+                prepare(r * per_run + j, p)?;
+            }
+            let (at, len, buf) = (offset + (r * run) as u64, part.len(), part.as_ptr());
             in_flight.push(self.submit(len, "writing", |completion| {
-                // SAFETY: the image is open; the piece stays valid and unchanged until the
+                // SAFETY: the image is open; the run stays valid and unchanged until the
                 // request has been waited for (below, or when `in_flight` drops), and no other
-                // piece overlaps it.
+                // run overlaps it.
                 unsafe { rbd_aio_write2(self.handles.image, at, len, buf.cast(), completion, 0) }
             })?);
         }

@@ -315,6 +315,28 @@ fn every_header_command_and_reencryption_work_on_rbd_images() {
         "header-backup rbd:",
     );
     assert!(crate::common::cs(&["isLuks", p(&backup)]).status.success());
+    // The second passphrase's slot killed, then the backup restored: it opens again.
+    ok(
+        sc_rbd(&["kill-slot", "-q", "--key-file", p(&key), "rbd:rbd/cmd", "1"]),
+        "kill-slot rbd:",
+    );
+    let opens_with_second = || {
+        sc_rbd(&["test-passphrase", "--key-file", p(&key2), "rbd:rbd/cmd"])
+            .status
+            .code()
+    };
+    assert_eq!(opens_with_second(), Some(2), "slot 1 is gone");
+    ok(
+        sc_rbd(&[
+            "header-restore",
+            "-q",
+            "rbd:rbd/cmd",
+            "--header-backup-file",
+            p(&backup),
+        ]),
+        "header-restore rbd:",
+    );
+    assert_eq!(opens_with_second(), Some(0), "the restored header has slot 1");
     assert_eq!(sc_rbd(&["dump", "rbd:rbd/none"]).status.code(), Some(4));
     assert_eq!(sc_rbd(&["dump", "rbd:nonsense"]).status.code(), Some(1));
 
@@ -351,27 +373,15 @@ fn every_header_command_and_reencryption_work_on_rbd_images() {
         std::fs::read(&out).unwrap() == data,
         "librbd, unlocked with the passphrase added here, reads what serve wrote"
     );
-    let volume_key = |what: &str| {
-        let out = ok(
-            sc_rbd(&[
-                "dump",
-                "--dump-volume-key",
-                "--json",
-                "--key-file",
-                p(&key),
-                "rbd:rbd/cmd",
-            ]),
-            what,
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        v["volume_key"].as_str().unwrap().to_string()
+    let volume_key = || {
+        crate::common::our_volume_key_with(Path::new("rbd:rbd/cmd"), &key, &["--ceph-conf", &conf])
     };
-    let before = volume_key("volume key before");
+    let before = volume_key();
     let mut args = vec!["reencrypt", "-q", "--key-file", p(&key)];
     args.extend(fast);
     args.push("rbd:rbd/cmd");
     ok(sc_rbd(&args), "reencrypt rbd:");
-    assert_ne!(volume_key("volume key after"), before, "a new volume key");
+    assert_ne!(volume_key(), before, "a new volume key");
     let out = dir.join("after.raw");
     librbd(
         LIBRBD_READ,
@@ -451,6 +461,46 @@ fn every_header_command_and_reencryption_work_on_rbd_images() {
         std::fs::read(&out).unwrap() == more,
         "librbd reads what was written through the mount"
     );
+
+    // kpio serve on an RBD image: what a tag's export writes is that key's ciphertext in the
+    // image (Python's `cryptography` decrypts the rbd export).
+    cluster.rbd(&["create", "--size", "16M", "rbd/kpio"]);
+    let (key1, key2) = (pattern(10, 64), pattern(11, 64));
+    let table = dir.join("keys.bin");
+    write_file(&table, &[key1.clone(), key2].concat());
+    let kpio = Served::start_command(
+        &dir,
+        &["kpio", "serve"],
+        &[
+            "rbd:rbd/kpio",
+            "--key-table",
+            p(&table),
+            "--socket",
+            p(&dir.join("k.sock")),
+            "--ceph-conf",
+            &conf,
+        ],
+    );
+    assert_eq!(kpio.size, 16 * MIB);
+    let tagged = pattern(12, 256 * 1024);
+    let tagged_file = dir.join("tagged.raw");
+    write_file(&tagged_file, &tagged);
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            &format!("write -s {} {} {}", p(&tagged_file), MIB, 256 * 1024),
+            &format!("nbd+unix:///0?socket={}", p(&dir.join("k.sock"))),
+        ],
+    );
+    kpio.stop();
+    let kpio_raw = dir.join("kpio.raw");
+    cluster.rbd(&["export", "--no-progress", "rbd/kpio", p(&kpio_raw)]);
+    let key1_hex: String = key1.iter().map(|b| format!("{b:02x}")).collect();
+    let seen = crate::nbd::python_decrypt(&dir, &kpio_raw, 0, 512, &key1_hex, MIB, 256 * 1024);
+    assert!(seen == tagged, "tag 0's key decrypts what its export wrote to the image");
 
     // Encryption in place, the data shifted to make room for the header: librbd reads the
     // original; decryption in place (the header exported to a file) brings it back at 0.

@@ -18,7 +18,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::ceph::{librbd, Cluster, LIBRBD_READ};
-use crate::common::{ok, p, sc, scratch};
+use crate::common::{ok, our_volume_key_with, p, sc, scratch};
 use crate::nbd::{pattern, run_within, tool, wait_within, write_file, Served, MIB};
 
 /// Fast key derivation for the images made here.
@@ -204,23 +204,8 @@ fn reencryption_of_an_rbd_image_killed_at_random_moments_resumes_and_librbd_read
     assert_eq!(server.size, 48 * MIB);
     tool("nbdcopy", &[p(&src), &server.uri]);
     server.stop();
-    let volume_key = || {
-        let out = ok(
-            sc(&[
-                "dump",
-                "--dump-volume-key",
-                "--json",
-                "--key-file",
-                p(&key),
-                "--ceph-conf",
-                &conf,
-                "rbd:rbd/rot",
-            ]),
-            "dump --dump-volume-key",
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        v["volume_key"].as_str().unwrap().to_string()
-    };
+    let image = Path::new("rbd:rbd/rot");
+    let volume_key = || our_volume_key_with(image, &key, &["--ceph-conf", &conf]);
     let before = volume_key();
 
     // 1 MiB steps (48 of them); each run is killed in a random step among the next few. A

@@ -29,17 +29,15 @@ pub(crate) fn cryptsetup_volume_key(img: &Path, key: &Path) -> String {
 /// The volume key `sectorcrypt dump --dump-volume-key --json` reports for `img` with the
 /// passphrase in the file `key`, as hex.
 pub(crate) fn our_volume_key(img: &Path, key: &Path) -> String {
-    let out = ok(
-        sc(&[
-            "dump",
-            "--dump-volume-key",
-            "--json",
-            "--key-file",
-            p(key),
-            p(img),
-        ]),
-        "sectorcrypt dump --dump-volume-key",
-    );
+    our_volume_key_with(img, key, &[])
+}
+
+/// [`our_volume_key`] with `extra` options (`--ceph-conf FILE` for an `rbd:` image).
+pub(crate) fn our_volume_key_with(img: &Path, key: &Path, extra: &[&str]) -> String {
+    let mut args = vec!["dump", "--dump-volume-key", "--json", "--key-file", p(key)];
+    args.extend_from_slice(extra);
+    args.push(p(img));
+    let out = ok(sc(&args), "sectorcrypt dump --dump-volume-key");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     v["volume_key"].as_str().unwrap().to_string()
 }
