@@ -336,7 +336,11 @@ fn every_header_command_and_reencryption_work_on_rbd_images() {
         ]),
         "header-restore rbd:",
     );
-    assert_eq!(opens_with_second(), Some(0), "the restored header has slot 1");
+    assert_eq!(
+        opens_with_second(),
+        Some(0),
+        "the restored header has slot 1"
+    );
     assert_eq!(sc_rbd(&["dump", "rbd:rbd/none"]).status.code(), Some(4));
     assert_eq!(sc_rbd(&["dump", "rbd:nonsense"]).status.code(), Some(1));
 
@@ -500,7 +504,10 @@ fn every_header_command_and_reencryption_work_on_rbd_images() {
     cluster.rbd(&["export", "--no-progress", "rbd/kpio", p(&kpio_raw)]);
     let key1_hex: String = key1.iter().map(|b| format!("{b:02x}")).collect();
     let seen = crate::nbd::python_decrypt(&dir, &kpio_raw, 0, 512, &key1_hex, MIB, 256 * 1024);
-    assert!(seen == tagged, "tag 0's key decrypts what its export wrote to the image");
+    assert!(
+        seen == tagged,
+        "tag 0's key decrypts what its export wrote to the image"
+    );
 
     // Encryption in place, the data shifted to make room for the header: librbd reads the
     // original; decryption in place (the header exported to a file) brings it back at 0.
