@@ -164,6 +164,9 @@ pub fn measure(
     Ok([raw, through])
 }
 
+/// Request `i` made on a buffer of the request size.
+type Request<'a> = dyn Fn(&mut [u8], u64) -> Result<(), VolumeError> + Sync + 'a;
+
 /// `ops` requests of `case.io_size` bytes over `case.threads` threads, request `i` made by
 /// `request(buf, i)`; the buffer holds zeros before each write.
 fn pass(
@@ -171,7 +174,7 @@ fn pass(
     ops: u64,
     path: &'static str,
     progress: &(dyn Fn(&'static str, u64) + Sync),
-    request: &(dyn Fn(&mut [u8], u64) -> Result<(), VolumeError> + Sync),
+    request: &Request<'_>,
 ) -> Result<IoResult, VolumeError> {
     let next = AtomicU64::new(0);
     let done = AtomicU64::new(0);
