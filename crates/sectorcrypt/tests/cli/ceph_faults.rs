@@ -211,6 +211,23 @@ fn reencryption_of_an_rbd_image_killed_at_random_moments_resumes_and_librbd_read
     // 1 MiB steps (48 of them); each run is killed in a random step among the next few. A
     // killed writer keeps the image's lock until the OSD drops its watch (about 30 s), so
     // each resume starts by waiting for it: that is part of what is tested.
+    // The reencryption runs with librbd's cache in writeback from the start (Pacific's default
+    // policy writes around the cache): a SIGKILL then loses every write not yet flushed, and
+    // each resume must start from what the last `sync` made durable. (librbd writes its cache
+    // back oldest first, so deleting the flush from `sync` still passes here; the crash sweeps
+    // on `CrashingStorage`, which lose arbitrary subsets, are what catch a missing sync.)
+    let cached = dir.join("writeback.conf");
+    let text = std::fs::read_to_string(&conf).unwrap();
+    assert!(text.contains("[client]\n"), "{text}");
+    write_file(
+        &cached,
+        text.replacen(
+            "[client]\n",
+            "[client]\nrbd cache policy = writeback\nrbd cache writethrough until flush = false\nrbd cache max dirty age = 30\n",
+            1,
+        )
+        .as_bytes(),
+    );
     let mut args = vec![
         "reencrypt",
         "--json",
@@ -219,7 +236,7 @@ fn reencryption_of_an_rbd_image_killed_at_random_moments_resumes_and_librbd_read
         "--hotzone-size",
         "1048576",
         "--ceph-conf",
-        &conf,
+        p(&cached),
     ];
     args.extend(FAST);
     args.push("rbd:rbd/rot");
