@@ -5,7 +5,8 @@
 # and peers of the NBD and FUSE exports (qemu-img, libnbd's nbdcopy/nbdinfo, fio, nbdkit with its
 # luks filter, fuse3, e2fsprogs and fuse2fs), mtd-utils, squashfs-tools and ubi_reader for raw flash (ubinize,
 # mkfs.ubifs and the readers that check exported images), Ceph (a monitor, an OSD, rbd, librbd and
-# python3-rbd) for the RBD tests, and openssl(1) for the peer benchmarks. Two tools
+# python3-rbd) for the RBD tests, the kernel oracle (QEMU and Debian's kernel package), and
+# openssl(1) for the peer benchmarks. Two tools
 # keep the suite independent of the host's speed: qemu-user runs qemu-img emulated when the CPU is
 # too fast for qemu's PBKDF2 calibration, and strace stops processes at an exact write (the
 # SIGKILL/SIGINT tests) instead of at a moment in time. Safe to run again: it only installs what
@@ -18,6 +19,9 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 debs=(g++ libcrypto++-dev libcrypto++-utils openssl python3 cryptsetup-bin qemu-utils
   qemu-user strace nbdkit libnbd-bin fio fuse3 e2fsprogs fuse2fs util-linux mount mtd-utils
   squashfs-tools fdisk
+  # The kernel oracle (kernel-oracle.sh): QEMU to boot Debian's kernel under TCG, busybox for its
+  # initramfs, kmod for the guest's modprobe.
+  qemu-system-x86 busybox-static kmod
   # Ceph RBD: a monitor and an OSD for scripts/ceph-cluster.sh, the rbd tool, librbd to link
   # against, and librbd's own LUKS encryption as the oracle (qemu's rbd driver, python3-rbd).
   ceph-mon ceph-osd ceph-common librbd-dev qemu-block-extra python3-rbd)
@@ -52,7 +56,7 @@ if ! command -v ubireader_display_info >/dev/null 2>&1; then
   echo "install-test-deps: installing ubi_reader for $py"
   "$py" -m pip install -q ubi_reader
 fi
-# Linux's own UBI and UBIFS, the raw-flash tests' oracle: a User-Mode-Linux kernel with nandsim,
-# built once from Debian's linux-source-6.1 and kept (a few minutes on 2 cores).
-bash "$(dirname "$0")/kernel-oracle.sh" build "${SECTORCRYPT_UML_DIR:-/var/tmp/sectorcrypt-uml}" >/dev/null
+# The real Linux kernel as the tests' oracle (UBI and UBIFS on nandsim for the raw-flash tests):
+# Debian's kernel package in QEMU under TCG, fetched once and kept (kernel-oracle.sh).
+bash "$(dirname "$0")/kernel-oracle.sh" prepare "${SECTORCRYPT_KERNEL_DIR:-/var/tmp/sectorcrypt-kernel}" >/dev/null
 echo "install-test-deps: ok"

@@ -10,6 +10,8 @@
 //! - [`fault`]: a real process stopped at an exact point of its I/O (before its n-th write), by
 //!   strace's fault injection, so that "killed at a random moment" is a seeded random write and
 //!   never a race against the clock.
+//! - [`kernel_oracle`]: the real Linux kernel (Debian's package in QEMU under TCG, the same
+//!   emulated CPU on every host) running a script as root, for what only a kernel can check.
 //! - [`sweep`]: power cut after every write and sync of an operation, every surviving image the
 //!   crash model allows checked (`sectorcrypt_storage::crash`).
 //! - [`vectors`]: the one parser of the standard test-vector files.
@@ -19,6 +21,7 @@
 //! cryptsetup with fast key derivation, data patterns.
 
 pub mod fault;
+pub mod kernel_oracle;
 pub mod luks2_json;
 pub mod openssl;
 pub mod sweep;

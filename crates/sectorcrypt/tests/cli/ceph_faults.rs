@@ -22,7 +22,14 @@ use crate::common::{ok, our_volume_key_with, p, sc, scratch};
 use crate::nbd::{pattern, run_within, tool, wait_within, write_file, Served, MIB};
 
 /// Fast key derivation for the images made here.
-const FAST: [&str; 4] = ["--pbkdf-memory", "65536", "--iter-time", "200"];
+const FAST: [&str; 6] = [
+    "--pbkdf",
+    "argon2id",
+    "--pbkdf-force-iterations",
+    "4",
+    "--pbkdf-memory",
+    "65536",
+];
 
 /// An fio job on the export at `uri`: 64 KiB random writes over the first 48 MiB, each block
 /// carrying a crc32c checksum, plus `extra` options.

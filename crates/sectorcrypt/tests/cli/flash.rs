@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use sectorcrypt_testkit::kernel_oracle;
 use serde_json::Value;
 
 use crate::common::{cs, ok, p, run, sc, sc_exits, sc_fast, scratch};
@@ -702,25 +703,11 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Where `scripts/test.sh` builds the User-Mode-Linux kernel that serves as the oracle.
-fn oracle_kernel() -> PathBuf {
-    let dir = std::env::var("SECTORCRYPT_UML_DIR")
-        .unwrap_or_else(|_| "/var/tmp/sectorcrypt-uml".to_string());
-    let kernel = Path::new(&dir).join("linux-source-6.1/linux");
-    assert!(
-        kernel.exists(),
-        "no oracle kernel at {}: run scripts/kernel-oracle.sh build {dir} (scripts/test.sh does)",
-        kernel.display()
-    );
-    kernel
-}
-
-/// The kernel is the last word: Linux's own UBI (on nandsim, in User-Mode Linux) attaches what
+/// The kernel is the last word: Linux's own UBI (on nandsim, in the kernel oracle) attaches what
 /// `flash export` writes after `flash import` of a ubinize image and volume changes made here,
 /// mounts its UBIFS with every file intact, and reads the static volumes byte for byte.
 #[test]
 fn linux_attaches_the_export_and_mounts_its_ubifs() {
-    let kernel = oracle_kernel();
     let dir = scratch("cli-flash-oracle");
     let tree = dir.join("tree");
     let _ = std::fs::remove_dir_all(&tree);
@@ -799,12 +786,13 @@ fn linux_attaches_the_export_and_mounts_its_ubifs() {
         .expect("firmware.bin extracted");
     assert!(std::fs::read(firmware).unwrap() == std::fs::read(tree.join("firmware.bin")).unwrap());
     let out = dir.join("oracle");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/kernel-oracle.sh");
     ok(
-        run(Command::new("bash")
-            .arg(&script)
-            .args(["check", p(&kernel), p(&dump), p(&out)])),
-        "kernel-oracle.sh check",
+        kernel_oracle::run(
+            &dir,
+            &kernel_oracle::script("kernel-oracle-ubi.sh"),
+            &[p(&dump), p(&out)],
+        ),
+        "the kernel's ubiformat, ubiattach and UBIFS mount",
     );
     let ubinfo = std::fs::read_to_string(out.join("ubinfo.txt")).unwrap();
     for name in ["rootfs", "cfg", "extra"] {

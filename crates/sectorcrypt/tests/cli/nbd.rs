@@ -22,10 +22,15 @@ use crate::common::{ok, p, python, sc};
 
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_sectorcrypt");
 
-/// How long a server may take to start serving, and to exit after SIGTERM: a hang detector, not a
-/// speed check (both take milliseconds). It stays under the server's 30 s handshake timeout, so a
-/// server that waited for a silent client before exiting would be caught.
+/// How long a server may take to exit after SIGTERM: a hang detector, not a speed check (it takes
+/// milliseconds). It stays under the server's 30 s handshake timeout, so a server that waited for
+/// a silent client before exiting would be caught.
 const SERVER_DEADLINE: Duration = Duration::from_secs(20);
+
+/// How long a server may take to start serving: a hang detector too, generous because unlocking
+/// a keyslot that another tool calibrated on its own host (librbd's Argon2id: seconds and a GiB)
+/// takes as long as this host is slow and busy.
+const START_DEADLINE: Duration = Duration::from_secs(120);
 
 /// How long any one client command may take.
 pub(crate) const TOOL_DEADLINE: Duration = Duration::from_secs(60);
@@ -226,7 +231,7 @@ pub(crate) fn tool(program: &str, args: &[&str]) -> Output {
 
 /// Run `sectorcrypt serve ARGS` expecting it to refuse: its exit code and stderr.
 fn serve_refused(args: &[&str]) -> (Option<i32>, String) {
-    let out = run_within(Command::new(BIN).arg("serve").args(args), SERVER_DEADLINE);
+    let out = run_within(Command::new(BIN).arg("serve").args(args), START_DEADLINE);
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -281,7 +286,7 @@ impl Served {
             .stderr(File::create(&log).unwrap())
             .spawn()
             .expect("start sectorcrypt serve");
-        let end = Instant::now() + SERVER_DEADLINE;
+        let end = Instant::now() + START_DEADLINE;
         let line = loop {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             // Only whole lines: stderr is unbuffered, so a line can be caught half-written.
@@ -298,7 +303,7 @@ impl Served {
             if Instant::now() > end {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!("serve {args:?} did not start within {SERVER_DEADLINE:?}: {text}");
+                panic!("serve {args:?} did not start within {START_DEADLINE:?}: {text}");
             }
             std::thread::sleep(Duration::from_millis(10));
         };
