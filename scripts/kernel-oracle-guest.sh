@@ -1,6 +1,6 @@
 #!/bin/sh
-# PID 1 inside the guest of kernel-oracle.sh: its root is the host's / (read-only), /tmp and /run
-# are the guest's own, $oracle_work is the host's WORK, writable. Runs the command that
+# PID 1 inside the guest of kernel-oracle.sh: its root is the host's / under a tmpfs overlay
+# (writes stay in the guest), $oracle_work is the host's WORK, writable. Runs the command that
 # kernel-oracle.sh wrote to WORK/kernel-oracle/command (one argument per line) as root in WORK,
 # records its output and exit status beside it, and powers the guest off (PID 1 must not exit).
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin

@@ -122,11 +122,9 @@ mount -t tmpfs rw /rw
 mkdir -p /rw/upper /rw/work
 mount -t overlay -o lowerdir=/host,upperdir=/rw/upper,workdir=/rw/work root /newroot ||
   { echo "kernel-oracle: cannot mount the overlay root" >/dev/console; poweroff -f; }
-mount -t tmpfs tmp /newroot/tmp
-mount -t tmpfs run /newroot/run
 mkdir -p "/newroot/lib/modules/$(uname -r)"
 mount -t 9p -o "$opts,ro" modules "/newroot/lib/modules/$(uname -r)"
-# After the tmpfs mounts: WORK is often below /tmp.
+# /tmp and /run stay the host's under the overlay (the repository itself may be below /tmp).
 mkdir -p "/newroot$oracle_work"
 mount -t 9p -o "$opts" work "/newroot$oracle_work"
 mount --move /dev /newroot/dev
