@@ -87,6 +87,8 @@ pub struct MtdFlash {
     bitflip_threshold: u32,
     /// Held across each page read and the ECC counters around it.
     reading: Mutex<()>,
+    /// The device lock, once [`MtdFlash::locked`] took it.
+    lock: Option<sectorcrypt_storage::DeviceLock>,
 }
 
 /// What sysfs adds to `MEMGETINFO` (`None` where the attribute is missing).
@@ -273,6 +275,14 @@ fn mtd_minor(device: &Path, file: &File) -> Result<u32, Error> {
 }
 
 impl MtdFlash {
+    /// This device with a lock (`sectorcrypt_storage::lock`) held for as long as it is open:
+    /// exclusive for a writer, shared for a reader of its data. [`Error::Io`] of kind
+    /// `ResourceBusy`, naming the holder, while another process holds a conflicting one.
+    pub fn locked(mut self, access: sectorcrypt_storage::Access) -> Result<MtdFlash, Error> {
+        self.lock = sectorcrypt_storage::lock::lock(&self.file, &self.path, access)?;
+        Ok(self)
+    }
+
     /// Open the MTD character device at `path` (`/dev/mtdN`), read-only or for writing.
     ///
     /// Errors: [`Error::Format`] for anything that is not the character device of a NAND MTD
@@ -308,6 +318,7 @@ impl MtdFlash {
             read_only,
             bitflip_threshold: sysfs.bitflip_threshold.unwrap_or(1),
             reading: Mutex::new(()),
+            lock: None,
         })
     }
 

@@ -262,7 +262,8 @@ fn run_io(
         threads: args.io_threads,
         total: size("--io-total", &args.io_total)?,
     };
-    let volume = crate::open::VolumeArgs {
+    // The header device is kept (unused) for its lock.
+    let (volume, _header) = crate::open::VolumeArgs {
         device: device.to_path_buf(),
         header: args.header.clone(),
         key: args.key.clone(),

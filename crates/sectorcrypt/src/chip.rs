@@ -14,29 +14,30 @@ use sectorcrypt_flash::mtd::MtdFlash;
 use sectorcrypt_flash::sim::SimNand;
 use sectorcrypt_flash::{Flash, Geometry};
 use sectorcrypt_flashvol::Error as FlashVolError;
-use sectorcrypt_storage::{FileStorage, Storage};
+use sectorcrypt_storage::{Access, FileStorage, Storage};
 
-use crate::exit::{CliError, Code};
+use crate::exit::{open_failed, CliError, Code};
 
-/// The device at `path`: exit 4 if it is missing or cannot be opened as asked.
-fn missing(path: &Path, e: impl std::fmt::Display) -> CliError {
-    CliError {
-        code: Code::Device,
-        message: format!(
-            "Device {} does not exist or access denied ({e}).",
-            path.display()
-        ),
-    }
+/// What a command does with a device, which decides its lock (`sectorcrypt_storage::lock`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Use {
+    /// Reads the header only (`dump`, `test-passphrase`): no lock, safe beside a writer.
+    Header,
+    /// Reads data that a writer would change underneath (`flash read`, a read-only server): a
+    /// shared lock.
+    Read,
+    /// Writes: an exclusive lock for as long as the device is open.
+    Write,
 }
 
-/// `path` as a file (read-only or writable).
-pub(crate) fn open_file(path: &Path, read_only: bool) -> Result<FileStorage, CliError> {
-    let opened = if read_only {
-        FileStorage::open_read_only(path)
-    } else {
-        FileStorage::open(path)
-    };
-    opened.map_err(|e| missing(path, e))
+/// `path` as a file, locked for `how`.
+pub(crate) fn open_file(path: &Path, how: Use) -> Result<FileStorage, CliError> {
+    match how {
+        Use::Header => FileStorage::open_read_only(path),
+        Use::Read => FileStorage::open_shared(path),
+        Use::Write => FileStorage::open(path),
+    }
+    .map_err(|e| open_failed(path, e))
 }
 
 /// A raw flash device.
@@ -69,26 +70,41 @@ impl Chip {
 }
 
 fn chip_error(path: &Path, e: sectorcrypt_flash::Error) -> CliError {
+    if let sectorcrypt_flash::Error::Io(io) = &e {
+        if io.kind() == std::io::ErrorKind::ResourceBusy {
+            return CliError {
+                code: Code::Busy,
+                message: io.to_string(),
+            };
+        }
+    }
     CliError {
         code: Code::Device,
         message: format!("{}: {e}", path.display()),
     }
 }
 
-/// The raw flash at `path`, if it is one (`None`: an ordinary file or block device).
-pub(crate) fn open_chip(path: &Path, read_only: bool) -> Result<Option<Chip>, CliError> {
+/// The raw flash at `path`, if it is one (`None`: an ordinary file or block device), locked for
+/// `how`.
+pub(crate) fn open_chip(path: &Path, how: Use) -> Result<Option<Chip>, CliError> {
     if path.to_str().is_some_and(|p| p.starts_with("rbd:")) {
         return Ok(None);
     }
     if let Some(spec) = path.to_str().and_then(|p| p.strip_prefix("nanddump:")) {
-        return open_dump(spec, read_only).map(Some);
+        return open_dump(spec, how).map(Some);
     }
-    let meta = std::fs::metadata(path).map_err(|e| missing(path, e))?;
+    let meta = std::fs::metadata(path).map_err(|e| open_failed(path, e))?;
     if meta.file_type().is_char_device() {
-        let mtd = MtdFlash::open(path, read_only).map_err(|e| chip_error(path, e))?;
+        let mtd = MtdFlash::open(path, how != Use::Write)
+            .and_then(|mtd| match how {
+                Use::Header => Ok(mtd),
+                Use::Read => mtd.locked(Access::Shared),
+                Use::Write => mtd.locked(Access::Exclusive),
+            })
+            .map_err(|e| chip_error(path, e))?;
         return Ok(Some(Chip::Mtd(Arc::new(mtd))));
     }
-    let file = open_file(path, read_only)?;
+    let file = open_file(path, how)?;
     if !SimNand::is_image(&file) {
         return Ok(None);
     }
@@ -103,7 +119,7 @@ pub(crate) fn exists(path: &Path) -> bool {
 }
 
 /// A dump named `FILE[?key=value&...]` (see the module docs).
-fn open_dump(spec: &str, read_only: bool) -> Result<Chip, CliError> {
+fn open_dump(spec: &str, how: Use) -> Result<Chip, CliError> {
     let (file, query) = spec.split_once('?').unwrap_or((spec, ""));
     let d = Geometry::default();
     let (mut g, mut layout) = (d, Layout::DataOnly);
@@ -132,19 +148,16 @@ fn open_dump(spec: &str, read_only: bool) -> Result<Chip, CliError> {
     }
     g.nop = (g.page_size / g.sub_page_size.max(1)).clamp(1, 255) as u8;
     let path = Path::new(file);
-    let storage = open_file(path, read_only)?;
+    let storage = open_file(path, how)?;
     let dump = DumpFlash::open(Box::new(storage), g, layout).map_err(|e| chip_error(path, e))?;
     Ok(Chip::Dump(Arc::new(dump)))
 }
 
-/// The raw flash at `path`, if it is one.
-pub(crate) fn open_flash(path: &Path, read_only: bool) -> Result<Option<Arc<dyn Flash>>, CliError> {
-    Ok(open_chip(path, read_only)?.map(|c| c.flash()))
-}
-
-/// The raw flash at `path`, which must be one.
+/// The raw flash at `path`, which must be one; its data is read (shared lock) or written
+/// (exclusive lock).
 pub(crate) fn require_chip(path: &Path, read_only: bool) -> Result<Chip, CliError> {
-    open_chip(path, read_only)?.ok_or_else(|| CliError {
+    let how = if read_only { Use::Read } else { Use::Write };
+    open_chip(path, how)?.ok_or_else(|| CliError {
         code: Code::Device,
         message: format!(
             "{} is not a flash device (a NAND image made by 'sectorcrypt flash format', \
@@ -156,14 +169,16 @@ pub(crate) fn require_chip(path: &Path, read_only: bool) -> Result<Chip, CliErro
 
 /// Where the LUKS header of `path` is: the header area of an encrypted flash, or the file.
 /// While a flash is being converted, its header is read-only: a key change would rewrite the
-/// blocks whose journal the conversion is using.
+/// blocks whose journal the conversion is using. Read, it takes no lock (as `cryptsetup
+/// luksDump` reads an active device); written, an exclusive one.
 pub(crate) fn open_header(path: &Path, read_only: bool) -> Result<Box<dyn Storage>, CliError> {
     if let Some(image) = crate::device::rbd(path, !read_only) {
         return image;
     }
-    match open_flash(path, read_only)? {
-        Some(flash) => {
-            let h = sectorcrypt_flashvol::read_header(flash)?;
+    let how = if read_only { Use::Header } else { Use::Write };
+    match open_chip(path, how)? {
+        Some(chip) => {
+            let h = sectorcrypt_flashvol::read_header(chip.flash())?;
             match h.params.conversion {
                 Some(stage) if !read_only => {
                     Err(sectorcrypt_flashvol::Error::Converting(stage).into())
@@ -171,7 +186,7 @@ pub(crate) fn open_header(path: &Path, read_only: bool) -> Result<Box<dyn Storag
                 _ => Ok(Box::new(h.area)),
             }
         }
-        None => Ok(Box::new(open_file(path, read_only)?)),
+        None => Ok(Box::new(open_file(path, how)?)),
     }
 }
 

@@ -11,7 +11,7 @@ use sectorcrypt_luks::convert::{self, Format};
 use sectorcrypt_luks::luks2::metadata::Priority;
 use sectorcrypt_luks::luks2::Header as Luks2Header;
 use sectorcrypt_luks::{Error as LuksError, Header};
-use sectorcrypt_storage::Storage;
+use sectorcrypt_storage::{FileStorage, Storage};
 
 use crate::chip::open_header;
 use crate::exit::{CliError, Code};
@@ -338,10 +338,11 @@ fn grow_detached_luks1(path: &std::path::Path, to: Format) -> Result<(), CliErro
     if h.payload_offset != 0 || len >= needed {
         return Ok(());
     }
+    // Locked as every writer is (the header file may be in use).
+    let file = FileStorage::open(path).map_err(|e| crate::exit::open_failed(path, e))?;
     let grow = || -> std::io::Result<()> {
-        let file = std::fs::OpenOptions::new().write(true).open(path)?;
-        file.set_len(needed)?;
-        file.sync_all()
+        file.grow_to(needed)?;
+        file.sync()
     };
     grow().map_err(|e| {
         CliError::io(

@@ -55,6 +55,24 @@ impl CliError {
     }
 }
 
+/// Opening `path` failed with `e`: exit 5 with the lock's own sentence (it names the holder) when
+/// another process holds the device, else cryptsetup's "does not exist or access denied" (exit 4).
+pub(crate) fn open_failed(path: &std::path::Path, e: std::io::Error) -> CliError {
+    if e.kind() == std::io::ErrorKind::ResourceBusy {
+        return CliError {
+            code: Code::Busy,
+            message: e.to_string(),
+        };
+    }
+    CliError {
+        code: Code::Device,
+        message: format!(
+            "Device {} does not exist or access denied ({e}).",
+            path.display()
+        ),
+    }
+}
+
 /// A command-line parse failure: help and version go to stdout with exit 0; anything else is one
 /// line on stderr and exit 1 (clap's own default would be 2, which means "wrong passphrase" here).
 pub(crate) fn usage(e: clap::Error) -> ExitCode {

@@ -266,8 +266,7 @@ fn create_image(path: &Path, g: &Geometry) -> Result<Chip, CliError> {
         .and_then(|f| f.set_len(SimNand::image_len(g)))
         .map_err(|e| CliError::io(format!("cannot create {}", path.display()), e));
     file?;
-    let storage = FileStorage::open(path)
-        .map_err(|e| CliError::io(format!("cannot open {}", path.display()), e))?;
+    let storage = FileStorage::open(path).map_err(|e| crate::exit::open_failed(path, e))?;
     let sim = SimNand::create(storage, *g, &[])
         .map_err(|e| CliError::usage(format!("{}: {e}", path.display())))?;
     Ok(Chip::Sim(Arc::new(sim)))

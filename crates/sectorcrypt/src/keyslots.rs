@@ -16,23 +16,18 @@ use sectorcrypt_storage::{FileStorage, Storage};
 use zeroize::Zeroizing;
 
 use crate::chip::open_header;
-use crate::exit::{CliError, Code};
+use crate::exit::{open_failed, CliError, Code};
 use crate::keyfile::KeyArgs;
 use crate::pbkdf_args::{CipherArgs, NewKeyArgs, PbkdfArgs};
 
-/// Open `path` (a file, block device or RBD image) for writing: exit 4 if it is missing or not
-/// writable.
+/// Open `path` (a file, block device or RBD image) for writing, locked against every other
+/// process until it is dropped: exit 4 if it is missing or not writable, 5 if another process
+/// holds it.
 pub(crate) fn open_rw(path: &Path) -> Result<Box<dyn Storage>, CliError> {
     if let Some(image) = crate::device::rbd(path, true) {
         return image;
     }
-    let file = FileStorage::open(path).map_err(|e| CliError {
-        code: Code::Device,
-        message: format!(
-            "Device {} does not exist or access denied ({e}).",
-            path.display()
-        ),
-    })?;
+    let file = FileStorage::open(path).map_err(|e| open_failed(path, e))?;
     Ok(Box::new(file))
 }
 
@@ -212,11 +207,10 @@ pub(crate) fn format(args: FormatArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// A detached header file: opened if it exists (and at least `size` bytes, grown otherwise),
-/// created with mode 0600 if not.
+/// A detached header file: opened (and locked) if it exists, and grown to `size` bytes if
+/// shorter; created with mode 0600 if not.
 fn open_or_create_header_file(path: &Path, size: u64) -> Result<FileStorage, CliError> {
-    let file = OpenOptions::new()
-        .read(true)
+    OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(false)
@@ -226,19 +220,10 @@ fn open_or_create_header_file(path: &Path, size: u64) -> Result<FileStorage, Cli
             code: Code::Device,
             message: format!("cannot create header file {}: {e}", path.display()),
         })?;
-    let len = file
-        .metadata()
-        .map_err(|e| CliError::usage(e.to_string()))?
-        .len();
-    if len < size && file.metadata().map(|m| m.is_file()).unwrap_or(false) {
-        file.set_len(size)
-            .map_err(|e| CliError::io(format!("cannot size header file {}", path.display()), e))?;
-    }
-    drop(file);
-    FileStorage::open(path).map_err(|e| CliError {
-        code: Code::Device,
-        message: format!("cannot open header file {}: {e}", path.display()),
-    })
+    let file = FileStorage::open(path).map_err(|e| open_failed(path, e))?;
+    file.grow_to(size)
+        .map_err(|e| CliError::io(format!("cannot size header file {}", path.display()), e))?;
+    Ok(file)
 }
 
 /// Device, detached header, existing passphrase, target slot, PBKDF: what the keyslot commands share.

@@ -251,14 +251,11 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
         Some(image) => Arc::from(image?),
         None => {
             let opened = if args.readonly {
-                FileStorage::open_read_only(&args.device)
+                FileStorage::open_shared(&args.device)
             } else {
                 FileStorage::open(&args.device)
             };
-            Arc::new(opened.map_err(|e| CliError {
-                code: Code::Device,
-                message: format!("cannot open {}: {e}", args.device.display()),
-            })?)
+            Arc::new(opened.map_err(|e| crate::exit::open_failed(&args.device, e))?)
         }
     };
     let len = storage

@@ -33,6 +33,11 @@ struct Cli {
     /// Print more about what happens (and why a check failed).
     #[arg(short = 'v', long, global = true)]
     verbose: bool,
+    /// Take no device locks (as cryptsetup's option): nothing then stops a second process from
+    /// writing the same file, block device or flash at the same time. RBD images keep their
+    /// exclusive lock.
+    #[arg(long = "disable-locks", global = true)]
+    disable_locks: bool,
     #[command(flatten)]
     ceph: device::CephArgs,
     #[command(subcommand)]
@@ -115,6 +120,13 @@ fn main() -> ExitCode {
         Err(e) => return exit::usage(e),
     };
     device::configure(cli.ceph);
+    if cli.disable_locks {
+        sectorcrypt_storage::lock::disable();
+        eprintln!(
+            "sectorcrypt: WARNING: locking is disabled (--disable-locks): nothing stops another \
+             process from writing the same device at the same time"
+        );
+    }
     let result: Result<(), CliError> = match cli.command {
         Command::Benchmark(args) => benchmark::run(args),
         Command::Dump(args) => header::dump(args),

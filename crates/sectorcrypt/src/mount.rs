@@ -26,7 +26,8 @@ pub(crate) fn run(args: MountArgs) -> Result<(), CliError> {
     }
     // Before the passphrase: the KDF may take seconds, a wrong mount point is known at once.
     sectorcrypt_fuse::check_mountpoint(&args.mountpoint).map_err(fuse_error)?;
-    let volume = args.volume.open()?;
+    // The header device is kept (unused) for its lock.
+    let (volume, _header) = args.volume.open()?;
     let options = MountOptions {
         threads: args.volume.threads(),
     };

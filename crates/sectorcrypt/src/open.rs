@@ -11,7 +11,7 @@ use sectorcrypt_volume::{Error as VolumeError, Layout, Volume, VolumeOptions};
 
 use crate::convert::{finish_conversion, resume_hint};
 use crate::device;
-use crate::exit::{CliError, Code};
+use crate::exit::{open_failed, CliError};
 use crate::keyfile::KeyArgs;
 
 /// The volume to open and how.
@@ -58,8 +58,11 @@ impl VolumeArgs {
         )
     }
 
-    /// Read the header, unlock it with the passphrase, and open the data segment.
-    pub(crate) fn open(&self) -> Result<Arc<Volume>, CliError> {
+    /// Read the header, unlock it with the passphrase, and open the data segment. The data and
+    /// a detached header are locked for as long as the volume and the returned header device
+    /// are alive: exclusively when the volume is writable, shared when read-only (a writer
+    /// beside would change what is served).
+    pub(crate) fn open(&self) -> Result<(Arc<Volume>, Arc<dyn Storage>), CliError> {
         let open = |path: &PathBuf, write: bool| -> Result<Arc<dyn Storage>, CliError> {
             if let Some(image) = device::rbd(path, write) {
                 return image.map(Arc::from);
@@ -67,21 +70,13 @@ impl VolumeArgs {
             let opened = if write {
                 FileStorage::open(path)
             } else {
-                FileStorage::open_read_only(path)
+                FileStorage::open_shared(path)
             };
-            let file = opened.map_err(|e| CliError {
-                code: if e.kind() == std::io::ErrorKind::PermissionDenied {
-                    Code::Usage
-                } else {
-                    Code::Device
-                },
-                message: format!("cannot open {}: {e}", path.display()),
-            })?;
-            Ok(Arc::new(file))
+            Ok(Arc::new(opened.map_err(|e| open_failed(path, e))?))
         };
         let data = open(&self.device, !self.readonly)?;
         let header_dev: Arc<dyn Storage> = match &self.header {
-            Some(h) => open(h, false)?,
+            Some(h) => open(h, !self.readonly)?,
             None => Arc::clone(&data),
         };
         let mut header = Header::read(&*header_dev)?;
@@ -163,6 +158,6 @@ impl VolumeArgs {
                 ..inner
             }
         })?;
-        Ok(Arc::new(volume))
+        Ok((Arc::new(volume), header_dev))
     }
 }

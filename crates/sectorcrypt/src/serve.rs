@@ -76,7 +76,8 @@ pub(crate) fn run(args: ServeArgs) -> Result<(), CliError> {
     // orderly exit rather than the default termination.
     let mut signals = Signals::new([SIGINT, SIGTERM])
         .map_err(|e| CliError::io("cannot install signal handlers", e))?;
-    let volume = args.volume.open()?;
+    // The header device is kept (unused) for its lock.
+    let (volume, _header) = args.volume.open()?;
     let listen = listen_on(args.socket.as_deref(), args.listen.as_deref())?;
     let threads = args.volume.threads();
     let description = format!(

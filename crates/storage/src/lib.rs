@@ -17,12 +17,14 @@ use std::sync::RwLock;
 
 pub mod crash;
 pub mod dir;
+pub mod lock;
 // The crate's one module with `unsafe`: the FFI calls into librados and librbd.
 #[cfg(feature = "rbd")]
 #[allow(unsafe_code)]
 pub mod rbd;
 pub use crash::{CrashingDirectory, CrashingStorage, Outcome, Power};
 pub use dir::{install_file, rename_durably, Directory, FsDirectory};
+pub use lock::{Access, DeviceLock};
 
 /// A device of fixed length addressed by byte offset.
 pub trait Storage: Send + Sync {
@@ -147,37 +149,72 @@ fn past_end(what: &str, offset: u64, len: usize, size: u64) -> io::Error {
     )
 }
 
-/// A regular file or block device.
+/// A regular file or block device, locked against other processes as its opener asks
+/// ([`lock`]).
 #[derive(Debug)]
 pub struct FileStorage {
     file: File,
     path: PathBuf,
     writable: bool,
+    lock: Option<DeviceLock>,
 }
 
 impl FileStorage {
-    /// Open `path` read-only.
+    /// Open `path` read-only, without a lock: for reading a header, which is safe beside a writer
+    /// (as cryptsetup's `luksDump` of an active device is).
     pub fn open_read_only(path: &Path) -> io::Result<Self> {
         Ok(FileStorage {
             file: File::open(path)?,
             path: path.to_path_buf(),
             writable: false,
+            lock: None,
         })
     }
 
-    /// Open `path` for reading and writing.
+    /// Open `path` read-only with a shared lock: for serving its data, which a writer beside
+    /// would change underneath. Fails with [`io::ErrorKind::ResourceBusy`] while a writer holds it.
+    pub fn open_shared(path: &Path) -> io::Result<Self> {
+        let file = File::open(path)?;
+        let lock = lock::lock(&file, path, Access::Shared)?;
+        Ok(FileStorage {
+            file,
+            path: path.to_path_buf(),
+            writable: false,
+            lock,
+        })
+    }
+
+    /// Open `path` for reading and writing with an exclusive lock, held until this is dropped.
+    /// Fails with [`io::ErrorKind::ResourceBusy`] while another process holds any lock on it.
     pub fn open(path: &Path) -> io::Result<Self> {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
+        let lock = lock::lock(&file, path, Access::Exclusive)?;
         Ok(FileStorage {
             file,
             path: path.to_path_buf(),
             writable: true,
+            lock,
         })
     }
 
     /// Whether writes are allowed.
     pub fn is_writable(&self) -> bool {
         self.writable
+    }
+
+    /// The lock this file holds (`None`: opened without one, or locks are disabled).
+    pub fn lock(&self) -> Option<&DeviceLock> {
+        self.lock.as_ref()
+    }
+
+    /// Grow a regular file to `len` bytes (a detached header file made too small); other
+    /// devices and longer files are left as they are.
+    pub fn grow_to(&self, len: u64) -> io::Result<()> {
+        let meta = self.file.metadata()?;
+        if meta.is_file() && meta.len() < len {
+            self.file.set_len(len)?;
+        }
+        Ok(())
     }
 }
 

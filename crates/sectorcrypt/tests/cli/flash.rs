@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::common::{cs, ok, p, run, sc, sc_exits, sc_fast, scratch};
 
 /// A new 16 MiB encrypted flash image in `dir` with the passphrase in `dir/key`.
-fn new_flash(dir: &Path, extra: &[&str]) -> (PathBuf, PathBuf) {
+pub(crate) fn new_flash(dir: &Path, extra: &[&str]) -> (PathBuf, PathBuf) {
     let img = dir.join("chip.img");
     let key = dir.join("key");
     std::fs::write(&key, b"flash pass").unwrap();

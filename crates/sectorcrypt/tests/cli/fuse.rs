@@ -116,7 +116,7 @@ pub(crate) struct Mounted {
 
 impl Mounted {
     /// Start `sectorcrypt mount IMG MOUNTPOINT --key-file KEY EXTRA` and wait for the mount.
-    fn start(img: &Path, key: &Path, mountpoint: &Path, extra: &[&str]) -> Mounted {
+    pub(crate) fn start(img: &Path, key: &Path, mountpoint: &Path, extra: &[&str]) -> Mounted {
         let mut args = vec!["mount", p(img), p(mountpoint), "--key-file", p(key)];
         args.extend_from_slice(extra);
         Mounted::spawn(&args, mountpoint)
@@ -154,6 +154,10 @@ impl Mounted {
 
     pub(crate) fn stderr(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub(crate) fn signal(&self, name: &str) {

@@ -13,6 +13,7 @@ mod convert;
 mod flash;
 mod fuse;
 mod kpio;
+mod locks;
 mod luks_convert;
 mod luks_read;
 mod luks_write;

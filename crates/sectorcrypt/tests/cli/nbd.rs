@@ -373,7 +373,7 @@ impl Served {
     }
 
     /// SIGKILL: no clean-up at all (leaves a stale socket file).
-    fn kill(mut self) {
+    pub(crate) fn kill(mut self) {
         self.done = true;
         let _ = self.child.kill();
         let _ = self.child.wait();
