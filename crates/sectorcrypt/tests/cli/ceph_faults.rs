@@ -47,8 +47,10 @@ fn fio_job(dir: &Path, name: &str, uri: &str, extra: &str) -> std::path::PathBuf
 }
 
 fn fio(job: &Path) -> std::process::Child {
+    // In the job's folder: a failed verify leaves its state files there, not in the crate.
     Command::new("fio")
         .arg(job)
+        .current_dir(job.parent().expect("a job file in a folder"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
