@@ -83,8 +83,7 @@ done
 for r in $(seq "$rounds"); do
   for c in "${contenders[@]}"; do
     # shellcheck disable=SC2046
-    start $(server_cmd "$c")
-    stop
+    idle $(server_cmd "$c")
     idle=$cpu
     # shellcheck disable=SC2046
     start $(server_cmd "$c")

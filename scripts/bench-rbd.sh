@@ -93,8 +93,7 @@ done
 for r in $(seq "$rounds"); do
   for c in "${contenders[@]}"; do
     # shellcheck disable=SC2046
-    start $(server_cmd "$c")
-    stop
+    idle $(server_cmd "$c")
     echo "{\"round\":$r,\"server\":\"$c\",\"workload\":\"idle\",\"cpu\":$cpu}" >>"$out/cpu.jsonl"
     for w in "${workloads[@]}"; do
       set -- $w

@@ -45,3 +45,8 @@ stop() { # sets $cpu to the server's CPU seconds (not in a subshell: wait needs 
   server=""
   cpu=$(cat "$usage")
 }
+
+idle() { # command...: starts and stops it with no client, setting $cpu to what serving nothing cost
+  start "$@"
+  stop
+}

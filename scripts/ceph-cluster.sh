@@ -15,7 +15,7 @@
 # librbd programs) reach the cluster with nothing else set; the pool `rbd` exists. PORT (default
 # 3300) is the monitor's msgr2 port: two clusters side by side need two ports. A start that fails
 # stops what it started and keeps DIR's logs. The settings and their reasons are in
-# ../shared/design/CEPH.md section 2.
+# docs/guide/rbd.md.
 set -euo pipefail
 
 usage() {

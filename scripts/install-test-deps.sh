@@ -41,6 +41,11 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
+# cargo-deb builds the Debian package that the test command installs and removes.
+if ! command -v cargo-deb >/dev/null 2>&1; then
+  echo "install-test-deps: installing cargo-deb"
+  cargo install --locked --quiet cargo-deb
+fi
 
 # The Python that the tests run (python3 on PATH, or $SECTORCRYPT_PYTHON) needs `cryptography`.
 py="${SECTORCRYPT_PYTHON:-python3}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The cost of encryption at rest, measured on this machine: the experiment of
-../shared/papers/encryption-at-rest-nvme-performance-study.txt (fio on a plain and an encrypted
+"""The cost of encryption at rest, measured on this machine: the experiment of the paper
+"Performance Study of Software-based Encrypting Data at Rest" (fio on a plain and an encrypted
 device) with user-space servers behind NBD, as a report with figures.
 
     python3 scripts/study.py DIR [--quick] [--rounds N] [--seconds S] [--size-mib M]

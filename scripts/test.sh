@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test command: installs what the tests need, then runs formatting, lint and every test, and
-# ends with one line totalling the test results of every test binary. `--no-fail-fast`: a failing
+# The test command: installs what the tests need, then runs formatting, lint and every test, builds
+# the Debian package and checks that it installs and removes cleanly, and ends with one line
+# totalling the test results of every test binary (the package check counting as one). `--no-fail-fast`: a failing
 # test binary never hides whether the ones after it pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,9 @@ log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
 cargo test --workspace --locked --no-fail-fast --features sectorcrypt/rbd 2>&1 | tee "$log" || status=$?
-awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;/) p += $i; if ($(i+1) ~ /^failed;/) f += $i } }
-     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+# The Debian package, as a user installs it: built, installed, used, removed (counted as one test).
+deb=0
+if bash scripts/build-deb.sh --check; then deb=1; else status=1; fi
+awk -v deb="$deb" '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;/) p += $i; if ($(i+1) ~ /^failed;/) f += $i } }
+     END { printf "tests: %d passed, %d failed\n", p + deb, f + 1 - deb }' "$log"
 exit "$status"

@@ -1,7 +1,7 @@
 //! Measurements of the cipher core, as `sectorcrypt benchmark` prints them.
 //!
 //! - [`speed`]: bytes per second of a sector cipher for a spec, key size, sector size, request size
-//!   and thread count (the table and the `--json` lines of `../shared/design/CLI.md`).
+//!   and thread count (the table and the `--json` lines of `docs/CLI.md`).
 //! - [`breakdown`]: the dm-crypt paper's Tables 1 and 2: time per XTS phase (tweak, first XOR, ECB,
 //!   second XOR, other) over a large buffer cut into one-sector requests vs 4 KiB requests.
 //! - [`flash`]: UBI's LEB write and read throughput on a simulated chip with and without the

@@ -666,6 +666,18 @@ fn spread(s: &crate::wear::Spread) -> String {
 }
 
 fn markdown(report: &Report, per_trace: &[String]) -> String {
+    let mut md = what_was_run(report);
+    md += &erases_section(report, per_trace);
+    md += &against_the_thesis();
+    md += &throughput_section(&report.throughput);
+    md += "\n## Files\n\n- `results.json`: every row above, with each stack's erases of every \
+           eraseblock during the workload (`per_peb`, by PEB number: UBI's, then the layer's journal's \
+           where it has one) and the machine facts.\n";
+    md
+}
+
+/// The report's title, command, machine, traces and stacks.
+fn what_was_run(report: &Report) -> String {
     let mut md = String::from(
         "# Flash study: erases per eraseblock with and without the encryption layer\n\n",
     );
@@ -716,6 +728,12 @@ fn markdown(report: &Report, per_trace: &[String]) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     );
+    md
+}
+
+/// Erases per eraseblock: one table and figure per trace.
+fn erases_section(report: &Report, per_trace: &[String]) -> String {
+    let mut md = String::new();
     md += "## Erases per eraseblock\n\n\"Workload\": after the trace's `# workload starts`; \
            \"whole run\": attach, format and unmount included. \"vs plain\": the ratio of the \
            means to plain UBI's on the same trace. Erases per GiB: the workload's erases over \
@@ -751,14 +769,23 @@ fn markdown(report: &Report, per_trace: &[String]) -> String {
             t.name
         );
     }
-    md += &format!(
+    md
+}
+
+/// The thesis' own numbers, and the figure that sets them beside the run's.
+fn against_the_thesis() -> String {
+    format!(
         "\n## Against the thesis\n\nThe thesis measured, under iozone on UBIFS: mean {} vs {} \
          erases per eraseblock ({}x), maximum {} vs {} (encrypted vs plain UBI). The dashed \
          line marks its {}x, the dotted one the {}x target.\n\n\
          ![Mean erases per eraseblock, encrypted over plain UBI, by trace and stack](ratio-by-workload.svg)\n",
         THESIS_MEAN.0, THESIS_MEAN.1, THESIS_RATIO, THESIS_MAX.0, THESIS_MAX.1, THESIS_RATIO, TARGET_RATIO
-    );
-    let th = &report.throughput;
+    )
+}
+
+/// LEB write and read throughput by stack and request size.
+fn throughput_section(th: &Throughput) -> String {
+    let mut md = String::new();
     let g = crate::flash::geometry();
     md += &format!(
         "\n## Throughput\n\nUBI's LEB writes and reads on a simulated chip in memory ({} \
@@ -816,9 +843,6 @@ fn markdown(report: &Report, per_trace: &[String]) -> String {
         &rows,
     );
     md += "\n![LEB write and read throughput by request size and stack, and relative to plain](throughput.svg)\n";
-    md += "\n## Files\n\n- `results.json`: every row above, with each stack's erases of every \
-           eraseblock during the workload (`per_peb`, by PEB number: UBI's, then the layer's journal's \
-           where it has one) and the machine facts.\n";
     md
 }
 

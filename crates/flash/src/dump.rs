@@ -189,3 +189,34 @@ impl Flash for DumpFlash {
         self.storage.sync().map_err(io)
     }
 }
+
+/// Every eraseblock of `flash` as `nanddump` writes it in `layout` (the reader of this format is
+/// [`DumpFlash`]): bad blocks as 0xFF (`--bb=padbad`), their marker kept in the spare area; a
+/// page too damaged for the ECC as the chip returned it, as nanddump does.
+pub fn write(flash: &dyn Flash, layout: Layout) -> Result<Vec<u8>, Error> {
+    let g = flash.geometry();
+    let page = g.page_size as usize;
+    let stride = DumpFlash::page_stride(&g, layout) as usize;
+    let block_bytes = DumpFlash::block_bytes(&g, layout) as usize;
+    let mut dump = vec![0xFFu8; g.peb_count as usize * block_bytes];
+    let mut block = vec![0u8; g.peb_size as usize];
+    for (peb, out) in dump.chunks_mut(block_bytes).enumerate() {
+        let peb = peb as u32;
+        let bad = flash.is_bad(peb)?;
+        if !bad {
+            match flash.read(peb, 0, &mut block) {
+                Ok(_) | Err(Error::Uncorrectable { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        for (i, slot) in out.chunks_mut(stride).enumerate() {
+            if !bad {
+                slot[..page].copy_from_slice(&block[i * page..(i + 1) * page]);
+            }
+            if layout == Layout::WithOob {
+                flash.read_oob(peb, i as u32, &mut slot[page..])?;
+            }
+        }
+    }
+    Ok(dump)
+}

@@ -1,4 +1,4 @@
-//! UBI flash-I/O traces (`../shared/flash-traces/`: every read, write and erase Linux's UBI sent
+//! UBI flash-I/O traces (`data/flash-traces/` in the repository: every read, write and erase Linux's UBI sent
 //! to MTD while UBIFS ran a benchmark, in order) and their replay on any [`Flash`]: the thesis'
 //! experiment with a real UBIFS above the encryption layer, and the ground truth for what each
 //! erased-space policy costs in program/erase cycles. Traces of our own UBI are recorded with

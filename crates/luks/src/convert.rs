@@ -262,12 +262,6 @@ pub fn convert(
     run(dev, record, progress)
 }
 
-/// The bytes a detached LUKS1 header file needs to become LUKS2 (its keyslots moved up by
-/// [`SHIFT`]); cryptsetup grows the file to this.
-pub fn luks2_len_needed(h: &luks1::Header) -> u64 {
-    luks1_region_end(h) + SHIFT
-}
-
 /// cryptsetup's `LUKS_device_sectors`, rounded up to 4 KiB: the end of the last keyslot area.
 fn luks1_region_end(h: &luks1::Header) -> u64 {
     let area = (u64::from(h.key_bytes) * u64::from(STRIPES)).div_ceil(SECTOR_SIZE) * SECTOR_SIZE;
@@ -309,6 +303,17 @@ fn plan_luks2(dev: &dyn Storage, h: &luks1::Header, dev_len: u64) -> Result<Reco
     }
     let needed = end + SHIFT;
     let max_size = match h.payload_offset_bytes() {
+        // A detached header file grows to what LUKS2 needs, as cryptsetup grows it, once nothing
+        // else can refuse: the bytes added are zeros no header names, so a power cut after the
+        // growth leaves the LUKS1 header as valid as before. A device of fixed size cannot grow.
+        0 if dev_len < needed => match dev.grow(needed) {
+            Ok(()) => {
+                sync(dev)?;
+                needed
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => dev_len,
+            Err(e) => return Err(io(dev, e)),
+        },
         0 => dev_len,
         data => data,
     };
@@ -438,6 +443,72 @@ fn not_compatible(slot: u32) -> Error {
 /// of the move, holding the LUKS1 header to write.
 fn plan_luks1(h: &luks2::Header, dev_len: u64) -> Result<Record, Error> {
     let m = h.metadata();
+    let (segment, digest) = luks1_segment_and_digest(m)?;
+    let hash = &digest.hash;
+    let (key_size, slots) = luks1_keyslots(m, segment, hash)?;
+    let (keyslots, placed) = luks1_slot_table(h, &slots, key_size)?;
+    let region_end = m
+        .keyslots
+        .iter()
+        .filter_map(|(_, k)| k.area())
+        .chain(placed.iter().copied())
+        .map(|(o, l)| o + l)
+        .max()
+        .unwrap_or(LUKS2_KEYSLOTS)
+        .div_ceil(LUKS1_KEYSLOTS)
+        * LUKS1_KEYSLOTS;
+    let Some((cipher_name, cipher_mode)) = segment.encryption.split_once('-') else {
+        return Err(refuse(format!(
+            "Cannot convert to LUKS1 format - the cipher {} has no mode.",
+            segment.encryption
+        )));
+    };
+    let mut mk_digest = [0u8; luks1::DIGEST_SIZE];
+    let mut mk_salt = [0u8; SALT_SIZE];
+    if digest.digest.len() < mk_digest.len() || digest.salt.len() != SALT_SIZE {
+        return Err(refuse(
+            "Cannot convert to LUKS1 format - key slot digests are not LUKS1 compatible.",
+        ));
+    }
+    mk_digest.copy_from_slice(&digest.digest[..luks1::DIGEST_SIZE]);
+    mk_salt.copy_from_slice(&digest.salt);
+    let payload = u32::try_from(segment.offset / SECTOR_SIZE)
+        .map_err(|_| refuse("Cannot convert to LUKS1 format - the data offset is too large."))?;
+    let target = luks1::Header {
+        cipher_name: cipher_name.to_string(),
+        cipher_mode: cipher_mode.to_string(),
+        hash_spec: hash.clone(),
+        payload_offset: payload,
+        key_bytes: key_size,
+        mk_digest,
+        mk_digest_salt: mk_salt,
+        mk_digest_iterations: digest.iterations,
+        uuid: h.uuid().to_string(),
+        keyslots,
+    };
+    // The new header must read back as LUKS1 (field sizes, areas apart and before the data).
+    let bytes = target.to_bytes();
+    luks1::Header::parse(&bytes, dev_len).map_err(|e| {
+        refuse(format!(
+            "Cannot convert to LUKS1 format - the LUKS1 header would be invalid: {e}."
+        ))
+    })?;
+    Ok(Record {
+        seq: 1,
+        to: Format::Luks1,
+        luks1: bytes,
+        from: LUKS2_KEYSLOTS,
+        dest: LUKS1_KEYSLOTS,
+        len: region_end - LUKS2_KEYSLOTS,
+        moved: 0,
+        keyslots_size: 0,
+    })
+}
+
+/// The data segment and the volume-key digest of a LUKS2 header LUKS1 can express (cryptsetup's
+/// rules: no requirements, one 512-byte-sector segment without IV tweak, one PBKDF2 digest of a
+/// known hash, no tokens), or cryptsetup's reason why not.
+fn luks1_segment_and_digest(m: &Metadata) -> Result<(&CryptSegment, &Pbkdf2Digest), Error> {
     let reqs = m.mandatory_requirements();
     if !reqs.is_empty() {
         return Err(refuse(
@@ -492,6 +563,16 @@ fn plan_luks1(h: &luks2::Header, dev_len: u64) -> Result<Record, Error> {
             segment.iv_tweak
         )));
     }
+    Ok((segment, digest))
+}
+
+/// The key size and the LUKS2 keyslots by number (0-7), every one LUKS1 compatible: bound,
+/// PBKDF2 with the digest's hash, cryptsetup's AF stripes and area size, the segment's cipher.
+fn luks1_keyslots<'a>(
+    m: &'a Metadata,
+    segment: &CryptSegment,
+    hash: &str,
+) -> Result<(u32, [Option<&'a Luks2Keyslot>; KEYSLOTS]), Error> {
     let key_size = m
         .keyslots
         .iter()
@@ -535,7 +616,7 @@ fn plan_luks1(h: &luks2::Header, dev_len: u64) -> Result<Record, Error> {
         };
         let compatible = kdf_hash == hash
             && k.af.stripes == STRIPES
-            && k.af.hash == *hash
+            && k.af.hash == hash
             && k.area.encryption == segment.encryption
             && k.key_size == key_size
             && k.area.key_size == key_size
@@ -547,13 +628,23 @@ fn plan_luks1(h: &luks2::Header, dev_len: u64) -> Result<Record, Error> {
         }
         slots[n as usize] = Some(k);
     }
-    let Some((cipher_name, cipher_mode)) = segment.encryption.split_once('-') else {
-        return Err(refuse(format!(
-            "Cannot convert to LUKS1 format - the cipher {} has no mode.",
-            segment.encryption
-        )));
-    };
-    // Inactive LUKS1 slots get areas too: the first gaps, as cryptsetup's placeholders.
+    Ok((key_size, slots))
+}
+
+/// A LUKS1 header's eight keyslots.
+type SlotTable = [luks1::Keyslot; KEYSLOTS];
+
+/// A byte range: offset and length.
+type Extent = (u64, u64);
+
+/// The LUKS1 keyslot table for `slots`, and the areas placed for inactive slots: LUKS1 gives
+/// every slot an area, so inactive ones get the first gaps, as cryptsetup's placeholders.
+fn luks1_slot_table(
+    h: &luks2::Header,
+    slots: &[Option<&Luks2Keyslot>; KEYSLOTS],
+    key_size: u32,
+) -> Result<(SlotTable, Vec<Extent>), Error> {
+    let m = h.metadata();
     let area_len = keyslot_area_size(key_size as usize);
     let mut placed: Vec<(u64, u64)> = Vec::new();
     let mut keyslots = [luks1::Keyslot {
@@ -598,56 +689,7 @@ fn plan_luks1(h: &luks2::Header, dev_len: u64) -> Result<Record, Error> {
             stripes: STRIPES,
         };
     }
-    let region_end = m
-        .keyslots
-        .iter()
-        .filter_map(|(_, k)| k.area())
-        .chain(placed.iter().copied())
-        .map(|(o, l)| o + l)
-        .max()
-        .unwrap_or(LUKS2_KEYSLOTS)
-        .div_ceil(LUKS1_KEYSLOTS)
-        * LUKS1_KEYSLOTS;
-    let mut mk_digest = [0u8; luks1::DIGEST_SIZE];
-    let mut mk_salt = [0u8; SALT_SIZE];
-    if digest.digest.len() < mk_digest.len() || digest.salt.len() != SALT_SIZE {
-        return Err(refuse(
-            "Cannot convert to LUKS1 format - key slot digests are not LUKS1 compatible.",
-        ));
-    }
-    mk_digest.copy_from_slice(&digest.digest[..luks1::DIGEST_SIZE]);
-    mk_salt.copy_from_slice(&digest.salt);
-    let payload = u32::try_from(segment.offset / SECTOR_SIZE)
-        .map_err(|_| refuse("Cannot convert to LUKS1 format - the data offset is too large."))?;
-    let target = luks1::Header {
-        cipher_name: cipher_name.to_string(),
-        cipher_mode: cipher_mode.to_string(),
-        hash_spec: hash.clone(),
-        payload_offset: payload,
-        key_bytes: key_size,
-        mk_digest,
-        mk_digest_salt: mk_salt,
-        mk_digest_iterations: digest.iterations,
-        uuid: h.uuid().to_string(),
-        keyslots,
-    };
-    // The new header must read back as LUKS1 (field sizes, areas apart and before the data).
-    let bytes = target.to_bytes();
-    luks1::Header::parse(&bytes, dev_len).map_err(|e| {
-        refuse(format!(
-            "Cannot convert to LUKS1 format - the LUKS1 header would be invalid: {e}."
-        ))
-    })?;
-    Ok(Record {
-        seq: 1,
-        to: Format::Luks1,
-        luks1: bytes,
-        from: LUKS2_KEYSLOTS,
-        dest: LUKS1_KEYSLOTS,
-        len: region_end - LUKS2_KEYSLOTS,
-        moved: 0,
-        keyslots_size: 0,
-    })
+    Ok((keyslots, placed))
 }
 
 /// Write `r` over the older of the two record copies, and sync.

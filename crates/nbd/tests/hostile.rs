@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use rand::{RngCore, SeedableRng};
 use sectorcrypt_nbd::proto::*;
 use sectorcrypt_nbd::{Exports, Listen, Server, ServerOptions, StopHandle};
 use sectorcrypt_storage::MemStorage;
+use sectorcrypt_testkit::pattern;
 use sectorcrypt_volume::kpio::KeyTable;
 use sectorcrypt_volume::{Layout, Volume, VolumeOptions};
 
@@ -251,12 +251,6 @@ fn layout() -> Layout {
         sector_size: 512,
         iv_offset: 0,
     }
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
-    v
 }
 
 #[test]

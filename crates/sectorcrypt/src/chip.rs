@@ -16,7 +16,7 @@ use sectorcrypt_flash::{Flash, Geometry};
 use sectorcrypt_flashvol::Error as FlashVolError;
 use sectorcrypt_storage::{Access, FileStorage, Storage};
 
-use crate::exit::{open_failed, CliError, Code};
+use crate::exit::{held_elsewhere, open_failed, CliError, Code};
 
 /// What a command does with a device, which decides its lock (`sectorcrypt_storage::lock`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,13 +70,11 @@ impl Chip {
 }
 
 fn chip_error(path: &Path, e: sectorcrypt_flash::Error) -> CliError {
-    if let sectorcrypt_flash::Error::Io(io) = &e {
-        if io.kind() == std::io::ErrorKind::ResourceBusy {
-            return CliError {
-                code: Code::Busy,
-                message: io.to_string(),
-            };
-        }
+    if let Some(busy) = match &e {
+        sectorcrypt_flash::Error::Io(io) => held_elsewhere(io),
+        _ => None,
+    } {
+        return busy;
     }
     CliError {
         code: Code::Device,

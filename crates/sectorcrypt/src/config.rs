@@ -11,7 +11,7 @@ use sectorcrypt_luks::convert::{self, Format};
 use sectorcrypt_luks::luks2::metadata::Priority;
 use sectorcrypt_luks::luks2::Header as Luks2Header;
 use sectorcrypt_luks::{Error as LuksError, Header};
-use sectorcrypt_storage::{FileStorage, Storage};
+use sectorcrypt_storage::Storage;
 
 use crate::chip::open_header;
 use crate::exit::{CliError, Code};
@@ -287,7 +287,6 @@ fn parse_format(s: &str) -> Result<Format, String> {
 /// place, keyslots and volume key kept; an interrupted conversion is finished.
 pub(crate) fn convert(args: ConvertArgs) -> Result<(), CliError> {
     let path = args.target.header.as_deref().unwrap_or(&args.target.device);
-    grow_detached_luks1(path, args.to)?;
     let dev = open_header(path, false)?;
     let resuming = convert::interrupted(&*dev)?.is_some();
     if !resuming {
@@ -321,33 +320,4 @@ pub(crate) fn convert(args: ConvertArgs) -> Result<(), CliError> {
         bar.finish_and_clear();
     }
     Ok(())
-}
-
-/// A detached LUKS1 header file holds its keyslots and no more; as LUKS2 they move up by the
-/// size of the second header copy, so the file grows first, as cryptsetup grows it. Growing a
-/// file is harmless: the bytes added are zeros no header names.
-fn grow_detached_luks1(path: &std::path::Path, to: Format) -> Result<(), CliError> {
-    if to != Format::Luks2 || !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
-        return Ok(());
-    }
-    let Ok(Header::Luks1(h)) = Header::read(&*open_header(path, true)?) else {
-        return Ok(());
-    };
-    let needed = convert::luks2_len_needed(&h);
-    let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-    if h.payload_offset != 0 || len >= needed {
-        return Ok(());
-    }
-    // Locked as every writer is (the header file may be in use).
-    let file = FileStorage::open(path).map_err(|e| crate::exit::open_failed(path, e))?;
-    let grow = || -> std::io::Result<()> {
-        file.grow_to(needed)?;
-        file.sync()
-    };
-    grow().map_err(|e| {
-        CliError::io(
-            format!("cannot grow {} to {needed} bytes", path.display()),
-            e,
-        )
-    })
 }

@@ -1,7 +1,8 @@
-//! `rbd:POOL[/NAMESPACE]/IMAGE` devices (CLI.md): wherever a command takes a DEVICE, an RBD image
-//! can stand, reached with the global `--ceph-conf` and `--ceph-id`, as Ceph's own tools name
-//! them, and `--ceph-timeout` for requests that must fail rather than wait for the cluster. Files, block devices and flash keep their own openers (and their own messages); each
-//! asks [`rbd`] first.
+//! `rbd:POOL[/NAMESPACE]/IMAGE` devices (docs/CLI.md): wherever a command takes a DEVICE, an RBD
+//! image can stand, reached with `--ceph-conf` and `--ceph-id`, as Ceph's own tools name them,
+//! and `--ceph-timeout` for requests that must fail rather than wait for the cluster; every
+//! command that takes a DEVICE has these options, under their own heading. Files, block devices
+//! and flash keep their own openers (and their own messages); each asks [`rbd`] first.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -10,20 +11,90 @@ use sectorcrypt_storage::Storage;
 
 use crate::exit::CliError;
 
-/// How to reach a Ceph cluster, for `rbd:` devices (global options).
-#[derive(clap::Args, Debug, Clone, Default)]
+/// How to reach a Ceph cluster, for `rbd:` devices (read only where RBD support is built in).
+#[derive(Debug, Clone, Default)]
+#[cfg_attr(not(feature = "rbd"), allow(dead_code))]
 pub(crate) struct CephArgs {
-    /// The ceph.conf for rbd: devices (default: $CEPH_CONF, then /etc/ceph/ceph.conf).
-    #[arg(long = "ceph-conf", value_name = "FILE", global = true)]
+    /// `--ceph-conf FILE`.
     pub conf: Option<PathBuf>,
-    /// The Ceph client id for rbd: devices (default: admin).
-    #[arg(long = "ceph-id", value_name = "NAME", global = true)]
+    /// `--ceph-id NAME`.
     pub id: Option<String>,
-    /// Fail an rbd: request that the cluster has not answered within SECONDS, with an I/O
-    /// error (default: wait for the cluster however long it takes, as librbd does).
-    #[arg(long = "ceph-timeout", value_name = "SECONDS", global = true,
-          value_parser = clap::value_parser!(u64).range(1..))]
+    /// `--ceph-timeout SECONDS`.
     pub timeout: Option<u64>,
+}
+
+/// The help heading of the Ceph options.
+const CEPH_HEADING: &str = "Ceph RBD options (for rbd:POOL/IMAGE devices)";
+
+/// The Ceph options, as every command that takes a DEVICE has them (and only those: they would
+/// be noise in `flash` or `generate`).
+fn ceph_options() -> [clap::Arg; 3] {
+    use clap::Arg;
+    [
+        Arg::new("ceph_conf")
+            .long("ceph-conf")
+            .value_name("FILE")
+            .value_parser(clap::value_parser!(PathBuf))
+            .help_heading(CEPH_HEADING)
+            .help("The ceph.conf for rbd: devices (default: $CEPH_CONF, then /etc/ceph/ceph.conf)"),
+        Arg::new("ceph_id")
+            .long("ceph-id")
+            .value_name("NAME")
+            .help_heading(CEPH_HEADING)
+            .help("The Ceph client id for rbd: devices (default: admin)"),
+        Arg::new("ceph_timeout")
+            .long("ceph-timeout")
+            .value_name("SECONDS")
+            .value_parser(clap::value_parser!(u64).range(1..))
+            .help_heading(CEPH_HEADING)
+            .help(
+                "Fail an rbd: request that the cluster has not answered within SECONDS, with an \
+                 I/O error (default: wait for the cluster however long it takes, as librbd does)",
+            ),
+    ]
+}
+
+/// `cmd` with the Ceph options added to every subcommand that takes a device: all but those
+/// named in `without` (a family's name for all of it, "family command" for one of its commands).
+pub(crate) fn with_ceph_options(cmd: clap::Command, without: &[&str]) -> clap::Command {
+    let names: Vec<String> = cmd
+        .get_subcommands()
+        .map(|s| s.get_name().to_string())
+        .filter(|n| n != "help")
+        .collect();
+    names.iter().fold(cmd, |cmd, name| {
+        if without.contains(&name.as_str()) {
+            return cmd;
+        }
+        let inner: Vec<&str> = without
+            .iter()
+            .filter_map(|w| w.strip_prefix(name.as_str())?.strip_prefix(' '))
+            .collect();
+        cmd.mut_subcommand(name, |sub| {
+            if sub.has_subcommands() {
+                with_ceph_options(sub, &inner)
+            } else {
+                sub.args(ceph_options())
+            }
+        })
+    })
+}
+
+/// The Ceph options given to the command that `matches` (the whole command line's) ran.
+pub(crate) fn ceph_args_of(matches: &clap::ArgMatches) -> CephArgs {
+    let mut m = matches;
+    while let Some((_, sub)) = m.subcommand() {
+        m = sub;
+    }
+    CephArgs {
+        conf: m
+            .try_get_one::<PathBuf>("ceph_conf")
+            .ok()
+            .flatten()
+            .cloned(),
+        id: m.try_get_one::<String>("ceph_id").ok().flatten().cloned(),
+        timeout: m.try_get_one::<u64>("ceph_timeout").ok().flatten().copied(),
+    }
 }
 
 static CEPH: OnceLock<CephArgs> = OnceLock::new();
@@ -66,35 +137,17 @@ fn open_rbd(name: &str, write: bool, ceph: &CephArgs) -> Result<Box<dyn Storage>
         id: ceph.id.as_deref(),
         op_timeout: ceph.timeout.map(std::time::Duration::from_secs),
     };
-    // One handle per image in this process: a command that opens the device twice (header and
-    // data on one image) must not find its own exclusive lock in the way.
-    static OPEN: std::sync::Mutex<Vec<(RbdSpec, std::sync::Weak<RbdStorage>)>> =
-        std::sync::Mutex::new(Vec::new());
-    let mut open = OPEN
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    open.retain(|(_, handle)| handle.strong_count() > 0);
-    let shared = open
-        .iter()
-        .filter(|(s, _)| *s == spec)
-        .filter_map(|(_, handle)| handle.upgrade())
-        .find(|image| image.is_writable() || !write);
-    if let Some(image) = shared {
-        return Ok(Box::new(image));
-    }
-    let image =
-        with_lock_note(&spec, write, || RbdStorage::open(&spec, write, &options)).map_err(|e| {
-            CliError {
-                code: match e.kind() {
-                    std::io::ErrorKind::NotFound => Code::Device,
-                    std::io::ErrorKind::ResourceBusy => Code::Busy,
-                    _ => Code::Usage,
-                },
-                message: e.to_string(),
-            }
-        })?;
-    let image = std::sync::Arc::new(image);
-    open.push((spec, std::sync::Arc::downgrade(&image)));
+    let image = with_lock_note(&spec, write, || {
+        RbdStorage::open_shared(&spec, write, &options)
+    })
+    .map_err(|e| CliError {
+        code: match e.kind() {
+            std::io::ErrorKind::NotFound => Code::Device,
+            std::io::ErrorKind::ResourceBusy => Code::Busy,
+            _ => Code::Usage,
+        },
+        message: e.to_string(),
+    })?;
     Ok(Box::new(image))
 }
 

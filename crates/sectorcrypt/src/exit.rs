@@ -55,14 +55,19 @@ impl CliError {
     }
 }
 
+/// Exit 5 with the lock's own sentence if `e` says another process holds the device.
+pub(crate) fn held_elsewhere(e: &std::io::Error) -> Option<CliError> {
+    (e.kind() == std::io::ErrorKind::ResourceBusy).then(|| CliError {
+        code: Code::Busy,
+        message: e.to_string(),
+    })
+}
+
 /// Opening `path` failed with `e`: exit 5 with the lock's own sentence (it names the holder) when
 /// another process holds the device, else cryptsetup's "does not exist or access denied" (exit 4).
 pub(crate) fn open_failed(path: &std::path::Path, e: std::io::Error) -> CliError {
-    if e.kind() == std::io::ErrorKind::ResourceBusy {
-        return CliError {
-            code: Code::Busy,
-            message: e.to_string(),
-        };
+    if let Some(busy) = held_elsewhere(&e) {
+        return busy;
     }
     CliError {
         code: Code::Device,
@@ -131,7 +136,8 @@ impl From<LuksError> for CliError {
                  backup (header-restore); if it now holds the {kind}, the LUKS header is stale."
             ),
             LuksError::DigestMismatch(what) => format!(
-                "Reencryption metadata is invalid: {what} does not verify with the volume keys                  (changed by someone without them)."
+                "Reencryption metadata is invalid: {what} does not verify with the volume keys \
+                 (changed by someone without them)."
             ),
             other => chain(&other),
         };

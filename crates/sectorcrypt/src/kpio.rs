@@ -16,7 +16,8 @@ use sectorcrypt_cipher::CipherSpec;
 use sectorcrypt_nbd::{Server, ServerOptions};
 use sectorcrypt_storage::{FileStorage, Storage};
 use sectorcrypt_volume::kpio::KeyTable;
-use sectorcrypt_volume::{Error as VolumeError, Layout, VolumeOptions};
+use sectorcrypt_volume::kpio::{Mirror, Reload};
+use sectorcrypt_volume::{Layout, VolumeOptions};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use zeroize::Zeroizing;
@@ -163,82 +164,17 @@ fn read_key_table(
     Ok(bytes)
 }
 
-/// Whether two keys are equal, in time that does not depend on where they differ.
-fn same_key(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// The key under `tag` in a key table file's contents; `None` past the end or for zeros.
-fn entry(table: &[u8], tag: usize, key_bytes: usize) -> Option<&[u8]> {
-    let key = table.get(tag * key_bytes..(tag + 1) * key_bytes)?;
-    (key.iter().fold(0u8, |acc, b| acc | b) != 0).then_some(key)
-}
-
-/// What a reload did.
-#[derive(Default)]
-struct Changes {
-    loaded: usize,
-    replaced: usize,
-    destroyed: usize,
-    /// The first entry that could not be changed, and why.
-    failed: Option<String>,
-}
-
-/// Bring `table` in line with `new` (a key table file's contents), entry by entry. `current`
-/// mirrors what the table holds, in the file's layout, and is kept in step with every change
-/// that succeeds: an entry that fails stays as it was, and the next reload tries it again.
-fn apply(
-    table: &KeyTable,
-    current: &mut Zeroizing<Vec<u8>>,
-    new: &[u8],
-    key_bytes: usize,
-) -> Changes {
-    let mut changes = Changes::default();
-    if current.len() < new.len() {
-        current.resize(new.len(), 0);
-    }
-    let fail = |tag: usize, e: VolumeError, changes: &mut Changes| {
-        changes
-            .failed
-            .get_or_insert_with(|| format!("tag {tag}: {}", chain(&e)));
-    };
-    for tag in 0..current.len() / key_bytes {
-        let slot = tag * key_bytes..(tag + 1) * key_bytes;
-        let wanted = entry(new, tag, key_bytes);
-        // Whether the table holds a key under `tag`, and whether it is already the wanted one.
-        let (had, same) = match (entry(current, tag, key_bytes), wanted) {
-            (Some(a), Some(b)) => (true, same_key(a, b)),
-            (Some(_), None) => (true, false),
-            (None, w) => (false, w.is_none()),
-        };
-        if same {
-            continue;
-        }
-        if had {
-            if let Err(e) = table.destroy(tag as u32) {
-                fail(tag, e, &mut changes);
-                continue;
-            }
-            current[slot.clone()].fill(0);
-            if wanted.is_none() {
-                changes.destroyed += 1;
-                continue;
-            }
-        }
-        let Some(key) = wanted else { continue };
-        match table.load(tag as u32, key) {
-            Ok(()) => {
-                current[slot].copy_from_slice(key);
-                if had {
-                    changes.replaced += 1;
-                } else {
-                    changes.loaded += 1;
-                }
-            }
-            Err(e) => fail(tag, e, &mut changes),
-        }
-    }
-    changes
+/// What a reload did, as one line (`failed`: the first entry that could not be changed).
+fn reload_summary(r: &Reload, in_use: usize) -> (String, Option<String>) {
+    let done = format!(
+        "{} loaded, {} replaced, {} destroyed, {in_use} in use",
+        r.loaded, r.replaced, r.destroyed
+    );
+    let failed = r
+        .failed
+        .as_ref()
+        .map(|(tag, e)| format!("tag {tag}: {}", chain(e)));
+    (done, failed)
 }
 
 fn serve(args: ServeArgs) -> Result<(), CliError> {
@@ -287,10 +223,10 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
         ..VolumeOptions::default()
     };
     let table = Arc::new(KeyTable::new(storage, layout, &options, max)?);
-    let mut current = Zeroizing::new(Vec::new());
-    let changes = apply(&table, &mut current, &keys, key_bytes);
+    let mut mirror = Mirror::new(key_bytes);
+    let initial = table.reload(&mut mirror, &keys);
     drop(keys);
-    if let Some(why) = changes.failed {
+    if let (_, Some(why)) = reload_summary(&initial, table.len()) {
         return Err(CliError::usage(format!(
             "cannot load the key table {}: {why}",
             args.key_table.display()
@@ -325,17 +261,10 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
             let message = match read_key_table(&path, key_bytes, max) {
                 Err(e) => format!("key table not reloaded: {}", e.message),
                 Ok(new) => {
-                    let c = apply(&reloader, &mut current, &new, key_bytes);
-                    let done = format!(
-                        "{} loaded, {} replaced, {} destroyed, {} in use",
-                        c.loaded,
-                        c.replaced,
-                        c.destroyed,
-                        reloader.len()
-                    );
-                    match c.failed {
-                        None => format!("key table reloaded: {done}"),
-                        Some(why) => format!(
+                    let r = reloader.reload(&mut mirror, &new);
+                    match reload_summary(&r, reloader.len()) {
+                        (done, None) => format!("key table reloaded: {done}"),
+                        (done, Some(why)) => format!(
                             "key table reloaded in part ({done}); not changed: {why} \
                              (tried again at the next SIGHUP)"
                         ),
@@ -349,7 +278,7 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
     let first = table.tags().first().map(u32::to_string).unwrap_or_default();
     eprintln!(
         "sectorcrypt: {} keys loaded ({}, {}-byte sectors); each key tag is an export name",
-        changes.loaded, args.format.cipher, args.format.sector_size
+        initial.loaded, args.format.cipher, args.format.sector_size
     );
     eprintln!(
         "sectorcrypt: serving {} ({} bytes) at {}",
@@ -410,74 +339,4 @@ fn benchmark(args: BenchmarkArgs) -> Result<(), CliError> {
         writeln!(out, "{line}").map_err(|e| CliError::io("cannot write the results", e))?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use sectorcrypt_storage::MemStorage;
-
-    const KEY: usize = 64;
-
-    fn file(entries: &[u8]) -> Vec<u8> {
-        // Entry i: 64 bytes of `entries[i]` (0 = no key).
-        entries.iter().flat_map(|&b| [b; KEY]).collect()
-    }
-
-    fn table(capacity: usize) -> KeyTable {
-        let storage: Arc<dyn Storage> = Arc::new(MemStorage::new(vec![0; 8192]));
-        let layout = Layout {
-            offset: 0,
-            size: 8192,
-            cipher: "aes-xts-plain64".into(),
-            sector_size: 512,
-            iv_offset: 0,
-        };
-        KeyTable::new(storage, layout, &VolumeOptions::default(), capacity).unwrap()
-    }
-
-    #[test]
-    fn reloads_load_replace_and_destroy_entry_by_entry() {
-        let t = table(8);
-        let mut current = Zeroizing::new(Vec::new());
-        let c = apply(&t, &mut current, &file(&[1, 0, 3]), KEY);
-        assert_eq!((c.loaded, c.replaced, c.destroyed), (2, 0, 0));
-        assert!(c.failed.is_none());
-        assert_eq!(t.tags(), [0, 2]);
-        t.write(2, &[9; 512], 0).unwrap();
-
-        // Tag 0 destroyed, tag 2 replaced, tag 3 added (the file grew), tag 1 still empty.
-        let c = apply(&t, &mut current, &file(&[0, 0, 4, 5]), KEY);
-        assert_eq!((c.loaded, c.replaced, c.destroyed), (1, 1, 1));
-        assert_eq!(t.tags(), [2, 3]);
-        let mut back = [0u8; 512];
-        t.read(2, &mut back, 0).unwrap();
-        assert_ne!(back, [9; 512], "tag 2 has a new key");
-        // The same file again changes nothing; a shorter file destroys what it no longer has.
-        let c = apply(&t, &mut current, &file(&[0, 0, 4, 5]), KEY);
-        assert_eq!((c.loaded, c.replaced, c.destroyed), (0, 0, 0));
-        let c = apply(&t, &mut current, &file(&[0, 0, 4]), KEY);
-        assert_eq!((c.loaded, c.replaced, c.destroyed), (0, 0, 1));
-        assert_eq!(t.tags(), [2]);
-    }
-
-    #[test]
-    fn a_failed_entry_is_tried_again_at_the_next_reload() {
-        let t = table(1);
-        let mut current = Zeroizing::new(Vec::new());
-        // Room for one key: tag 1 fails, tag 0 loads, and `current` records only what loaded.
-        let c = apply(&t, &mut current, &file(&[1, 2]), KEY);
-        assert_eq!(c.loaded, 1);
-        assert!(
-            c.failed.as_deref().unwrap().starts_with("tag 1: "),
-            "{:?}",
-            c.failed
-        );
-        assert_eq!(t.tags(), [0]);
-        // Tag 0 goes, so tag 1 fits now: the same entry is loaded without being changed.
-        let c = apply(&t, &mut current, &file(&[0, 2]), KEY);
-        assert_eq!((c.loaded, c.destroyed), (1, 1));
-        assert!(c.failed.is_none());
-        assert_eq!(t.tags(), [1]);
-    }
 }

@@ -9,9 +9,9 @@ use sectorcrypt_storage::{FileStorage, Storage};
 use sectorcrypt_volume::convert::{self, AtOpen};
 use sectorcrypt_volume::{Error as VolumeError, Layout, Volume, VolumeOptions};
 
-use crate::convert::{finish_conversion, resume_hint};
 use crate::device;
 use crate::exit::{open_failed, CliError};
+use crate::inplace::{finish_conversion, resume_hint};
 use crate::keyfile::KeyArgs;
 
 /// The volume to open and how.
@@ -124,17 +124,9 @@ impl VolumeArgs {
             (None, bytes) => bytes,
         };
         if let Some(bytes) = wanted {
-            // As dm-crypt: a whole number of encryption sectors, within the data.
-            let sector = layout.sector_size as u64;
-            if bytes == 0 || bytes % sector != 0 || bytes > layout.size {
-                return Err(CliError::usage(format!(
-                    "a size of {bytes} bytes for {}: it must be a positive multiple of the \
-                     {sector}-byte encryption sector, at most the {} bytes of data",
-                    self.device.display(),
-                    layout.size
-                )));
-            }
-            layout.size = bytes;
+            layout
+                .limit_to(bytes)
+                .map_err(|e| CliError::usage(format!("{} for {}", e, self.device.display())))?;
         }
         let volume = Volume::with_layout(
             data,

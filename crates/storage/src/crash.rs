@@ -137,6 +137,9 @@ struct Pending {
     op: u64,
     offset: u64,
     data: Vec<u8>,
+    /// A change of length (`Storage::grow`) to `offset` bytes rather than a write: kept whole or
+    /// lost, never torn (a file's size is one field of its inode).
+    grows: bool,
 }
 
 /// What survives a power cut (see [`outcomes`]).
@@ -239,7 +242,14 @@ impl CrashingStorage {
         let mut image = state.durable.clone();
         let atom = self.atom;
         for p in &state.volatile {
-            let end = p.offset + p.data.len() as u64;
+            if p.grows {
+                if outcome.keeps(p.op, 0) && image.len() < p.offset as usize {
+                    image.resize(p.offset as usize, 0);
+                }
+                continue;
+            }
+            // Bytes past the survivor's end (its growth lost) are lost with it.
+            let end = (p.offset + p.data.len() as u64).min(image.len() as u64);
             let mut at = p.offset;
             while at < end {
                 let piece_end = ((at / atom + 1) * atom).min(end);
@@ -277,6 +287,24 @@ impl Storage for CrashingStorage {
             op,
             offset,
             data: buf.to_vec(),
+            grows: false,
+        });
+        Ok(())
+    }
+
+    fn grow(&self, len: u64) -> io::Result<()> {
+        let mut state = self.lock();
+        let len = usize::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::OutOfMemory))?;
+        if state.current.len() >= len {
+            return Ok(());
+        }
+        let op = self.power.allow()?;
+        state.current.resize(len, 0);
+        state.volatile.push(Pending {
+            op,
+            offset: len as u64,
+            data: Vec::new(),
+            grows: true,
         });
         Ok(())
     }
@@ -289,7 +317,11 @@ impl Storage for CrashingStorage {
         } = &mut *state;
         for p in volatile.drain(..) {
             let at = p.offset as usize;
-            durable[at..at + p.data.len()].copy_from_slice(&p.data);
+            if p.grows {
+                durable.resize(durable.len().max(at), 0);
+            } else {
+                durable[at..at + p.data.len()].copy_from_slice(&p.data);
+            }
         }
         Ok(())
     }
@@ -544,6 +576,28 @@ mod tests {
         assert_eq!(family.len(), 3 + 2 * RANDOM_OUTCOMES as usize);
         d.sync().unwrap();
         assert_eq!(outcomes(&[&d], 7), vec![Outcome::EverythingSurvives]);
+    }
+
+    #[test]
+    fn a_growth_is_durable_only_once_synced_and_never_torn() {
+        let d = CrashingStorage::new(vec![1; 1024], None);
+        d.grow(4096).unwrap();
+        d.write_at(&[2; 512], 2048).unwrap();
+        assert_eq!(d.len().unwrap(), 4096, "reads see the new length");
+        let none = d.image(&Outcome::NothingSurvives);
+        assert_eq!(
+            none,
+            vec![1; 1024],
+            "the growth lost, the write past the old end with it"
+        );
+        let grown = d.image(&Outcome::IssuedBefore(1));
+        assert_eq!((grown.len(), grown[2048]), (4096, 0));
+        let all = d.image(&Outcome::EverythingSurvives);
+        assert_eq!((all.len(), all[2048], all[1024]), (4096, 2, 0));
+        d.sync().unwrap();
+        assert_eq!(d.image(&Outcome::NothingSurvives), all);
+        d.grow(100).unwrap();
+        assert_eq!(d.len().unwrap(), 4096, "never shrinks");
     }
 
     #[test]

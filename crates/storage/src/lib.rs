@@ -81,6 +81,18 @@ pub trait Storage: Send + Sync {
     fn optimal_io_size(&self) -> Option<u64> {
         None
     }
+    /// Make the device at least `len` bytes long: a file grows with zeros; a device of fixed
+    /// size refuses with [`io::ErrorKind::Unsupported`] if it is shorter. Like a write, the new
+    /// length is durable only once [`Storage::sync`] returns.
+    fn grow(&self, len: u64) -> io::Result<()> {
+        if self.len()? >= len {
+            return Ok(());
+        }
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("{} cannot grow to {len} bytes", self.name()),
+        ))
+    }
     /// The length in bytes.
     fn len(&self) -> io::Result<u64>;
     /// Whether the device has no bytes.
@@ -128,6 +140,9 @@ macro_rules! delegate_storage {
             }
             fn optimal_io_size(&self) -> Option<u64> {
                 (**self).optimal_io_size()
+            }
+            fn grow(&self, len: u64) -> io::Result<()> {
+                (**self).grow(len)
             }
             fn len(&self) -> io::Result<u64> {
                 (**self).len()
@@ -265,6 +280,26 @@ impl Storage for FileStorage {
         }
     }
 
+    fn grow(&self, len: u64) -> io::Result<()> {
+        let meta = self.file.metadata()?;
+        if meta.file_type().is_file() {
+            if meta.len() < len {
+                self.file.set_len(len)?;
+            }
+            return Ok(());
+        }
+        if self.len()? >= len {
+            return Ok(());
+        }
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!(
+                "{} is a device of fixed size, shorter than {len} bytes",
+                self.name()
+            ),
+        ))
+    }
+
     fn len(&self) -> io::Result<u64> {
         let meta = self.file.metadata()?;
         if meta.file_type().is_file() {
@@ -326,6 +361,15 @@ impl Storage for MemStorage {
     }
 
     fn sync(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn grow(&self, len: u64) -> io::Result<()> {
+        let mut data = self.data.write().unwrap_or_else(|e| e.into_inner());
+        let len = usize::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::OutOfMemory))?;
+        if data.len() < len {
+            data.resize(len, 0);
+        }
         Ok(())
     }
 

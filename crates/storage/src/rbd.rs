@@ -282,6 +282,32 @@ impl std::fmt::Debug for RbdStorage {
 }
 
 impl RbdStorage {
+    /// The handle this process has on `spec` (writable if `write`), opened with [`Self::open`]
+    /// on first use: one handle per image per process, so that a command that opens the image
+    /// twice (its header and its data) does not find its own exclusive lock in the way. A
+    /// read-only handle is shared by readers; a writer gets a handle of its own the first time.
+    pub fn open_shared(
+        spec: &RbdSpec,
+        write: bool,
+        ceph: &CephOptions<'_>,
+    ) -> io::Result<std::sync::Arc<Self>> {
+        use std::sync::{Arc, Mutex, PoisonError, Weak};
+        static OPEN: Mutex<Vec<(RbdSpec, Weak<RbdStorage>)>> = Mutex::new(Vec::new());
+        let mut open = OPEN.lock().unwrap_or_else(PoisonError::into_inner);
+        open.retain(|(_, handle)| handle.strong_count() > 0);
+        let shared = open
+            .iter()
+            .filter(|(s, _)| s == spec)
+            .filter_map(|(_, handle)| handle.upgrade())
+            .find(|image| image.is_writable() || !write);
+        if let Some(image) = shared {
+            return Ok(image);
+        }
+        let image = Arc::new(Self::open(spec, write, ceph)?);
+        open.push((spec.clone(), Arc::downgrade(&image)));
+        Ok(image)
+    }
+
     /// Open `spec`; `write` takes the image's exclusive lock, and fails with
     /// [`io::ErrorKind::ResourceBusy`] if another client holds it.
     pub fn open(spec: &RbdSpec, write: bool, ceph: &CephOptions<'_>) -> io::Result<Self> {

@@ -210,6 +210,22 @@ impl Layout {
 }
 
 impl Layout {
+    /// Expose only the first `bytes` of the data, as dm-crypt's table (`cryptsetup open --size`,
+    /// `--device-size`) does: a positive whole number of encryption sectors, within the data;
+    /// refused otherwise, with the rule in the message.
+    pub fn limit_to(&mut self, bytes: u64) -> Result<(), Error> {
+        let sector = self.sector_size as u64;
+        if bytes == 0 || !bytes.is_multiple_of(sector) || bytes > self.size {
+            return Err(Error::Refused(format!(
+                "a size of {bytes} bytes: it must be a positive multiple of the {sector}-byte \
+                 encryption sector, at most the {} bytes of data",
+                self.size
+            )));
+        }
+        self.size = bytes;
+        Ok(())
+    }
+
     /// Check that the data fits on `storage` in whole sectors; the cipher spec, parsed.
     pub fn check_fits(&self, storage: &dyn Storage) -> Result<CipherSpec, Error> {
         let spec = CipherSpec::parse(&self.cipher)?;
@@ -608,6 +624,7 @@ pub mod convert;
 pub mod datashift;
 pub mod kpio;
 pub mod reencrypt;
+pub mod resilience;
 
 #[cfg(test)]
 mod tests;

@@ -159,98 +159,13 @@ pub fn run(
     let r = reencrypt::parse(header.metadata())
         .map_err(luks)?
         .ok_or_else(|| Error::Unsupported("the header has no reencryption in progress".into()))?;
-    let moved = r.backup_moved.is_some();
-    let plan = match (r.keyslot.mode, r.keyslot.direction, moved) {
-        (Mode::Encrypt, Direction::Forward, false) => Plan::EncryptForward,
-        (Mode::Decrypt, Direction::Backward, false) => Plan::DecryptBackward,
-        (Mode::Reencrypt, Direction::Forward, false) => Plan::ReencryptForward,
-        (Mode::Encrypt, Direction::Backward, true) => Plan::EncryptShift,
-        (Mode::Decrypt, Direction::Forward, true) => Plan::DecryptShift,
-        _ => {
-            return Err(Error::Unsupported(format!(
-                "resuming a {} {} reencryption{} (cryptsetup's directions run here: forward \
-                 encryption and reencryption, backward decryption; with a data shift, backward \
-                 encryption and forward decryption)",
-                r.keyslot.direction.as_str(),
-                r.keyslot.mode.as_str(),
-                if moved { " with a data shift" } else { "" }
-            )))
-        }
-    };
-    let in_place = matches!(
-        plan,
-        Plan::EncryptForward | Plan::DecryptBackward | Plan::ReencryptForward
+    let plan = plan_of(&r)?;
+    let (checksums, guard) = guard_of(plan, &r)?;
+    let (old_key, new_key) = volume_keys(plan, &header, header_dev, passphrase)?;
+    let (old, new) = (
+        old_key.as_deref().map(|k| &k[..]),
+        new_key.as_deref().map(|k| &k[..]),
     );
-    let (checksums, guard) = match (plan, &r.keyslot.resilience) {
-        (Plan::EncryptShift, Resilience::Datashift { .. }) => (None, Guard::Shift),
-        (
-            Plan::DecryptShift,
-            Resilience::DatashiftChecksum {
-                hash, sector_size, ..
-            },
-        )
-        | (
-            Plan::EncryptForward | Plan::DecryptBackward | Plan::ReencryptForward,
-            Resilience::Checksum { hash, sector_size },
-        ) => (
-            Some(Checksums {
-                hash: sectorcrypt_luks::hash::parse(hash).map_err(luks)?,
-                block: u64::from(*sector_size),
-                area: r.keyslot.area_offset,
-            }),
-            Guard::Checksum,
-        ),
-        // The moved first chunk, converted last and in place, copied whole into the area first.
-        (Plan::DecryptShift, Resilience::DatashiftJournal { .. }) => (
-            None,
-            Guard::Journal {
-                area: r.keyslot.area_offset,
-                size: r.keyslot.area_size,
-            },
-        ),
-        (_, Resilience::Journal) if in_place => (
-            None,
-            Guard::Journal {
-                area: r.keyslot.area_offset,
-                size: r.keyslot.area_size,
-            },
-        ),
-        (_, Resilience::None) if in_place => (None, Guard::Unprotected),
-        (_, other) => {
-            return Err(Error::Unsupported(format!(
-                "{} resilience with this direction (checksum, journal and none run in place; \
-                 datashift, datashift-checksum and datashift-journal with a data shift)",
-                other.area_type()
-            )))
-        }
-    };
-    let keys = reencrypt::unlock_volume_keys(&header, header_dev, passphrase).map_err(luks)?;
-    let missing = || Error::Unsupported("a volume key of the reencryption does not open".into());
-    let old_key = keys.old.map(|u| u.volume_key);
-    let new_key = keys.new.map(|u| u.volume_key);
-    let need_old = matches!(
-        plan,
-        Plan::DecryptBackward | Plan::DecryptShift | Plan::ReencryptForward
-    );
-    let need_new = matches!(
-        plan,
-        Plan::EncryptForward | Plan::EncryptShift | Plan::ReencryptForward
-    );
-    let old = match need_old {
-        true => Some(&old_key.as_ref().ok_or_else(missing)?[..]),
-        false => None,
-    };
-    let new = match need_new {
-        true => Some(&new_key.as_ref().ok_or_else(missing)?[..]),
-        false => None,
-    };
-    // The digest binds the keyslot and backup segments to the keys: metadata edited by someone
-    // without them must not steer what is written.
-    if !reencrypt::verify_reencrypt_digest(&header, old, new).map_err(luks)? {
-        return Err(luks(sectorcrypt_luks::Error::DigestMismatch(
-            "the reencryption digest".into(),
-        )));
-    }
     let block = checksums.as_ref().map(|c| c.block);
     // What a hotzone goes through: decrypt with the old layout's key, encrypt with the new one's.
     let mut passes = Vec::new();
@@ -262,73 +177,9 @@ pub fn run(
         let cipher = layout_cipher(&r.backup_final, k, block, options)?;
         passes.push((cipher, Direction_::Encrypt));
     }
-    let device_len = data_dev
-        .len()
-        .map_err(|e| io_at(data_dev, "reading the size", e))?;
     let shift = r.keyslot.resilience.shift_size().unwrap_or(0);
-    let (base, total) = match plan {
-        Plan::DecryptBackward => (r.backup_previous.offset, None),
-        Plan::EncryptForward | Plan::ReencryptForward => (r.backup_final.offset, None),
-        Plan::EncryptShift => (0, r.backup_previous.size),
-        Plan::DecryptShift => (0, device_len.checked_sub(shift)),
-    };
-    let total = match total {
-        Some(t) => t,
-        None => device_len.checked_sub(base).ok_or_else(|| {
-            Error::Unsupported(format!(
-                "the data starts at {base}, past the end of {}",
-                data_dev.name()
-            ))
-        })?,
-    };
-    let moved = r
-        .backup_moved
-        .as_ref()
-        .map(|m| (m.offset, m.size.unwrap_or(0)));
-    let layout_fits = match (plan, moved) {
-        (Plan::EncryptShift, Some((offset, size))) => {
-            shift + total <= offset && offset + size <= device_len && size > 0
-        }
-        (Plan::DecryptShift, Some((offset, size))) => {
-            let journal_holds = match guard {
-                Guard::Journal { size: area, .. } => size <= area,
-                _ => true,
-            };
-            offset == 0 && size > 0 && size <= shift && journal_holds
-        }
-        _ => true,
-    };
-    if !layout_fits {
-        return Err(Error::Unsupported(format!(
-            "a data shift whose segments do not fit the {device_len}-byte {}",
-            data_dev.name()
-        )));
-    }
-    let hotzone = match &checksums {
-        Some(c) => {
-            if plan != Plan::DecryptShift && !total.is_multiple_of(c.block) {
-                return Err(Error::Unsupported(format!(
-                    "a data device of {total} bytes with {}-byte resilience blocks (the size \
-                     must be a multiple of it)",
-                    c.block
-                )));
-            }
-            let max_hot = r.keyslot.area_size / c.hash.digest_len() as u64 * c.block;
-            options.hotzone.min(max_hot) / c.block * c.block
-        }
-        // A journal holds a whole hotzone's old bytes.
-        None => match guard {
-            Guard::Journal { size, .. } => options.hotzone.min(size) / 4096 * 4096,
-            _ => options.hotzone / 4096 * 4096,
-        },
-    };
-    if hotzone == 0 {
-        return Err(Error::Unsupported(format!(
-            "a hotzone of {} bytes (at least one {}-byte block)",
-            options.hotzone,
-            block.unwrap_or(4096)
-        )));
-    }
+    let Extent { base, total, moved } = extent(plan, &r, data_dev, shift, &guard)?;
+    let hotzone = hotzone_size(plan, &r, checksums.as_ref(), &guard, total, options)?;
     let engine = Engine {
         header_dev,
         data_dev,
@@ -379,6 +230,226 @@ pub fn run(
             return Ok(Outcome::Paused(now));
         }
     }
+}
+
+/// What the reencryption keyslot asks for, among what runs here.
+fn plan_of(r: &Reencryption) -> Result<Plan, Error> {
+    let moved = r.backup_moved.is_some();
+    Ok(match (r.keyslot.mode, r.keyslot.direction, moved) {
+        (Mode::Encrypt, Direction::Forward, false) => Plan::EncryptForward,
+        (Mode::Decrypt, Direction::Backward, false) => Plan::DecryptBackward,
+        (Mode::Reencrypt, Direction::Forward, false) => Plan::ReencryptForward,
+        (Mode::Encrypt, Direction::Backward, true) => Plan::EncryptShift,
+        (Mode::Decrypt, Direction::Forward, true) => Plan::DecryptShift,
+        _ => {
+            return Err(Error::Unsupported(format!(
+                "resuming a {} {} reencryption{} (cryptsetup's directions run here: forward \
+                 encryption and reencryption, backward decryption; with a data shift, backward \
+                 encryption and forward decryption)",
+                r.keyslot.direction.as_str(),
+                r.keyslot.mode.as_str(),
+                if moved { " with a data shift" } else { "" }
+            )))
+        }
+    })
+}
+
+/// How each step is protected: checksums of its blocks, a journal of its old bytes, the data
+/// shift itself, or nothing; refused where the resilience does not fit the direction.
+fn guard_of(plan: Plan, r: &Reencryption) -> Result<(Option<Checksums>, Guard), Error> {
+    let in_place = matches!(
+        plan,
+        Plan::EncryptForward | Plan::DecryptBackward | Plan::ReencryptForward
+    );
+    Ok(match (plan, &r.keyslot.resilience) {
+        (Plan::EncryptShift, Resilience::Datashift { .. }) => (None, Guard::Shift),
+        (
+            Plan::DecryptShift,
+            Resilience::DatashiftChecksum {
+                hash, sector_size, ..
+            },
+        )
+        | (
+            Plan::EncryptForward | Plan::DecryptBackward | Plan::ReencryptForward,
+            Resilience::Checksum { hash, sector_size },
+        ) => (
+            Some(Checksums {
+                hash: sectorcrypt_luks::hash::parse(hash).map_err(luks)?,
+                block: u64::from(*sector_size),
+                area: r.keyslot.area_offset,
+            }),
+            Guard::Checksum,
+        ),
+        // The moved first chunk, converted last and in place, copied whole into the area first.
+        (Plan::DecryptShift, Resilience::DatashiftJournal { .. }) => (
+            None,
+            Guard::Journal {
+                area: r.keyslot.area_offset,
+                size: r.keyslot.area_size,
+            },
+        ),
+        (_, Resilience::Journal) if in_place => (
+            None,
+            Guard::Journal {
+                area: r.keyslot.area_offset,
+                size: r.keyslot.area_size,
+            },
+        ),
+        (_, Resilience::None) if in_place => (None, Guard::Unprotected),
+        (_, other) => {
+            return Err(Error::Unsupported(format!(
+                "{} resilience with this direction (checksum, journal and none run in place; \
+                 datashift, datashift-checksum and datashift-journal with a data shift)",
+                other.area_type()
+            )))
+        }
+    })
+}
+
+/// A volume key, zeroized when dropped.
+type VolumeKey = zeroize::Zeroizing<Vec<u8>>;
+
+/// The old and new volume keys the plan needs, opened with `passphrase` and checked against the
+/// reencryption digest: metadata edited by someone without the keys must not steer what is
+/// written.
+fn volume_keys(
+    plan: Plan,
+    header: &Luks2Header,
+    header_dev: &dyn Storage,
+    passphrase: &[u8],
+) -> Result<(Option<VolumeKey>, Option<VolumeKey>), Error> {
+    let keys = reencrypt::unlock_volume_keys(header, header_dev, passphrase).map_err(luks)?;
+    let missing = || Error::Unsupported("a volume key of the reencryption does not open".into());
+    let old_key = keys.old.map(|u| u.volume_key);
+    let new_key = keys.new.map(|u| u.volume_key);
+    let need_old = matches!(
+        plan,
+        Plan::DecryptBackward | Plan::DecryptShift | Plan::ReencryptForward
+    );
+    let need_new = matches!(
+        plan,
+        Plan::EncryptForward | Plan::EncryptShift | Plan::ReencryptForward
+    );
+    let old = match need_old {
+        true => Some(old_key.ok_or_else(missing)?),
+        false => None,
+    };
+    let new = match need_new {
+        true => Some(new_key.ok_or_else(missing)?),
+        false => None,
+    };
+    if !reencrypt::verify_reencrypt_digest(
+        header,
+        old.as_deref().map(|k| &k[..]),
+        new.as_deref().map(|k| &k[..]),
+    )
+    .map_err(luks)?
+    {
+        return Err(luks(sectorcrypt_luks::Error::DigestMismatch(
+            "the reencryption digest".into(),
+        )));
+    }
+    Ok((old, new))
+}
+
+/// What a conversion covers on the data device.
+struct Extent {
+    /// Where the converted data starts.
+    base: u64,
+    /// How much of it there is.
+    total: u64,
+    /// A data shift's moved segment: offset and size.
+    moved: Option<(u64, u64)>,
+}
+
+/// What the conversion covers; refused where the segments do not fit the device.
+fn extent(
+    plan: Plan,
+    r: &Reencryption,
+    data_dev: &dyn Storage,
+    shift: u64,
+    guard: &Guard,
+) -> Result<Extent, Error> {
+    let device_len = data_dev
+        .len()
+        .map_err(|e| io_at(data_dev, "reading the size", e))?;
+    let (base, total) = match plan {
+        Plan::DecryptBackward => (r.backup_previous.offset, None),
+        Plan::EncryptForward | Plan::ReencryptForward => (r.backup_final.offset, None),
+        Plan::EncryptShift => (0, r.backup_previous.size),
+        Plan::DecryptShift => (0, device_len.checked_sub(shift)),
+    };
+    let total = match total {
+        Some(t) => t,
+        None => device_len.checked_sub(base).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "the data starts at {base}, past the end of {}",
+                data_dev.name()
+            ))
+        })?,
+    };
+    let moved = r
+        .backup_moved
+        .as_ref()
+        .map(|m| (m.offset, m.size.unwrap_or(0)));
+    let layout_fits = match (plan, moved) {
+        (Plan::EncryptShift, Some((offset, size))) => {
+            shift + total <= offset && offset + size <= device_len && size > 0
+        }
+        (Plan::DecryptShift, Some((offset, size))) => {
+            let journal_holds = match guard {
+                Guard::Journal { size: area, .. } => size <= *area,
+                _ => true,
+            };
+            offset == 0 && size > 0 && size <= shift && journal_holds
+        }
+        _ => true,
+    };
+    if !layout_fits {
+        return Err(Error::Unsupported(format!(
+            "a data shift whose segments do not fit the {device_len}-byte {}",
+            data_dev.name()
+        )));
+    }
+    Ok(Extent { base, total, moved })
+}
+
+/// The bytes of one step: as asked, within what a checksum area or a journal can hold, in whole
+/// resilience blocks.
+fn hotzone_size(
+    plan: Plan,
+    r: &Reencryption,
+    checksums: Option<&Checksums>,
+    guard: &Guard,
+    total: u64,
+    options: &Options,
+) -> Result<u64, Error> {
+    let hotzone = match checksums {
+        Some(c) => {
+            if plan != Plan::DecryptShift && !total.is_multiple_of(c.block) {
+                return Err(Error::Unsupported(format!(
+                    "a data device of {total} bytes with {}-byte resilience blocks (the size \
+                     must be a multiple of it)",
+                    c.block
+                )));
+            }
+            let max_hot = r.keyslot.area_size / c.hash.digest_len() as u64 * c.block;
+            options.hotzone.min(max_hot) / c.block * c.block
+        }
+        // A journal holds a whole hotzone's old bytes.
+        None => match guard {
+            Guard::Journal { size, .. } => options.hotzone.min(*size) / 4096 * 4096,
+            _ => options.hotzone / 4096 * 4096,
+        },
+    };
+    if hotzone == 0 {
+        return Err(Error::Unsupported(format!(
+            "a hotzone of {} bytes (at least one {}-byte block)",
+            options.hotzone,
+            checksums.map_or(4096, |c| c.block)
+        )));
+    }
+    Ok(hotzone)
 }
 
 fn in_progress(header: &Luks2Header) -> Result<Reencryption, Error> {

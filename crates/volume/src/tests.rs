@@ -291,3 +291,22 @@ fn a_header_claiming_more_data_than_the_device_has_is_refused() {
     .unwrap_err();
     assert!(matches!(err, Error::Unsupported(_)), "{err}");
 }
+
+#[test]
+fn a_limit_is_a_positive_whole_number_of_sectors_within_the_data() {
+    let mut layout = Layout {
+        offset: 0,
+        size: 1 << 20,
+        cipher: "aes-xts-plain64".into(),
+        sector_size: 4096,
+        iv_offset: 0,
+    };
+    for bad in [0, 512, 4097, (1 << 20) + 4096] {
+        assert!(
+            matches!(layout.clone().limit_to(bad), Err(Error::Refused(_))),
+            "{bad}"
+        );
+    }
+    layout.limit_to(8192).unwrap();
+    assert_eq!(layout.size, 8192);
+}

@@ -243,13 +243,15 @@ fn cbc_decrypt(k: &Keys, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::x86::testing::{self, available};
+    use super::super::x86::testing::{self, require};
     use super::*;
     use crate::engine::BlockEngine;
 
+    #[cfg_attr(not(cpu_vaes256), ignore = "this CPU lacks VAES with AVX2")]
     #[test]
     fn standard_vectors_and_generic_modes() {
-        if available(Backend::Vaes256) {
+        {
+            require(Backend::Vaes256);
             testing::check_wide_backend(
                 |k| {
                     Box::new(Vaes256::new(k).expect("this test needs VAES + AVX2"))
@@ -260,11 +262,10 @@ mod tests {
         }
     }
 
+    #[cfg_attr(not(cpu_vaes256), ignore = "this CPU lacks VAES with AVX2")]
     #[test]
     fn unit_tweaks_match_scalar_alpha_chain() {
-        if !available(Backend::Vaes256) {
-            return;
-        }
+        require(Backend::Vaes256);
         #[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse4.1")]
         fn lanes(t: &Block, steps: usize) -> Vec<u8> {
             let mut tw = unit_tweaks(t);
@@ -277,7 +278,7 @@ mod tests {
             }
             out.to_vec()
         }
-        // SAFETY: `available()` checked the target features.
+        // SAFETY: `require` checked the target features.
         testing::check_register_tweaks(GROUP, |t, steps| unsafe { lanes(t, steps) });
     }
 }

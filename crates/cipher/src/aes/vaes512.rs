@@ -564,13 +564,15 @@ fn gather(b: [__m128i; 4]) -> __m512i {
 
 #[cfg(test)]
 mod tests {
-    use super::super::x86::testing::{self, available};
+    use super::super::x86::testing::{self, require};
     use super::*;
     use crate::engine::BlockEngine;
 
+    #[cfg_attr(not(cpu_vaes512), ignore = "this CPU lacks VAES with AVX-512")]
     #[test]
     fn standard_vectors_and_generic_modes() {
-        if available(Backend::Vaes512) {
+        {
+            require(Backend::Vaes512);
             testing::check_wide_backend(
                 |k| {
                     Box::new(Vaes512::new(k).expect("this test needs VAES + AVX-512"))
@@ -581,11 +583,10 @@ mod tests {
         }
     }
 
+    #[cfg_attr(not(cpu_vaes512), ignore = "this CPU lacks VAES with AVX-512")]
     #[test]
     fn unit_tweaks_match_scalar_alpha_chain() {
-        if !available(Backend::Vaes512) {
-            return;
-        }
+        require(Backend::Vaes512);
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
         fn lanes(t: &Block, steps: usize) -> Vec<u8> {
             let mut tw = unit_tweaks(t);
@@ -598,7 +599,7 @@ mod tests {
             }
             out.to_vec()
         }
-        // SAFETY: `available()` checked the target features.
+        // SAFETY: `require` checked the target features.
         testing::check_register_tweaks(GROUP, |t, steps| unsafe { lanes(t, steps) });
     }
 }

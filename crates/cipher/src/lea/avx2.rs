@@ -20,6 +20,7 @@ super::simd::lea_simd_engine! {
     /// LEA on AVX2.
     engine: LeaAvx2,
     feature: "avx2",
+    cpu: cpu_avx2,
     backend: crate::backend::Backend::Avx2,
     pair_step: mul_x16,
 }

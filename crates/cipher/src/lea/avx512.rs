@@ -24,6 +24,7 @@ super::simd::lea_simd_engine! {
     /// LEA on AVX-512F.
     engine: LeaAvx512,
     feature: "avx512f",
+    cpu: cpu_avx512f,
     backend: crate::backend::Backend::Avx512,
     pair_step: mul_x32,
 }

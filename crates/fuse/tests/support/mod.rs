@@ -1,8 +1,6 @@
 //! Helpers shared by the integration tests and, through `#[path]` in lib.rs, the unit tests, so
 //! that both mount and check the same kind of volume.
 
-use std::fs;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use sectorcrypt_storage::MemStorage;
@@ -29,10 +27,4 @@ pub(crate) fn mem_volume(
     Arc::new(Volume::with_layout(storage.clone(), layout, &[7; 64], &opts).unwrap())
 }
 
-/// An empty directory of its own under the temporary directory.
-pub(crate) fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sectorcrypt-fuse-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
-}
+pub(crate) use sectorcrypt_testkit::scratch;

@@ -16,8 +16,10 @@
 mod backup;
 pub mod binary;
 mod dump;
+mod format;
 pub mod limits;
 pub mod metadata;
+mod pbkdf;
 pub mod reencrypt;
 mod token;
 mod unlock;
@@ -25,9 +27,11 @@ pub mod validate;
 pub(crate) mod write;
 
 pub use backup::RestorePlan;
+pub use format::{format, FormatParams};
 pub use limits::KEYSLOTS_MAX;
+pub use pbkdf::{Pbkdf, PbkdfKind};
 pub use token::TOKENS_MAX;
-pub use write::{format, keyslot_area_size, random_bytes, FormatParams, Pbkdf, PbkdfKind};
+pub use write::{keyslot_area_size, random_bytes};
 
 use sectorcrypt_storage::Storage;
 use serde_json::{json, Value};

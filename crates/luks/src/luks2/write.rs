@@ -1,6 +1,7 @@
-//! Changing LUKS2 headers the way cryptsetup 2.6 does (`luks2_json_format.c`,
-//! `luks2_keyslot_luks2.c`, `luks2_disk_metadata.c`): formatting, adding, removing and changing
-//! keyslots, every change crash safe.
+//! Changing LUKS2 headers the way cryptsetup 2.6 does (`luks2_keyslot_luks2.c`,
+//! `luks2_disk_metadata.c`): adding, removing and changing keyslots, every change crash safe, and
+//! the writing every change shares (keyslot material, wipes, the two metadata copies).
+//! Formatting is `format.rs`, choosing a keyslot's KDF cost `pbkdf.rs`.
 //!
 //! The rules that make a power cut harmless (each write is assumed to land whole or not at all,
 //! in order, as sectors do):
@@ -25,213 +26,19 @@ use super::binary::{
     BinaryHeader, HeaderCopy, BIN_LEN, HDR_SIZES, LABEL_LEN, MAGIC_PRIMARY, MAGIC_SECONDARY,
     SALT_LEN,
 };
-use super::limits::{
-    DATA_ALIGNMENT, DEFAULT_HDR_AND_AREAS, DIGESTS_MAX, DIGEST_ITER_TIME_MS, KDF_SALT_LEN,
-    KEYSLOTS_MAX, KEYSLOTS_SIZE_MAX, STRIPES,
-};
+use super::limits::{DIGESTS_MAX, DIGEST_ITER_TIME_MS, KDF_SALT_LEN, KEYSLOTS_MAX, STRIPES};
 use super::metadata::{
-    Af, Area, Config, CryptSegment, Digest, Keyslot, KeyslotKdf, Luks2Keyslot, Metadata, Numbered,
-    Pbkdf2Digest, Priority, SegmentEntry,
+    Af, Area, Digest, Keyslot, KeyslotKdf, Luks2Keyslot, Metadata, Pbkdf2Digest, Priority,
 };
+use super::pbkdf::Pbkdf;
 use super::Header;
 use crate::error::Error;
 use crate::hash::Hash;
-use crate::kdf::{self, Argon2Variant, Kdf};
+use crate::kdf::{self, Kdf};
 use crate::keyslot::{digest_matches, KeyslotArea};
-use crate::Unlocked;
 
 /// Wipes go in blocks of this size, like cryptsetup's.
 const WIPE_BLOCK: u64 = 1 << 20;
-
-/// Which passphrase KDF a keyslot gets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PbkdfKind {
-    /// PBKDF2-HMAC with this hash.
-    Pbkdf2 {
-        /// The HMAC hash.
-        hash: Hash,
-    },
-    /// Argon2i or Argon2id.
-    Argon2 {
-        /// Which one.
-        variant: Argon2Variant,
-    },
-}
-
-/// How a new keyslot's KDF cost is chosen, as cryptsetup's `--pbkdf*` options say.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Pbkdf {
-    /// The function.
-    pub kind: PbkdfKind,
-    /// A fixed cost instead of a benchmark (`--pbkdf-force-iterations`): PBKDF2 iterations or
-    /// Argon2 time.
-    pub forced_iterations: Option<u32>,
-    /// Argon2 memory ceiling (`--pbkdf-memory`), KiB; capped at half of the available memory.
-    pub memory_kib: u32,
-    /// Argon2 threads (`--pbkdf-parallel`); 0 means cryptsetup's default, capped at the CPUs.
-    pub parallel: u32,
-    /// Benchmark target (`--iter-time`), milliseconds.
-    pub iter_time_ms: u32,
-}
-
-impl Default for Pbkdf {
-    /// cryptsetup's LUKS2 default: argon2id, 2 s, up to 1 GiB, up to 4 threads.
-    fn default() -> Self {
-        Pbkdf {
-            kind: PbkdfKind::Argon2 {
-                variant: Argon2Variant::Argon2id,
-            },
-            forced_iterations: None,
-            memory_kib: kdf::ARGON2_DEFAULT_MAX_MEMORY_KIB,
-            parallel: 0,
-            iter_time_ms: 2000,
-        }
-    }
-}
-
-impl Pbkdf {
-    /// PBKDF2 with a fixed iteration count (no benchmark).
-    pub fn pbkdf2_forced(hash: Hash, iterations: u32) -> Self {
-        Pbkdf {
-            kind: PbkdfKind::Pbkdf2 { hash },
-            forced_iterations: Some(iterations),
-            ..Pbkdf::default()
-        }
-    }
-
-    /// Argon2 with a fixed cost (no benchmark).
-    pub fn argon2_forced(
-        variant: Argon2Variant,
-        time: u32,
-        memory_kib: u32,
-        parallel: u32,
-    ) -> Self {
-        Pbkdf {
-            kind: PbkdfKind::Argon2 { variant },
-            forced_iterations: Some(time),
-            memory_kib,
-            parallel,
-            iter_time_ms: 2000,
-        }
-    }
-
-    /// The KDF with its cost for a `key_len`-byte area key: forced, or benchmarked here.
-    pub fn resolve(&self, key_len: usize) -> Result<Kdf, Error> {
-        match self.kind {
-            PbkdfKind::Pbkdf2 { hash } => {
-                let iterations = match self.forced_iterations {
-                    Some(n) if n < kdf::PBKDF2_MIN_ITERATIONS => {
-                        return Err(Error::Unsupported(format!(
-                            "{n} PBKDF2 iterations (cryptsetup's minimum is {})",
-                            kdf::PBKDF2_MIN_ITERATIONS
-                        )))
-                    }
-                    Some(n) => n,
-                    None => kdf::calibrate_pbkdf2(hash, key_len, self.iter_time_ms)?,
-                };
-                Ok(Kdf::Pbkdf2 { hash, iterations })
-            }
-            PbkdfKind::Argon2 { variant } => {
-                // As cryptsetup: never more threads than CPUs, never more than half the memory.
-                let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
-                let parallel = match self.parallel {
-                    0 => kdf::default_argon2_parallel(),
-                    p => p.min(cpus),
-                };
-                let (time, memory_kib) = match self.forced_iterations {
-                    Some(t) if t < kdf::ARGON2_MIN_TIME => {
-                        return Err(Error::Unsupported(format!(
-                            "an Argon2 time cost of {t} (cryptsetup's minimum is {})",
-                            kdf::ARGON2_MIN_TIME
-                        )))
-                    }
-                    Some(t) => {
-                        let mut m = u64::from(self.memory_kib);
-                        if let Some(half) = kdf::half_available_memory_kib() {
-                            m = m.min(half);
-                        }
-                        let min =
-                            u64::from(kdf::ARGON2_MIN_MEMORY_KIB).max(8 * u64::from(parallel));
-                        (t, m.max(min) as u32)
-                    }
-                    None => kdf::calibrate_argon2(
-                        variant,
-                        self.iter_time_ms,
-                        self.memory_kib,
-                        parallel,
-                    )?,
-                };
-                Ok(Kdf::Argon2 {
-                    variant,
-                    time,
-                    memory_kib,
-                    parallel,
-                })
-            }
-        }
-    }
-}
-
-/// What `cryptsetup luksFormat --type luks2` is told.
-#[derive(Clone, Debug)]
-pub struct FormatParams {
-    /// The data cipher (`aes-xts-plain64`); keyslot areas use it too, as cryptsetup's do.
-    pub cipher: String,
-    /// Volume key size in bits (512 for AES-256-XTS).
-    pub key_bits: usize,
-    /// Encryption sector size; `None` is cryptsetup's choice for files: 4096 when the data area
-    /// is a multiple of 4096 bytes, else 512.
-    pub sector_size: Option<u32>,
-    /// The new keyslot's KDF.
-    pub pbkdf: Pbkdf,
-    /// Hash of the volume-key digest and the AF splitter.
-    pub hash: Hash,
-    /// Label (at most 47 bytes).
-    pub label: Option<String>,
-    /// Subsystem (at most 47 bytes).
-    pub subsystem: Option<String>,
-    /// UUID; random if `None`.
-    pub uuid: Option<String>,
-    /// Keyslot number for the passphrase (default the first, 0).
-    pub keyslot: Option<usize>,
-    /// The volume key; random if `None`.
-    pub volume_key: Option<Zeroizing<Vec<u8>>>,
-    /// Bytes of one header copy (`--luks2-metadata-size`, 16 KiB to 4 MiB); default 16 KiB.
-    pub metadata_size: Option<u64>,
-    /// Bytes of the keyslots area (`--luks2-keyslots-size`); default fills 16 MiB.
-    pub keyslots_size: Option<u64>,
-    /// The header lives on its own device (`--header`): the data starts at offset 0 of the data
-    /// device, which is not `dev`.
-    pub detached_header: bool,
-    /// Bytes of the data device, if it is not `dev` itself or not yet the size it will be (a
-    /// header built in memory for a device): the data area is this minus the data offset.
-    pub data_device_size: Option<u64>,
-    /// Where the data starts (`--offset`, bytes, a multiple of 4096) instead of after the
-    /// header, aligned to 1 MiB; the default keyslots area shrinks to fit before it.
-    pub data_offset: Option<u64>,
-}
-
-impl Default for FormatParams {
-    fn default() -> Self {
-        FormatParams {
-            cipher: "aes-xts-plain64".into(),
-            key_bits: 512,
-            sector_size: None,
-            pbkdf: Pbkdf::default(),
-            hash: Hash::Sha256,
-            label: None,
-            subsystem: None,
-            uuid: None,
-            keyslot: None,
-            volume_key: None,
-            metadata_size: None,
-            keyslots_size: None,
-            detached_header: false,
-            data_device_size: None,
-            data_offset: None,
-        }
-    }
-}
 
 pub(super) fn io(dev: &dyn Storage, source: std::io::Error) -> Error {
     Error::Io {
@@ -248,7 +55,7 @@ pub fn random_bytes(n: usize) -> Zeroizing<Vec<u8>> {
     v
 }
 
-fn text_field(text: &str, what: &str) -> Result<[u8; LABEL_LEN], Error> {
+pub(super) fn text_field(text: &str, what: &str) -> Result<[u8; LABEL_LEN], Error> {
     let mut f = [0u8; LABEL_LEN];
     if text.len() >= LABEL_LEN || text.as_bytes().contains(&0) {
         return Err(Error::Unsupported(format!(
@@ -371,9 +178,9 @@ impl Metadata {
 }
 
 /// A new `luks2` keyslot made and sealed, not yet written.
-struct NewKeyslot {
-    json: Luks2Keyslot,
-    material: Zeroizing<Vec<u8>>,
+pub(super) struct NewKeyslot {
+    pub(super) json: Luks2Keyslot,
+    pub(super) material: Zeroizing<Vec<u8>>,
 }
 
 /// The cipher of keyslot areas for volumes whose data segment uses `segment_cipher` with a key of
@@ -391,7 +198,7 @@ fn keyslot_area_cipher(segment_cipher: &str, key_len: usize) -> (String, usize) 
 /// Build a keyslot holding `volume_key` for `passphrase` at `offset`, its area encrypted like the
 /// data segment (`segment_cipher` with an `area_key_len`-byte key, see [`keyslot_area_cipher`]),
 /// as `luks2_keyslot_alloc` and `luks2_keyslot_set_key` do.
-fn make_keyslot(
+pub(super) fn make_keyslot(
     segment_cipher: &str,
     area_key_len: usize,
     af_hash: Hash,
@@ -435,7 +242,7 @@ fn make_keyslot(
 }
 
 /// Overwrite `[offset, offset + len)` in `WIPE_BLOCK` pieces, with zeros or random bytes.
-fn wipe(dev: &dyn Storage, offset: u64, len: u64, random: bool) -> Result<(), Error> {
+pub(super) fn wipe(dev: &dyn Storage, offset: u64, len: u64, random: bool) -> Result<(), Error> {
     let mut done = 0;
     while done < len {
         let n = (len - done).min(WIPE_BLOCK) as usize;
@@ -531,7 +338,7 @@ pub(super) fn write_metadata(
     Ok(())
 }
 
-fn random_salt() -> [u8; SALT_LEN] {
+pub(super) fn random_salt() -> [u8; SALT_LEN] {
     let mut s = [0u8; SALT_LEN];
     rand::rngs::OsRng.fill_bytes(&mut s);
     s
@@ -539,13 +346,12 @@ fn random_salt() -> [u8; SALT_LEN] {
 
 /// The data cipher checked against the volume key (so a key of the wrong size is refused before
 /// anything is written).
-fn check_cipher(cipher: &str, key: &[u8]) -> Result<(), Error> {
+pub(super) fn check_cipher(cipher: &str, key: &[u8]) -> Result<(), Error> {
     let spec = CipherSpec::parse(cipher)?;
     SectorCipher::new(spec, key, &SectorOptions::default())?;
     Ok(())
 }
 
-/// Format `dev` as LUKS2 with one keyslot for `passphrase`, as `cryptsetup luksFormat --type
 /// Zero, alone and synced, the magic sector of every LUKS header copy on `dev` below `limit`
 /// (LUKS1 or LUKS2, at offset 0 and cryptsetup's secondary offsets), before a format overwrites
 /// anything else: writes since a sync can be lost or torn, and a surviving old header must never
@@ -568,229 +374,6 @@ pub(crate) fn erase_old_headers(dev: &dyn Storage, limit: u64) -> Result<(), Err
         dev.sync().map_err(|e| io(dev, e))?;
     }
     Ok(())
-}
-
-/// luks2` does: wipe the header area with zeros and the keyslots area with random bytes, write
-/// the keyslot, then both header copies. `dev` is the header device (the data device too unless
-/// `params.detached_header`). Returns the header as read back and the opened keyslot.
-///
-/// Errors: [`Error::Unsupported`] for parameters cryptsetup refuses (sizes, UUID, label,
-/// cipher and key size); [`Error::Corrupt`] if the device is too small; [`Error::Io`].
-pub fn format(
-    dev: &dyn Storage,
-    params: &FormatParams,
-    passphrase: &[u8],
-) -> Result<(Header, Unlocked), Error> {
-    let dev_len = dev.len().map_err(|e| io(dev, e))?;
-    let hdr_size = params.metadata_size.unwrap_or(HDR_SIZES[0]);
-    if !HDR_SIZES.contains(&hdr_size) {
-        return Err(Error::Unsupported(format!(
-            "a metadata size of {hdr_size} bytes (a power of two from 16 KiB to 4 MiB)"
-        )));
-    }
-    let min_offset = 2 * hdr_size;
-    if let Some(off) = params.data_offset {
-        if !off.is_multiple_of(4096) || (!params.detached_header && off < min_offset + 4096) {
-            return Err(Error::Unsupported(format!(
-                "a data offset of {off} bytes (a multiple of 4 KiB past the {min_offset}-byte \
-                 metadata and a keyslots area)"
-            )));
-        }
-    }
-    let keyslots_size = match params.keyslots_size {
-        Some(k) if !k.is_multiple_of(4096) || k == 0 || k > KEYSLOTS_SIZE_MAX => {
-            return Err(Error::Unsupported(format!(
-                "a keyslots area of {k} bytes (a multiple of 4 KiB up to 128 MiB)"
-            )))
-        }
-        Some(k) => k,
-        None => {
-            let mut k = DEFAULT_HDR_AND_AREAS - min_offset;
-            // A detached header file smaller than the default gets what fits (cryptsetup would
-            // first try to grow the file; a `Storage` has a fixed size).
-            if params.detached_header && dev_len < DEFAULT_HDR_AND_AREAS && dev_len > min_offset {
-                k = (dev_len - min_offset) / 4096 * 4096;
-            }
-            // ... and a requested data offset the area must end before (`LUKS2_generate_hdr`).
-            match params.data_offset {
-                Some(off) if !params.detached_header => k.min(off - min_offset),
-                _ => k,
-            }
-        }
-    };
-    let data_offset = match params.data_offset {
-        Some(off) if !params.detached_header && off < min_offset + keyslots_size => {
-            return Err(Error::Unsupported(format!(
-                "a data offset of {off} bytes inside the {}-byte header",
-                min_offset + keyslots_size
-            )))
-        }
-        Some(off) => off,
-        None if params.detached_header => 0,
-        None => (min_offset + keyslots_size).div_ceil(DATA_ALIGNMENT) * DATA_ALIGNMENT,
-    };
-    let header_len = min_offset + keyslots_size;
-    let data_size = match params.data_device_size {
-        Some(d) => d.checked_sub(data_offset),
-        None if params.detached_header => None,
-        None => dev_len.checked_sub(data_offset),
-    };
-    let needed = if params.detached_header {
-        header_len
-    } else {
-        data_offset + 512
-    };
-    if dev_len < header_len || (!params.detached_header && data_size.is_none_or(|d| d < 512)) {
-        return Err(Error::Corrupt(format!(
-            "the device has {} bytes but the LUKS2 header needs at least {needed}",
-            params.data_device_size.unwrap_or(dev_len)
-        )));
-    }
-    let sector_size = match params.sector_size {
-        Some(s) => {
-            if !(512..=4096).contains(&s) || !s.is_power_of_two() {
-                return Err(Error::Unsupported(format!(
-                    "a sector size of {s} (a power of two from 512 to 4096)"
-                )));
-            }
-            if data_size.is_some_and(|d| !d.is_multiple_of(u64::from(s))) {
-                return Err(Error::Unsupported(format!(
-                    "a sector size of {s} for a data area that is not a multiple of it"
-                )));
-            }
-            s
-        }
-        None if data_size.is_some_and(|d| d.is_multiple_of(4096)) => 4096,
-        None => 512,
-    };
-    if params.key_bits == 0 || !params.key_bits.is_multiple_of(8) || params.key_bits > 1024 * 8 {
-        return Err(Error::Unsupported(format!(
-            "a volume key of {} bits",
-            params.key_bits
-        )));
-    }
-    let volume_key = match &params.volume_key {
-        Some(k) if k.len() * 8 != params.key_bits => {
-            return Err(Error::Unsupported(format!(
-                "a volume key of {} bits where {} were asked for",
-                k.len() * 8,
-                params.key_bits
-            )))
-        }
-        Some(k) => k.clone(),
-        None => random_bytes(params.key_bits / 8),
-    };
-    check_cipher(&params.cipher, &volume_key)?;
-    let uuid = match &params.uuid {
-        Some(u) => crate::uuid::normalize(u)?,
-        None => crate::uuid::random(),
-    };
-    let slot = params.keyslot.unwrap_or(0);
-    if slot >= KEYSLOTS_MAX {
-        return Err(Error::Unsupported(format!(
-            "keyslot {slot} (LUKS2 has 0 to {})",
-            KEYSLOTS_MAX - 1
-        )));
-    }
-    let mut uuid_field = [0u8; super::binary::UUID_LEN];
-    uuid_field[..uuid.len()].copy_from_slice(uuid.as_bytes());
-    let mut checksum_alg = [0u8; super::binary::CHECKSUM_ALG_LEN];
-    checksum_alg[..6].copy_from_slice(b"sha256");
-    let fields = BinaryFields {
-        hdr_size,
-        seqid: 1,
-        label: text_field(params.label.as_deref().unwrap_or(""), "label")?,
-        subsystem: text_field(params.subsystem.as_deref().unwrap_or(""), "subsystem")?,
-        uuid: uuid_field,
-        checksum_alg,
-        salts: [random_salt(), random_salt()],
-    };
-
-    // The digest (`PBKDF2_digest_store`): benchmarked unless the keyslot cost is forced.
-    let digest_iterations = if params.pbkdf.forced_iterations.is_some() {
-        kdf::PBKDF2_MIN_ITERATIONS
-    } else {
-        kdf::calibrate_pbkdf2(params.hash, params.hash.digest_len(), DIGEST_ITER_TIME_MS)?
-    };
-    let digest_salt = random_bytes(KDF_SALT_LEN);
-    let digest = Kdf::Pbkdf2 {
-        hash: params.hash,
-        iterations: digest_iterations,
-    }
-    .derive(&volume_key, &digest_salt, params.hash.digest_len())?;
-
-    let area_size = keyslot_area_size(volume_key.len());
-    if area_size > keyslots_size {
-        return Err(Error::Unsupported(format!(
-            "a keyslots area of {keyslots_size} bytes, too small for one {area_size}-byte keyslot"
-        )));
-    }
-    let ks = make_keyslot(
-        &params.cipher,
-        volume_key.len(),
-        params.hash,
-        &volume_key,
-        passphrase,
-        &params.pbkdf,
-        min_offset,
-    )?;
-    let metadata = Metadata {
-        keyslots: Numbered(vec![(slot as u32, Keyslot::Luks2(Box::new(ks.json)))]),
-        tokens: Numbered(Vec::new()),
-        segments: Numbered(vec![(
-            0,
-            SegmentEntry::Crypt(CryptSegment {
-                offset: data_offset,
-                size: None,
-                iv_tweak: 0,
-                encryption: params.cipher.clone(),
-                sector_size,
-                integrity: None,
-                flags: None,
-                extra: Map::new(),
-            }),
-        )]),
-        digests: Numbered(vec![(
-            0,
-            Digest::Pbkdf2(Pbkdf2Digest {
-                keyslots: vec![slot.to_string()],
-                segments: vec!["0".into()],
-                hash: params.hash.name().into(),
-                iterations: digest_iterations,
-                salt: digest_salt.to_vec(),
-                digest: digest.to_vec(),
-                extra: Map::new(),
-            }),
-        )]),
-        config: Config {
-            json_size: hdr_size - BIN_LEN as u64,
-            keyslots_size,
-            flags: None,
-            requirements: None,
-            extra: Map::new(),
-        },
-        extra: Map::new(),
-    };
-
-    // `LUKS2_wipe_header_areas`: zeros up to the data (on a detached header, over both copies:
-    // an old secondary copy left there would still be found and opened), then random bytes over
-    // the keyslots area; the old headers go first (see `erase_old_headers`).
-    let zero_len = if params.detached_header {
-        min_offset
-    } else {
-        data_offset
-    };
-    erase_old_headers(dev, zero_len)?;
-    wipe(dev, 0, zero_len, false)?;
-    wipe(dev, min_offset, keyslots_size, true)?;
-    dev.write_at(&ks.material, min_offset)
-        .map_err(|e| io(dev, e))?;
-    dev.sync().map_err(|e| io(dev, e))?;
-    write_metadata(dev, &fields, &metadata)?;
-
-    let header = Header::read(dev)?;
-    let unlocked = Unlocked { slot, volume_key };
-    Ok((header, unlocked))
 }
 
 impl Header {

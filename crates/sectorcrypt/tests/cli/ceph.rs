@@ -7,8 +7,10 @@
 use std::path::Path;
 use std::process::Command;
 
+use sectorcrypt_testkit::pattern;
+
 use crate::common::{ok, p, run, sc, scratch};
-use crate::nbd::{pattern, tool, write_file, Served, MIB};
+use crate::nbd::{tool, write_file, Served, MIB};
 
 pub(crate) fn script() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-cluster.sh")
@@ -26,6 +28,17 @@ fn daemon_pids(dir: &Path) -> Vec<u32> {
         })
         .unwrap_or_default()
 }
+
+/// Argon2id at forced costs for the images made here (a calibrated one would cost what this
+/// host's speed says), with librbd's 64 MiB of memory.
+pub(crate) const FAST: [&str; 6] = [
+    "--pbkdf",
+    "argon2id",
+    "--pbkdf-force-iterations",
+    "4",
+    "--pbkdf-memory",
+    "65536",
+];
 
 /// A running cluster, stopped on drop.
 pub(crate) struct Cluster {
@@ -55,6 +68,25 @@ impl Cluster {
             run(Command::new("rbd").args(["--conf", &self.conf]).args(args)),
             &format!("rbd {args:?}"),
         )
+    }
+
+    /// How many of `image`'s data objects exist in the pool `rbd` (one per 4 MiB written to).
+    pub(crate) fn data_objects(&self, image: &str) -> usize {
+        let info = self.rbd(&["info", &format!("rbd/{image}")]);
+        let info = String::from_utf8_lossy(&info.stdout);
+        let prefix = info
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("block_name_prefix: "))
+            .unwrap_or_else(|| panic!("no block_name_prefix in {info}"))
+            .to_string();
+        let list = ok(
+            run(Command::new("rados").args(["--conf", &self.conf, "-p", "rbd", "ls"])),
+            "rados ls",
+        );
+        String::from_utf8_lossy(&list.stdout)
+            .lines()
+            .filter(|o| o.starts_with(&prefix))
+            .count()
     }
 
     /// `ceph-cluster.sh osd-kill` or `osd-start`: the OSD dies as in a crash, or comes back.
@@ -110,26 +142,15 @@ fn the_test_cluster_serves_rbd_and_librbd_reads_a_volume_made_here() {
         .unwrap();
     ok(
         sc(&[
-            "format",
-            "-q",
-            "--type",
-            "luks2",
-            "--pbkdf",
-            "argon2id",
-            "--pbkdf-force-iterations",
-            "4",
-            "--pbkdf-memory",
-            "65536",
-            "--sector-size",
-            "4096",
-            "--key-file",
-            p(&key),
-            p(&img),
-        ]),
+            &["format", "-q", "--type", "luks2"][..],
+            &FAST,
+            &["--sector-size", "4096", "--key-file", p(&key), p(&img)],
+        ]
+        .concat()),
         "format",
     );
     cluster.rbd(&["import", "--no-progress", p(&img), "rbd/scvol"]);
-    let data = pattern(16, 4 * MIB as usize);
+    let data = pattern(4 * MIB as usize, 16);
     let src = dir.join("data.raw");
     write_file(&src, &data);
     let conf = ["--ceph-conf", cluster.conf.as_str()];
@@ -257,15 +278,7 @@ fn every_header_command_and_reencryption_work_on_rbd_images() {
     let key2 = dir.join("pass2");
     write_file(&key2, b"second passphrase");
     cluster.rbd(&["create", "--size", "48M", "rbd/cmd"]);
-    // Forced costs: a calibrated Argon2id would cost what this host's speed says.
-    let fast = [
-        "--pbkdf",
-        "argon2id",
-        "--pbkdf-force-iterations",
-        "4",
-        "--pbkdf-memory",
-        "65536",
-    ];
+    let fast = FAST;
 
     // format and add-key on the image itself; dump as cryptsetup dumps the exported image.
     let mut args = vec!["format", "-q", "--type", "luks2", "--key-file", p(&key)];
@@ -356,7 +369,7 @@ fn every_header_command_and_reencryption_work_on_rbd_images() {
 
     // Data written through serve, then the volume key rotated in place: librbd reads the data
     // with the new key.
-    let data = pattern(17, 4 * MIB as usize);
+    let data = pattern(4 * MIB as usize, 17);
     let src = dir.join("data.raw");
     write_file(&src, &data);
     let server = Served::unix(
@@ -449,7 +462,7 @@ fn every_header_command_and_reencryption_work_on_rbd_images() {
         ],
         &mnt,
     );
-    let more = pattern(18, MIB as usize);
+    let more = pattern(MIB as usize, 18);
     {
         use std::os::unix::fs::FileExt;
         let f = std::fs::OpenOptions::new()
@@ -479,7 +492,7 @@ fn every_header_command_and_reencryption_work_on_rbd_images() {
     // kpio serve on an RBD image: what a tag's export writes is that key's ciphertext in the
     // image (Python's `cryptography` decrypts the rbd export).
     cluster.rbd(&["create", "--size", "16M", "rbd/kpio"]);
-    let (key1, key2) = (pattern(10, 64), pattern(11, 64));
+    let (key1, key2) = (pattern(64, 10), pattern(64, 11));
     let table = dir.join("keys.bin");
     write_file(&table, &[key1.clone(), key2].concat());
     let kpio = Served::start_command(
@@ -496,7 +509,7 @@ fn every_header_command_and_reencryption_work_on_rbd_images() {
         ],
     );
     assert_eq!(kpio.size, 16 * MIB);
-    let tagged = pattern(12, 256 * 1024);
+    let tagged = pattern(256 * 1024, 12);
     let tagged_file = dir.join("tagged.raw");
     write_file(&tagged_file, &tagged);
     tool(
@@ -521,7 +534,7 @@ fn every_header_command_and_reencryption_work_on_rbd_images() {
 
     // Encryption in place, the data shifted to make room for the header: librbd reads the
     // original; decryption in place (the header exported to a file) brings it back at 0.
-    let plain = pattern(19, 32 * MIB as usize);
+    let plain = pattern(32 * MIB as usize, 19);
     let plain_file = dir.join("plain.raw");
     write_file(&plain_file, &plain);
     cluster.rbd(&["import", "--no-progress", p(&plain_file), "rbd/plain"]);

@@ -17,19 +17,11 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::ceph::{librbd, Cluster, LIBRBD_READ};
-use crate::common::{ok, our_volume_key_with, p, sc, scratch};
-use crate::nbd::{pattern, run_within, tool, wait_within, write_file, Served, MIB};
+use crate::ceph::{librbd, Cluster, FAST, LIBRBD_READ};
+use sectorcrypt_testkit::pattern;
 
-/// Fast key derivation for the images made here.
-const FAST: [&str; 6] = [
-    "--pbkdf",
-    "argon2id",
-    "--pbkdf-force-iterations",
-    "4",
-    "--pbkdf-memory",
-    "65536",
-];
+use crate::common::{ok, our_volume_key_with, p, sc, scratch};
+use crate::nbd::{run_within, tool, wait_within, write_file, Served, MIB};
 
 /// An fio job on the export at `uri`: 64 KiB random writes over the first 48 MiB, each block
 /// carrying a crc32c checksum, plus `extra` options.
@@ -56,6 +48,20 @@ fn fio(job: &Path) -> std::process::Child {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run fio (scripts/install-test-deps.sh installs it)")
+}
+
+/// Wait until a write workload running beside has reached `more` objects of `image` that did
+/// not exist before (`before` of them did): the fault then lands inside the workload, an event
+/// and not a moment, however fast this host is. Fails if the workload stops short of it.
+fn wait_for_new_objects(cluster: &Cluster, image: &str, before: usize, more: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while cluster.data_objects(image) < before + more {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the workload wrote no {more} new objects of {image}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// fio's output once it has ended, and its status.
@@ -95,8 +101,9 @@ fn an_osd_that_dies_and_comes_back_loses_no_acknowledged_write() {
     args.push("rbd:rbd/faults");
     ok(sc(&args), "format rbd:");
 
-    // Waiting (the default): the OSD is killed 3 s into a 16 s write workload and restarted
-    // 5 s later. Every write completes, and each block fio wrote reads back with its checksum.
+    // Waiting (the default): the OSD is killed once a 16 s write workload has reached two new
+    // objects of the image, and restarted 5 s later. Every write completes, and each block fio
+    // wrote reads back with its checksum.
     let server = Served::unix(
         &dir,
         "w.sock",
@@ -105,8 +112,9 @@ fn an_osd_that_dies_and_comes_back_loses_no_acknowledged_write() {
         &["--ceph-conf", &conf],
     );
     let job = fio_job(&dir, "waits", &server.uri, "rate=3m\n");
+    let before = cluster.data_objects("faults");
     let writer = fio(&job);
-    std::thread::sleep(Duration::from_secs(3));
+    wait_for_new_objects(&cluster, "faults", before, 2);
     cluster.osd("osd-kill");
     std::thread::sleep(Duration::from_secs(5));
     cluster.osd("osd-start");
@@ -141,10 +149,13 @@ fn an_osd_that_dies_and_comes_back_loses_no_acknowledged_write() {
         &dir,
         "fails",
         &server.uri,
-        "time_based=1\nruntime=120\ndo_verify=0\n",
+        // The last 16 MiB of the data, which the first workload left alone: its first new
+        // object places the fault.
+        "offset=48m\nsize=16m\ntime_based=1\nruntime=120\ndo_verify=0\n",
     );
+    let before = cluster.data_objects("faults");
     let writer = fio(&job);
-    std::thread::sleep(Duration::from_secs(2));
+    wait_for_new_objects(&cluster, "faults", before, 1);
     cluster.osd("osd-kill");
     let (written, text) = fio_result(writer, Duration::from_secs(100));
     assert!(
@@ -200,7 +211,7 @@ fn reencryption_of_an_rbd_image_killed_at_random_moments_resumes_and_librbd_read
     ok(sc(&args), "format rbd:");
 
     // 48 MiB of data (all of the volume) written through serve.
-    let data = pattern(29, 48 * MIB as usize);
+    let data = pattern(48 * MIB as usize, 29);
     let src = dir.join("data.raw");
     write_file(&src, &data);
     let server = Served::unix(

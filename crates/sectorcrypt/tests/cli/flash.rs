@@ -31,6 +31,17 @@ pub(crate) fn new_flash(dir: &Path, extra: &[&str]) -> (PathBuf, PathBuf) {
     (img, key)
 }
 
+/// The flash's UBI holds exactly the volumes `names`, in order, and its auto-resize volume took
+/// every eraseblock left.
+fn assert_volumes_fill_the_chip(img: &Path, key: &Path, names: &[&str]) {
+    let v = info(img, key);
+    assert_eq!(volume_names(&v), names);
+    assert_eq!(
+        v["ubi"]["available_pebs"], 0,
+        "the auto-resize volume took the rest"
+    );
+}
+
 /// `args` followed by `--key-file KEY`.
 fn keyed<'a>(key: &'a Path, args: &[&'a str]) -> Vec<&'a str> {
     [args, &["--key-file", p(key)][..]].concat()
@@ -359,13 +370,7 @@ fn ubinize_images_and_squashfs_go_in_and_come_out_for_the_standard_tools() {
         ]),
         "flash import",
     );
-    let v = info(&img, &key);
-    let names = volume_names(&v);
-    assert_eq!(names, ["rootfs", "data", "rest"]);
-    assert_eq!(
-        v["ubi"]["available_pebs"], 0,
-        "the auto-resize volume took the rest"
-    );
+    assert_volumes_fill_the_chip(&img, &key, &["rootfs", "data", "rest"]);
     // The static volume reads back as the squashfs, which unsquashfs lists.
     let back = dir.join("rootfs.back");
     ok(
@@ -625,13 +630,7 @@ fn a_plain_ubi_image_is_converted_in_place_and_back() {
         sc_fast(&["flash", "convert", p(&img), "--key-file", p(&key), "-q"]),
         "flash convert",
     );
-    let v = info(&img, &key);
-    let names = volume_names(&v);
-    assert_eq!(names, ["cfg", "data", "rest"]);
-    assert_eq!(
-        v["ubi"]["available_pebs"], 0,
-        "the auto-resize volume grew after the conversion"
-    );
+    assert_volumes_fill_the_chip(&img, &key, &["cfg", "data", "rest"]);
     let back = dir.join("cfg.back");
     ok(
         sc(&keyed(

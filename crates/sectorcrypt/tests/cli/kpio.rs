@@ -8,10 +8,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use sectorcrypt_testkit::pattern;
+
 use crate::common::p;
 use crate::nbd::{
-    assert_same, pattern, python_decrypt, read_file, run_within, signal, tool, write_file, Scratch,
-    Served, BIN, MIB, TOOL_DEADLINE,
+    assert_same, python_decrypt, read_file, run_within, signal, tool, write_file, Scratch, Served,
+    BIN, MIB, TOOL_DEADLINE,
 };
 
 /// Key table entries are 64 bytes (aes-xts-plain64, 512-bit keys).
@@ -20,7 +22,7 @@ const KEY: usize = 64;
 /// A key table file with `keys[i]` under tag i (`None`: an all-zero entry).
 fn key_table(keys: &[Option<u64>]) -> Vec<u8> {
     keys.iter()
-        .flat_map(|k| k.map_or_else(|| vec![0u8; KEY], |seed| pattern(seed, KEY)))
+        .flat_map(|k| k.map_or_else(|| vec![0u8; KEY], |seed| pattern(KEY, seed)))
         .collect()
 }
 
@@ -138,7 +140,7 @@ fn key_per_io_over_nbd_decrypts_with_each_tags_key_and_reloads() {
 
     // The same offset written under two keys, and another range under a third.
     let (offset, len) = (MIB + 8192, 256 * 1024u64);
-    let (a, b) = (pattern(1, len as usize), pattern(2, len as usize));
+    let (a, b) = (pattern(len as usize, 1), pattern(len as usize, 2));
     for (tag, data) in [(1u32, &a), (2, &b)] {
         let src = dir.join(format!("tag{tag}.raw"));
         write_file(&src, data);
@@ -204,7 +206,7 @@ fn key_per_io_over_nbd_decrypts_with_each_tags_key_and_reloads() {
             &store,
             4096,
             512,
-            &hex(&pattern(seed, KEY)),
+            &hex(&pattern(KEY, seed)),
             offset + tag * MIB,
             len,
         );

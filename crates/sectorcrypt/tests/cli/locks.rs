@@ -180,6 +180,20 @@ fn every_writer_is_refused(dir: &Path, img: &Path, header: Option<&Path>, key: &
     ok(sc(&test), "test-passphrase beside a writer");
 }
 
+/// A key rotation of `img` (with its detached `header`) runs at once, its holder just killed with
+/// SIGKILL: the kernel dropped the lock with the process.
+fn reencrypts_at_once(img: &Path, header: Option<&Path>, key: &Path) {
+    let mut args = vec!["reencrypt", "-q", "--key-file", p(key)];
+    if let Some(h) = header {
+        args.extend(["--header", p(h)]);
+    }
+    args.push(p(img));
+    ok(
+        sc_fast(&args),
+        "reencrypt at once after the holder's SIGKILL",
+    );
+}
+
 /// fio through the export: 4 KiB random writes over 16 MiB with crc32c checksums, then (or,
 /// with `verify_only`, only) the verify pass.
 fn fio(dir: &Path, uri: &str, verify_only: bool) -> std::process::Child {
@@ -248,7 +262,7 @@ fn a_served_file_refuses_every_other_writer_and_fio_verifies_clean() {
     assert!(tries >= 1);
     for extra in [&[][..], &["--readonly"][..]] {
         let sock = dir.join("second.sock");
-        let mut args = vec![
+        let serve = [
             "serve",
             p(&img),
             "--key-file",
@@ -256,8 +270,7 @@ fn a_served_file_refuses_every_other_writer_and_fio_verifies_clean() {
             "--socket",
             p(&sock),
         ];
-        args.extend_from_slice(extra);
-        refused(&args, &[server.pid()]);
+        refused(&[&serve[..], extra].concat(), &[server.pid()]);
     }
     // Key Per I/O's server writes the store too.
     let table = dir.join("keys.bin");
@@ -276,10 +289,7 @@ fn a_served_file_refuses_every_other_writer_and_fio_verifies_clean() {
         &[server.pid()],
     );
     server.kill();
-    ok(
-        sc_fast(&["reencrypt", "-q", "--key-file", p(&key), p(&img)]),
-        "reencrypt at once after the server's SIGKILL",
-    );
+    reencrypts_at_once(&img, None, &key);
     let server = Served::unix(&dir, "s.sock", &img, &key, &[]);
     fio_clean(
         fio(&dir, &server.uri, true),
@@ -319,18 +329,7 @@ fn a_detached_header_in_use_is_locked_with_its_data() {
     );
     assert!(before == snapshot(&dir));
     server.kill();
-    ok(
-        sc_fast(&[
-            "reencrypt",
-            "-q",
-            "--key-file",
-            p(&key),
-            "--header",
-            p(&header),
-            p(&img),
-        ]),
-        "reencrypt at once after the server's SIGKILL",
-    );
+    reencrypts_at_once(&img, Some(&header), &key);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -412,10 +411,7 @@ fn a_mounted_file_refuses_every_other_writer_until_the_mount_is_killed() {
     );
     mounted.signal("KILL");
     let _ = run(Command::new("fusermount3").arg("-u").arg(&mnt));
-    ok(
-        sc_fast(&["reencrypt", "-q", "--key-file", p(&key), p(&img)]),
-        "reencrypt at once after the mount's SIGKILL",
-    );
+    reencrypts_at_once(&img, None, &key);
     let mounted = Mounted::start(&img, &key, &mnt, &["--readonly"]);
     let back = std::fs::read(mounted.volume()).unwrap();
     assert!(
@@ -433,43 +429,30 @@ fn a_mounted_file_refuses_every_other_writer_until_the_mount_is_killed() {
 fn an_attached_flash_refuses_every_other_writer() {
     let dir = scratch("locks-flash");
     let (img, key) = crate::flash::new_flash(&dir, &[]);
-    let mkvol = |name: &str| {
-        sc(&[
+    let (img_arg, key_arg) = (p(&img).to_string(), p(&key).to_string());
+    let mkvol = |name: &'static str| {
+        [
             "flash",
             "mkvol",
-            p(&img),
+            &img_arg,
             "-N",
             name,
             "-S",
             "2",
             "--key-file",
-            p(&key),
-        ])
+            &key_arg,
+        ]
+        .map(str::to_string)
     };
-    ok(mkvol("data"), "mkvol");
+    let sc_owned = |args: &[String]| sc(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    ok(sc_owned(&mkvol("data")), "mkvol");
+    // Its volumes as files only (FUSE): what holds the chip is the same with NBD exports.
     let mnt = mountpoint(&dir, "mnt");
-    let sockets = dir.join("sockets");
-    std::fs::create_dir_all(&sockets).unwrap();
-    let attach = [
-        "flash",
-        "attach",
-        p(&img),
-        p(&mnt),
-        "--socket-dir",
-        p(&sockets),
-        "--key-file",
-        p(&key),
-    ];
+    let attach = ["flash", "attach", p(&img), p(&mnt), "--key-file", p(&key)];
     let attached = Mounted::spawn(&attach, &mnt);
     let holder = [attached.pid()];
     let before = snapshot(&dir);
-    let out = mkvol("more");
-    assert_eq!(
-        out.status.code(),
-        Some(5),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    refused(&mkvol("more").each_ref().map(String::as_str), &holder);
     refused(
         &with_fast_pbkdf(&["add-key", "--key-file", p(&key), p(&img), p(&key)]),
         &holder,
@@ -497,7 +480,10 @@ fn an_attached_flash_refuses_every_other_writer() {
     ok(sc(&["dump", p(&img)]), "dump beside the attach");
     attached.signal("KILL");
     let _ = run(Command::new("fusermount3").arg("-u").arg(&mnt));
-    ok(mkvol("more"), "mkvol at once after the attach's SIGKILL");
+    ok(
+        sc_owned(&mkvol("more")),
+        "mkvol at once after the attach's SIGKILL",
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

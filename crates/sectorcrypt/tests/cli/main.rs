@@ -17,6 +17,7 @@ mod locks;
 mod luks_convert;
 mod luks_read;
 mod luks_write;
+mod manual;
 mod nbd;
 mod parity;
 mod study;

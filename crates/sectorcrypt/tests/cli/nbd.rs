@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use sectorcrypt_testkit::pattern;
+
 use crate::common::{ok, p, python, sc};
 
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_sectorcrypt");
@@ -63,11 +65,6 @@ impl Drop for Scratch {
             let _ = std::fs::remove_dir_all(&self.0);
         }
     }
-}
-
-/// `len` reproducible pseudo-random bytes.
-pub(crate) fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    sectorcrypt_testkit::pattern(len, seed)
 }
 
 /// Assert two byte strings are equal without printing megabytes: say where they first differ.
@@ -576,10 +573,10 @@ fn qemu_img_converts_in_and_out_and_reports_the_payload_size() {
 
     // First fill the start with other data, so that zeroes have something to replace.
     let noise = dir.join("noise.raw");
-    write_file(&noise, &pattern(10, (16 * MIB) as usize));
+    write_file(&noise, &pattern((16 * MIB) as usize, 10));
     tool("nbdcopy", &[p(&noise), &server.uri]);
 
-    let mut data = pattern(11, (16 * MIB) as usize);
+    let mut data = pattern((16 * MIB) as usize, 11);
     data[(5 * MIB) as usize..(7 * MIB) as usize].fill(0);
     let src = dir.join("data.raw");
     write_file(&src, &data);
@@ -692,7 +689,7 @@ fn nbdcopy_with_four_connections_copies_in_and_out() {
     let key = key_file(&dir);
     let img = format(&dir, "v", 64, &key, &["--sector-size", "4096"]);
     let server = Served::unix(&dir, "s.sock", &img, &key, &[]);
-    let data = pattern(3, (40 * MIB) as usize);
+    let data = pattern((40 * MIB) as usize, 3);
     let src = dir.join("in.raw");
     write_file(&src, &data);
     tool(
@@ -849,7 +846,7 @@ fn data_written_over_nbd_decrypts_independently_with_python_aes_xts() {
         let server = Served::unix(&dir, "s.sock", &img, &key, &[]);
         assert_eq!(server.size, 32 * MIB - data_offset, "{name}: payload size");
         let (offset, len) = (MIB + 3 * 4096, 3 * MIB);
-        let data = pattern(5, len as usize);
+        let data = pattern(len as usize, 5);
         let src = dir.join("pattern.raw");
         write_file(&src, &data);
         tool(
@@ -903,7 +900,7 @@ fn detached_header_volume_decrypts_with_cryptsetup_reencrypt() {
 
     let server = Served::unix(&dir, "s.sock", &data_img, &key, &["--header", p(&hdr)]);
     assert_eq!(server.size, 32 * MIB, "the whole data file is payload");
-    let data = pattern(6, (20 * MIB) as usize);
+    let data = pattern((20 * MIB) as usize, 6);
     let src = dir.join("pattern.raw");
     write_file(&src, &data);
     tool("nbdcopy", &[p(&src), &server.uri]);
@@ -940,7 +937,7 @@ fn cryptsetup_in_place_encryption_serves_the_original_data() {
     let dir = Scratch::new("encrypt");
     let key = key_file(&dir);
     let img = dir.join("plain.img");
-    let original = pattern(7, (64 * MIB) as usize);
+    let original = pattern((64 * MIB) as usize, 7);
     write_file(&img, &original);
     let out = run_within(
         Command::new("cryptsetup").args([
@@ -1025,7 +1022,7 @@ fn refused_starts_have_exit_codes_and_leave_everything_alone() {
         Some(first.size),
         "the first server still serves"
     );
-    let data = pattern(8, MIB as usize);
+    let data = pattern(MIB as usize, 8);
     let src = dir.join("p.raw");
     write_file(&src, &data);
     tool("nbdcopy", &[p(&src), &first.uri]);
@@ -1067,7 +1064,7 @@ fn readonly_export_refuses_writes_and_leaves_the_image_intact() {
     let key = key_file(&dir);
     let img = format(&dir, "v", 32, &key, &["--sector-size", "4096"]);
     // Some data first, so the read-only export has something to show.
-    let data = pattern(9, (2 * MIB) as usize);
+    let data = pattern((2 * MIB) as usize, 9);
     let src = dir.join("p.raw");
     write_file(&src, &data);
     let rw = Served::unix(&dir, "s.sock", &img, &key, &[]);
@@ -1077,7 +1074,7 @@ fn readonly_export_refuses_writes_and_leaves_the_image_intact() {
 
     let server = Served::unix(&dir, "s.sock", &img, &key, &["--readonly"]);
     let other = dir.join("other.raw");
-    write_file(&other, &pattern(90, MIB as usize));
+    write_file(&other, &pattern(MIB as usize, 90));
     let nbdcopy = run_within(
         Command::new("nbdcopy").args([p(&other), &server.uri]),
         TOOL_DEADLINE,
@@ -1153,7 +1150,7 @@ fn sigterm_exits_zero_removes_the_socket_and_keeps_the_data() {
     let key = key_file(&dir);
     let img = format(&dir, "v", 48, &key, &["--sector-size", "512"]);
     let server = Served::unix(&dir, "s.sock", &img, &key, &[]);
-    let data = pattern(12, (8 * MIB) as usize);
+    let data = pattern((8 * MIB) as usize, 12);
     let src = dir.join("p.raw");
     write_file(&src, &data);
     tool("nbdcopy", &[p(&src), &server.uri]);
@@ -1177,8 +1174,8 @@ fn concurrent_clients_on_disjoint_halves_then_a_third_reads_all() {
     let img = format(&dir, "v", 64, &key, &["--sector-size", "4096"]);
     let server = Served::unix(&dir, "s.sock", &img, &key, &[]);
     let half = 16 * MIB;
-    let a = pattern(21, half as usize);
-    let b = pattern(22, half as usize);
+    let a = pattern(half as usize, 21);
+    let b = pattern(half as usize, 22);
     let (fa, fb) = (dir.join("a.raw"), dir.join("b.raw"));
     write_file(&fa, &a);
     write_file(&fb, &b);
@@ -1218,7 +1215,7 @@ fn sub_sector_writes_from_many_connections_are_all_kept() {
     let server = Served::unix(&dir, "s.sock", &img, &key, &[]);
     let sectors = 256u64;
     let slots = 8u64;
-    let expected = pattern(31, (sectors * 4096) as usize);
+    let expected = pattern((sectors * 4096) as usize, 31);
     let expected = Arc::new(expected);
     let barrier = Arc::new(Barrier::new(slots as usize));
     let threads: Vec<_> = (0..slots)
@@ -1267,7 +1264,7 @@ fn tcp_listen_on_loopback_serves_and_refuses_a_busy_port() {
     let uri = format!("nbd://{addr}");
     let info = nbdinfo(&uri);
     assert_eq!(info["export-size"].as_u64(), Some(payload_size(&img, &img)));
-    let data = pattern(41, (4 * MIB) as usize);
+    let data = pattern((4 * MIB) as usize, 41);
     let src = dir.join("p.raw");
     write_file(&src, &data);
     tool("nbdcopy", &[p(&src), &uri]);
@@ -1302,7 +1299,7 @@ fn protocol_limits_get_errors_and_the_connection_stays_usable() {
     let mut c = RawNbd::connect(server.socket());
     assert_eq!(c.size, size);
 
-    let big = pattern(51, max as usize);
+    let big = pattern(max as usize, 51);
     assert_eq!(
         c.write(0, &big),
         0,
@@ -1313,7 +1310,7 @@ fn protocol_limits_get_errors_and_the_connection_stays_usable() {
         &big,
         "a read of exactly the maximum payload",
     );
-    let tail = pattern(52, 8192);
+    let tail = pattern(8192, 52);
     assert_eq!(c.write(size - 8192, &tail), 0, "the last 8 KiB");
 
     // Past the end.
@@ -1361,7 +1358,7 @@ fn protocol_limits_get_errors_and_the_connection_stays_usable() {
     // What does work.
     assert_eq!(c.request(CMD_READ, 0, 0, &[]).0, 0, "zero-length read");
     assert_eq!(c.write(4096, &[]), 0, "zero-length write");
-    let fua = pattern(53, 4096);
+    let fua = pattern(4096, 53);
     assert_eq!(
         c.request_with(CMD_WRITE, CMD_FLAG_FUA, 40 * MIB, 4096, &fua)
             .0,
@@ -1404,7 +1401,7 @@ fn zeroes_and_discards_keep_the_bytes_outside_their_range() {
     let img = format(&dir, "v", 32, &key, &["--sector-size", "4096"]);
     let server = Served::unix(&dir, "s.sock", &img, &key, &["--allow-discards"]);
     let len = 2 * MIB as usize;
-    let mut expected = pattern(61, len);
+    let mut expected = pattern(len, 61);
     let src = dir.join("p.raw");
     write_file(&src, &expected);
     tool("nbdcopy", &[p(&src), &server.uri]);
@@ -1511,7 +1508,7 @@ fn size_options_expose_a_prefix_of_the_data() {
     let img = format(&dir, "v", 32, &key, &["--sector-size", "4096"]);
     let full = payload_size(&img, &img);
     let noise = dir.join("noise.bin");
-    write_file(&noise, &pattern(7, 4 * MIB as usize));
+    write_file(&noise, &pattern(4 * MIB as usize, 7));
     for extra in [&["--size", "8192"][..], &["--device-size", "4194304"][..]] {
         let server = Served::unix(&dir, "s.sock", &img, &key, extra);
         assert_eq!(nbdinfo(&server.uri)["export-size"].as_u64(), Some(4 * MIB));
@@ -1524,7 +1521,7 @@ fn size_options_expose_a_prefix_of_the_data() {
     assert_eq!(whole.len() as u64, full);
     assert_same(
         &whole[..4 * MIB as usize],
-        &pattern(7, 4 * MIB as usize),
+        &pattern(4 * MIB as usize, 7),
         "prefix",
     );
     server.stop();

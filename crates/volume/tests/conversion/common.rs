@@ -3,7 +3,6 @@
 
 use std::path::{Path, PathBuf};
 
-use rand::{RngCore, SeedableRng};
 use sectorcrypt_cipher::{CipherSpec, SectorCipher, SectorOptions};
 use sectorcrypt_luks::hash::Hash;
 use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, ResilienceKind, State};
@@ -18,11 +17,7 @@ pub(crate) use sectorcrypt_testkit::{cryptsetup_format_with_volume_key, p, with_
 pub(crate) const PASS: &[u8] = b"in place";
 pub(crate) const HEADER_LEN: u64 = 16 << 20;
 
-pub(crate) fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
-    v
-}
+pub(crate) use sectorcrypt_testkit::pattern;
 
 pub(crate) fn fast_init() -> InitOptions {
     InitOptions {

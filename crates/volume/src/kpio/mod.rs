@@ -20,6 +20,9 @@
 //! - Cipher workers are not used: a table of thousands of keys must not start threads per key, and
 //!   KPIO requests are many and small, so each runs on its caller's thread.
 
+mod reload;
+pub use reload::{Mirror, Reload};
+
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -236,8 +239,17 @@ mod tests {
 
     const SIZE: u64 = 64 * 1024;
 
-    fn table(capacity: usize) -> (KeyTable, Arc<MemStorage>) {
+    /// A table of `capacity` keys over 64 KiB of AES-XTS data at 4 KiB, and its storage.
+    pub(super) fn table(capacity: usize) -> (KeyTable, Arc<MemStorage>) {
         let storage = Arc::new(MemStorage::new(vec![0; 4096 + SIZE as usize]));
+        (
+            table_on(Arc::clone(&storage) as Arc<dyn Storage>, capacity),
+            storage,
+        )
+    }
+
+    /// [`table`]'s table on `storage`.
+    fn table_on(storage: Arc<dyn Storage>, capacity: usize) -> KeyTable {
         let layout = Layout {
             offset: 4096,
             size: SIZE,
@@ -245,14 +257,7 @@ mod tests {
             sector_size: 512,
             iv_offset: 0,
         };
-        let t = KeyTable::new(
-            Arc::clone(&storage) as Arc<dyn Storage>,
-            layout,
-            &VolumeOptions::default(),
-            capacity,
-        )
-        .unwrap();
-        (t, storage)
+        KeyTable::new(storage, layout, &VolumeOptions::default(), capacity).unwrap()
     }
 
     fn key(tag: u32) -> [u8; 64] {
@@ -391,23 +396,10 @@ mod tests {
     #[test]
     fn flush_reaches_the_storage_without_any_key() {
         let storage = Arc::new(CountsSyncs {
-            data: MemStorage::new(vec![0; 8192]),
+            data: MemStorage::new(vec![0; 4096 + SIZE as usize]),
             ..Default::default()
         });
-        let layout = Layout {
-            offset: 0,
-            size: 8192,
-            cipher: "aes-xts-plain64".into(),
-            sector_size: 512,
-            iv_offset: 0,
-        };
-        let t = KeyTable::new(
-            Arc::clone(&storage) as Arc<dyn Storage>,
-            layout,
-            &VolumeOptions::default(),
-            2,
-        )
-        .unwrap();
+        let t = table_on(Arc::clone(&storage) as Arc<dyn Storage>, 2);
         assert!(t.is_empty());
         t.flush().unwrap();
         assert_eq!(storage.syncs.load(std::sync::atomic::Ordering::SeqCst), 1);

@@ -5,11 +5,9 @@
 //! fields. Seeded, so a failure names a reproducible case; counted, so the test fails if the
 //! damage stops reaching the deeper checks.
 
-mod luks2_support;
-
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use luks2_support::*;
+use crate::luks2_support::*;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -22,7 +20,7 @@ use serde_json::{json, Value};
 /// A small two-keyslot volume (PBKDF2 slot 0, Argon2id slot 1), cut after its keyslots area
 /// (like a header backup file): 288 KiB to damage.
 fn base_image() -> Vec<u8> {
-    let dir = scratch("fuzz");
+    let dir = scratch("luks2-fuzz");
     let k0 = key_file(&dir, "k0", "pass 0");
     let k1 = key_file(&dir, "k1", "pass 1");
     let img = format(

@@ -8,8 +8,6 @@
 //! cryptsetup and qemu-img are installed by the test set-up (scripts/install-test-deps.sh); a
 //! missing tool fails the test. Everything runs on regular files with PBKDF2 at 1000 iterations.
 
-mod luks1_support;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -22,7 +20,7 @@ use sectorcrypt_luks::Error;
 use sectorcrypt_storage::{FileStorage, MemStorage, Storage};
 use zeroize::Zeroizing;
 
-use luks1_support::*;
+use crate::luks1_support::*;
 
 const PASSPHRASE: &[u8] = b"correct horse battery staple";
 const VOLUME_LEN: u64 = 4 << 20;
@@ -73,7 +71,7 @@ fn read(file: &Path) -> (FileStorage, Header) {
 /// with the same parameters has the same layout.
 #[test]
 fn formatted_volumes_open_in_cryptsetup() {
-    let dir = scratch("luks1_write", "format");
+    let dir = scratch("luks1_write-format");
     let key = key_file(&dir, "key", PASSPHRASE);
     let wrong = key_file(&dir, "wrong", b"wrong");
     for hash in [Hash::Sha1, Hash::Sha256, Hash::Sha512] {
@@ -123,7 +121,7 @@ fn formatted_volumes_open_in_cryptsetup() {
 /// A given UUID (any case), volume key and keyslot are used as given.
 #[test]
 fn format_takes_uuid_volume_key_and_slot() {
-    let dir = scratch("luks1_write", "given");
+    let dir = scratch("luks1_write-given");
     let key = key_file(&dir, "key", PASSPHRASE);
     let file = empty_file(&dir, "v.img", VOLUME_LEN);
     let vk: Vec<u8> = (0..64u8).collect();
@@ -215,7 +213,7 @@ fn format_refuses_bad_parameters_and_small_devices() {
 /// gone for cryptsetup, and a changed key opens in cryptsetup while the old one does not.
 #[test]
 fn keyslot_changes_interoperate_with_cryptsetup() {
-    let dir = scratch("luks1_write", "keyslots");
+    let dir = scratch("luks1_write-keyslots");
     let key = key_file(&dir, "key", PASSPHRASE);
     let second = key_file(&dir, "second", b"second");
     let third = key_file(&dir, "third", b"third");
@@ -306,7 +304,7 @@ fn keyslot_changes_interoperate_with_cryptsetup() {
 /// With all eight slots in use, a change rewrites the slot in place (as cryptsetup does).
 #[test]
 fn change_with_no_free_slot_reuses_the_slot() {
-    let dir = scratch("luks1_write", "change-full");
+    let dir = scratch("luks1_write-change-full");
     let file = empty_file(&dir, "v.img", VOLUME_LEN);
     let vk = format_file(&file, &params("aes-xts-plain64", 256, Hash::Sha256), b"p0");
     let (dev, mut h) = read(&file);
@@ -333,7 +331,7 @@ fn change_with_no_free_slot_reuses_the_slot() {
 /// cryptsetup's backup restores here. Both onto a device whose header and keyslots were wiped.
 #[test]
 fn header_backups_interoperate_with_cryptsetup() {
-    let dir = scratch("luks1_write", "backup");
+    let dir = scratch("luks1_write-backup");
     let key = key_file(&dir, "key", PASSPHRASE);
     let file = empty_file(&dir, "v.img", VOLUME_LEN);
     let vk = format_file(
@@ -420,7 +418,7 @@ fn restore_validates_before_writing() {
 /// key at our payload offset.
 #[test]
 fn qemu_img_reads_a_volume_formatted_here() {
-    let dir = scratch("luks1_write", "qemu");
+    let dir = scratch("luks1_write-qemu");
     let key = key_file(&dir, "key", PASSPHRASE);
     let file = empty_file(&dir, "v.img", 2 << 20);
     let vk = format_file(

@@ -19,11 +19,18 @@ const C: &[u8] = b"passphrase C";
 /// A LUKS1 volume with 256-bit keys (the smallest areas) and passphrases in slots 0, 3 and 7, so
 /// that the region holds inactive areas in between and one at the very end.
 fn luks1_volume() -> (Vec<u8>, Vec<u8>) {
+    let (dev, vk) = luks1_on(false);
+    (dev.contents(), vk)
+}
+
+/// [`luks1_volume`]'s header and keyslots, on a data device or (`detached`) a header device.
+fn luks1_on(detached: bool) -> (MemStorage, Vec<u8>) {
     let dev = MemStorage::new(vec![0; (2 << 20) + 8192]);
     let p = luks1::FormatParams {
         key_bits: 256,
         hash: Hash::Sha256,
         iterations: Some(1000),
+        detached_header: detached,
         ..luks1::FormatParams::default()
     };
     let (mut h, u) = luks1::format(&dev, &p, A).unwrap();
@@ -31,7 +38,7 @@ fn luks1_volume() -> (Vec<u8>, Vec<u8>) {
         .unwrap();
     h.add_keyslot(&dev, &u.volume_key, C, Some(7), Some(1000), 0)
         .unwrap();
-    (dev.contents(), u.volume_key.to_vec())
+    (dev, u.volume_key.to_vec())
 }
 
 /// A LUKS2 volume LUKS1 can hold: PBKDF2, 512-byte sectors, a 2 MiB header; passphrases in slots
@@ -111,6 +118,49 @@ fn luks1_to_luks2_survives_every_power_cut() {
     // Record and magic (2 writes, 2 syncs), 37 pieces of 28 KiB (4 operations each), the two
     // copies (2 writes and a sync each).
     assert_eq!(ops, 4 + 37 * 4 + 6);
+}
+
+/// A detached LUKS1 header file of just its header and keyslots (as cryptsetup makes one): too
+/// short for LUKS2, so the conversion grows it first.
+fn detached_luks1_header() -> (Vec<u8>, Vec<u8>) {
+    let (dev, vk) = luks1_on(true);
+    let mut image = dev.contents();
+    // The file as cryptsetup leaves it: the region's end, rounded up to 4 KiB.
+    let end = image.iter().rposition(|b| *b != 0).unwrap() + 1;
+    image.truncate(end.div_ceil(4096) * 4096);
+    (image, vk)
+}
+
+/// The growth of a detached header file is part of the conversion, swept with it: a cut before
+/// its sync leaves the short file (still LUKS1), a cut after it a longer one (zeros added).
+#[test]
+fn a_detached_luks1_header_grows_and_survives_every_power_cut() {
+    let (image, vk) = detached_luks1_header();
+    let ops = sweep_conversion(
+        "convert a detached header to LUKS2",
+        &image,
+        &vk,
+        Format::Luks2,
+    );
+    let dev = MemStorage::new(image.clone());
+    convert(&dev, Format::Luks2, &mut |_, _| {}).unwrap();
+    let grown = dev.contents().len();
+    assert!(grown > image.len(), "the file grew");
+    assert_eq!(opens(&dev, &vk), None);
+    // The sweep covered the growth and its sync: two operations more than the same conversion
+    // of a file that is long enough already.
+    let mut long = image.clone();
+    long.resize(grown, 0);
+    let without = sweep_conversion("convert a long detached header", &long, &vk, Format::Luks2);
+    assert_eq!(ops, without + 2);
+    // A device that cannot grow (a window of fixed size) is refused, untouched.
+    let under = MemStorage::new(image.clone());
+    let fixed = sectorcrypt_storage::Window::new(&under, 0, image.len() as u64);
+    match convert(&fixed, Format::Luks2, &mut |_, _| {}) {
+        Err(Error::CannotConvert(why)) => assert!(why.contains("Not enough space"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(under.contents() == image);
 }
 
 #[test]

@@ -4,11 +4,9 @@
 //! seen so by cryptsetup and keyslots cryptsetup adds open here; header backups are the bytes
 //! `luksHeaderBackup` writes and restore across the two tools. Also the KDF calibration.
 
-mod luks2_support;
-
 use std::path::{Path, PathBuf};
 
-use luks2_support::*;
+use crate::luks2_support::*;
 use sectorcrypt_luks::hash::Hash;
 use sectorcrypt_luks::kdf::{self, Argon2Variant};
 use sectorcrypt_luks::luks2::{self, FormatParams, Header, Pbkdf};
@@ -72,7 +70,7 @@ fn unlock_here(img: &Path, pass: &[u8]) -> Option<(usize, Vec<u8>)> {
 /// the metadata is what cryptsetup shows, field for field, and the layout is cryptsetup's.
 #[test]
 fn formats_made_here_pass_cryptsetup() {
-    let dir = scratch("write-format");
+    let dir = scratch("luks2-write-format");
     let key = key_file(&dir, "pass", "format passphrase");
     struct Case {
         name: &'static str,
@@ -188,7 +186,7 @@ fn format_wipes_the_keyslots_area_only() {
 /// Keyslots added, changed and killed here and keyslots cryptsetup adds, seen by both.
 #[test]
 fn keyslot_changes_interoperate() {
-    let dir = scratch("write-keyslots");
+    let dir = scratch("luks2-write-keyslots");
     let k0 = key_file(&dir, "k0", "zero");
     let k1 = key_file(&dir, "k1", "one");
     let k2 = key_file(&dir, "k2", "two");
@@ -257,7 +255,7 @@ fn keyslot_changes_interoperate() {
 /// cryptsetup restores here. Mismatched layouts are refused before anything is written.
 #[test]
 fn header_backup_and_restore_interoperate() {
-    let dir = scratch("write-backup");
+    let dir = scratch("luks2-write-backup");
     let k0 = key_file(&dir, "k0", "zero");
     let k1 = key_file(&dir, "k1", "one");
     let img = format_here(&dir, "v", 20 * MIB, &fast_params(), b"zero");
@@ -346,7 +344,7 @@ fn header_backup_and_restore_interoperate() {
 /// Detached header: the data segment starts at 0 and cryptsetup accepts the header file.
 #[test]
 fn detached_header_format() {
-    let dir = scratch("write-detached");
+    let dir = scratch("luks2-write-detached");
     let key = key_file(&dir, "pass", "p");
     let params = FormatParams {
         pbkdf: fast_pbkdf2(),
@@ -426,7 +424,7 @@ fn calibration_is_sane_and_usable() {
     if let Some(half) = kdf::half_available_memory_kib() {
         assert!(u64::from(m) <= half);
     }
-    let dir = scratch("write-calibrated");
+    let dir = scratch("luks2-write-calibrated");
     let key = key_file(&dir, "pass", "calibrated");
     let params = FormatParams {
         pbkdf: Pbkdf {

@@ -2,8 +2,6 @@
 //! header bytes the way a damaged or hand-made header would look. The checksum is computed here
 //! with SHA-256 directly (not with the crate's code), so the tests do not trust what they test.
 
-#![allow(dead_code)]
-
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -14,14 +12,7 @@ pub(crate) use sectorcrypt_testkit::luks2_json::{
     edit_json, hdr_size, json_at, put_json_text, reencrypt_keyslot, reseal,
 };
 
-/// A fresh directory for one test under the target's temporary directory.
-pub(crate) fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("luks2-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+pub(crate) use sectorcrypt_testkit::scratch;
 
 pub(crate) fn path(p: &Path) -> &str {
     p.to_str().unwrap()

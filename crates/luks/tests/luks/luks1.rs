@@ -7,8 +7,6 @@
 //! missing tool fails the test. Everything runs on regular files (no root, no device-mapper).
 //! Passphrases reach the tools through key files only, never the command line.
 
-mod luks1_support;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,7 +16,7 @@ use sectorcrypt_luks::Error;
 use sectorcrypt_storage::FileStorage;
 use sectorcrypt_testkit::tools::{qemu_img, Qemu};
 
-use luks1_support::*;
+use crate::luks1_support::*;
 
 const PASSPHRASE: &[u8] = b"correct horse battery staple";
 
@@ -72,7 +70,7 @@ fn assert_wrong(r: Result<sectorcrypt_luks::Unlocked, Error>, what: &str) {
 /// and the passphrase yields cryptsetup's volume key.
 #[test]
 fn opens_cryptsetup_volumes_of_every_hash_and_cipher() {
-    let dir = scratch("luks1", "matrix");
+    let dir = scratch("luks1-matrix");
     let key = key_file(&dir, "key", PASSPHRASE);
     for hash in ["sha1", "sha256", "sha512"] {
         for (cipher, key_bits) in [
@@ -110,7 +108,7 @@ fn opens_cryptsetup_volumes_of_every_hash_and_cipher() {
 /// same volume key; after cryptsetup kills slot 0, the first passphrase no longer opens.
 #[test]
 fn opens_a_key_added_to_slot_3() {
-    let dir = scratch("luks1", "add-key");
+    let dir = scratch("luks1-add-key");
     let key = key_file(&dir, "key", PASSPHRASE);
     let second = key_file(&dir, "key2", b"second passphrase");
     let file = luks_format(&dir, "v.img", "aes-xts-plain64", 512, "sha256", &key);
@@ -160,7 +158,7 @@ fn opens_a_key_added_to_slot_3() {
 /// The passphrase is exact bytes: a trailing newline, a changed case or a prefix do not open.
 #[test]
 fn wrong_passphrases_are_refused() {
-    let dir = scratch("luks1", "wrong");
+    let dir = scratch("luks1-wrong");
     let key = key_file(&dir, "key", PASSPHRASE);
     let file = luks_format(&dir, "v.img", "aes-cbc-essiv:sha256", 256, "sha1", &key);
     let (dev, h) = open(&file);
@@ -186,7 +184,7 @@ fn wrong_passphrases_are_refused() {
 #[test]
 fn opens_a_qemu_img_luks_volume() {
     for how in [Qemu::Native, Qemu::Emulated] {
-        let dir = scratch("luks1", &format!("qemu-{how:?}"));
+        let dir = scratch(&format!("luks1-qemu-{how:?}"));
         let secret = key_file(&dir, "secret", b"qemu passphrase");
         let file = dir.join("q.img");
         let mut object = std::ffi::OsString::from("secret,id=sec0,file=");
@@ -232,7 +230,7 @@ fn opens_a_qemu_img_luks_volume() {
 /// file (shorter than its payload offset) and a detached header (payload offset 0).
 #[test]
 fn header_backups_and_detached_headers_open() {
-    let dir = scratch("luks1", "header-only");
+    let dir = scratch("luks1-header-only");
     let key = key_file(&dir, "key", PASSPHRASE);
     let file = luks_format(&dir, "v.img", "aes-xts-plain64", 512, "sha512", &key);
     let backup = dir.join("backup.img");
@@ -273,7 +271,7 @@ fn header_backups_and_detached_headers_open() {
 /// past the end of a header-only file) is accepted here as well.
 #[test]
 fn refuses_the_headers_cryptsetup_refuses() {
-    let dir = scratch("luks1", "damaged");
+    let dir = scratch("luks1-damaged");
     let key = key_file(&dir, "key", PASSPHRASE);
     let original = luks_format(&dir, "v.img", "aes-xts-plain64", 512, "sha256", &key);
     let image = fs::read(&original).unwrap();

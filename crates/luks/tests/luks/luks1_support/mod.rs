@@ -1,6 +1,5 @@
 //! What the LUKS1 integration tests share: scratch folders, running the real tools (installed by
 //! scripts/install-test-deps.sh), and reading cryptsetup's answers.
-#![allow(dead_code)]
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -8,15 +7,7 @@ use std::process::{Command, Output};
 
 pub(crate) use sectorcrypt_testkit::cryptsetup_volume_key;
 
-/// An empty folder for `test` of test file `group`.
-pub(crate) fn scratch(group: &str, test: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(group)
-        .join(test);
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
-}
+pub(crate) use sectorcrypt_testkit::scratch;
 
 /// Run `cmd`; a tool that cannot start is a test failure, its exit status is the caller's.
 pub(crate) fn output(cmd: &mut Command) -> Output {

@@ -6,11 +6,9 @@
 //! cryptsetup runs on regular image files (no root or device-mapper needed), passphrases reach it
 //! only through key files, and the KDF costs are the smallest it allows, so the tests stay fast.
 
-mod luks2_support;
-
 use std::path::{Path, PathBuf};
 
-use luks2_support::*;
+use crate::luks2_support::*;
 use sectorcrypt_luks::luks2::binary::HeaderCopy;
 use sectorcrypt_luks::luks2::{CopyState, Header};
 use sectorcrypt_luks::Error;
@@ -105,7 +103,7 @@ fn set_priority(img: &Path, slot: &str, priority: &str) {
 /// the metadata, and a wrong passphrase is `WrongPassphrase`.
 #[test]
 fn formats_open_and_read_like_cryptsetup() {
-    let dir = scratch("formats");
+    let dir = scratch("luks2-formats");
     let ks = ["--luks2-keyslots-size", "1M"];
     let cases: Vec<(&str, u64, Vec<&str>)> = vec![
         // cryptsetup's default layout: 16 MiB of header and keyslots.
@@ -295,7 +293,7 @@ fn formats_open_and_read_like_cryptsetup() {
 /// priority order, as `cryptsetup open --test-passphrase` confirms for every case.
 #[test]
 fn added_keyslots_and_priorities_follow_cryptsetup() {
-    let dir = scratch("keyslots");
+    let dir = scratch("luks2-keyslots");
     let k0 = key_file(&dir, "k0", "first passphrase");
     let k1 = key_file(&dir, "k1", "second passphrase");
     let k7 = key_file(&dir, "k7", "seventh passphrase");
@@ -385,7 +383,7 @@ fn added_keyslots_and_priorities_follow_cryptsetup() {
 /// header: luksDump's text, byte for byte.
 #[test]
 fn dump_matches_luksdump_for_decorated_headers() {
-    let dir = scratch("dump");
+    let dir = scratch("luks2-dump");
     let k0 = key_file(&dir, "k0", "pass 0");
     let k1 = key_file(&dir, "k1", "pass 1");
     let options = [FAST_ARGON2ID, &["--label", "L"]].concat();
@@ -448,7 +446,7 @@ fn two_slot_volume(dir: &Path, extra: &[&str]) -> Vec<u8> {
 /// both; no magic anywhere: `NotLuks`. cryptsetup agrees on what can be read each time.
 #[test]
 fn damaged_copies_fall_back_or_fail_like_cryptsetup() {
-    let dir = scratch("copies");
+    let dir = scratch("luks2-copies");
     for metadata in ["16k", "64k"] {
         let good = two_slot_volume(&dir, &["--luks2-metadata-size", metadata]);
         let size = hdr_size(&good);
@@ -512,7 +510,7 @@ fn damaged_copies_fall_back_or_fail_like_cryptsetup() {
 /// the primary was) wins by its sequence number, as in cryptsetup.
 #[test]
 fn the_copy_with_the_higher_seqid_wins() {
-    let dir = scratch("seqid");
+    let dir = scratch("luks2-seqid");
     let mut bytes = two_slot_volume(&dir, &[]);
     let size = hdr_size(&bytes);
     let seqid = u64::from_be_bytes(bytes[16..24].try_into().unwrap());
@@ -533,7 +531,7 @@ fn the_copy_with_the_higher_seqid_wins() {
 /// area (the device is smaller than the header says): each refused, as by cryptsetup.
 #[test]
 fn truncated_images_are_refused() {
-    let dir = scratch("truncated");
+    let dir = scratch("luks2-truncated");
     let good = two_slot_volume(&dir, &[]);
     let end = read_bytes(&good).unwrap().hdr_and_areas_size() as usize;
     for len in [
@@ -581,7 +579,7 @@ struct Edit {
 /// where it refuses them. The one deliberate difference is flagged in its case.
 #[test]
 fn json_edits_are_judged_like_cryptsetup() {
-    let dir = scratch("edits");
+    let dir = scratch("luks2-edits");
     let good = two_slot_volume(&dir, &[]);
     let edits = [
         Edit {
@@ -762,7 +760,7 @@ fn json_edits_are_judged_like_cryptsetup() {
 /// number finds no usable keyslot (cryptsetup refuses it too).
 #[test]
 fn unknown_keyslot_types_are_skipped() {
-    let dir = scratch("unknown-type");
+    let dir = scratch("luks2-unknown-type");
     let mut bytes = two_slot_volume(&dir, &[]);
     edit_json(&mut bytes, |v| v["keyslots"]["0"]["type"] = json!("future"));
     let img = dir.join("edited.img");
@@ -788,7 +786,7 @@ fn unknown_keyslot_types_are_skipped() {
 /// ("too large"), bytes after the JSON, a JSON syntax error, a non-object.
 #[test]
 fn json_area_damage_is_refused() {
-    let dir = scratch("json-area");
+    let dir = scratch("luks2-json-area");
     let good = two_slot_volume(&dir, &[]);
     let size = hdr_size(&good);
     let area = size - 4096;
@@ -827,7 +825,7 @@ fn json_area_damage_is_refused() {
 /// A LUKS1 volume is not LUKS2.
 #[test]
 fn luks1_is_not_luks2() {
-    let dir = scratch("luks1");
+    let dir = scratch("luks2-luks1");
     let k = key_file(&dir, "k", "pass");
     let img = format(&dir, "v1", &k, 4 * MIB, &sectorcrypt_testkit::FAST_LUKS1);
     assert!(matches!(
@@ -870,7 +868,7 @@ fn errors_name_the_device() {
 /// key, and refuses to name a data segment.
 #[test]
 fn unfinished_reencryption_reads_and_opens_like_cryptsetup() {
-    let dir = scratch("reencrypt");
+    let dir = scratch("luks2-reencrypt");
     let k = key_file(&dir, "k", "reencrypt me");
     let img = format_v(&dir, &k, 4 * MIB, "2M", FAST_PBKDF2);
     cryptsetup_ok(

@@ -8,12 +8,10 @@
 //!   digest values aside), and cryptsetup accepts a header written from them, resumes the
 //!   operation to the end, and the data is then what it should be.
 
-mod luks2_support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use luks2_support::*;
+use crate::luks2_support::*;
 use sectorcrypt_cipher::spec::CipherSpec;
 use sectorcrypt_cipher::{SectorCipher, SectorOptions};
 use sectorcrypt_luks::hash::Hash;
@@ -24,6 +22,7 @@ use sectorcrypt_luks::luks2::Header;
 use sectorcrypt_luks::Error;
 use sectorcrypt_storage::FileStorage;
 use sectorcrypt_testkit::fault;
+use sectorcrypt_testkit::pattern;
 use serde_json::{json, Value};
 
 const MIB: u64 = 1 << 20;
@@ -114,20 +113,6 @@ impl Fixture {
         all.extend_from_slice(&["--batch-mode", "--key-file", path(&self.key)]);
         cryptsetup_ok(&all)
     }
-}
-
-/// Deterministic bytes that are neither zeros nor repetitive (xorshift).
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ seed.wrapping_mul(0x2545_F491_4F6C_DD1D);
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
 }
 
 fn read_header(p: &Path) -> Header {

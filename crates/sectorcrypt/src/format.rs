@@ -1,0 +1,160 @@
+//! `format` (cryptsetup luksFormat): a new LUKS2 or LUKS1 header on a device, or in a detached header file (made with mode 0600 if missing).
+//!
+//! Everything that can be refused (options, passphrases, the volume key file) is refused before the device is touched.
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use sectorcrypt_luks::FormatOptions;
+use sectorcrypt_storage::{FileStorage, Storage};
+use zeroize::Zeroizing;
+
+use crate::exit::{open_failed, CliError, Code};
+use crate::keyfile::KeyArgs;
+use crate::keyslots::{confirm, new_passphrase, open_rw, pbkdf_options};
+use crate::pbkdf_args::{CipherArgs, NewKeyArgs, PbkdfArgs};
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct FormatArgs {
+    /// The device or image file to format.
+    #[arg(value_name = "DEVICE")]
+    device: PathBuf,
+    #[command(flatten)]
+    new: NewKeyArgs,
+    /// luks2 (default) or luks1.
+    #[arg(long = "type", value_name = "TYPE", default_value = "luks2", value_parser = parse_luks_version)]
+    luks_version: u8,
+    #[command(flatten)]
+    segment: CipherArgs,
+    #[command(flatten)]
+    pbkdf: PbkdfArgs,
+    #[command(flatten)]
+    key: KeyArgs,
+    /// Keyslot for the first passphrase.
+    #[arg(short = 'S', long = "key-slot", value_name = "N")]
+    key_slot: Option<usize>,
+    /// Write the header to this file (detached header); the data starts at DEVICE's first byte.
+    #[arg(long, value_name = "FILE")]
+    header: Option<PathBuf>,
+    /// LUKS2 label.
+    #[arg(long, value_name = "TEXT")]
+    label: Option<String>,
+    /// LUKS2 subsystem.
+    #[arg(long, value_name = "TEXT")]
+    subsystem: Option<String>,
+    /// Use this UUID instead of a random one.
+    #[arg(long, value_name = "UUID")]
+    uuid: Option<String>,
+    /// Use the volume key in FILE instead of a random one.
+    #[arg(
+        long = "volume-key-file",
+        alias = "master-key-file",
+        value_name = "FILE"
+    )]
+    volume_key_file: Option<PathBuf>,
+    /// LUKS2 metadata area size (bytes, 16 KiB .. 4 MiB).
+    #[arg(long = "luks2-metadata-size", value_name = "BYTES")]
+    metadata_size: Option<u64>,
+    /// LUKS2 keyslots area size (bytes).
+    #[arg(long = "luks2-keyslots-size", value_name = "BYTES")]
+    keyslots_size: Option<u64>,
+    /// Do not ask for confirmation.
+    #[arg(short = 'q', long = "batch-mode")]
+    batch: bool,
+}
+
+/// `--type luks2|luks1` (cryptsetup also takes `luks` for the default) as the LUKS version.
+fn parse_luks_version(name: &str) -> Result<u8, String> {
+    match name {
+        "luks2" | "luks" => Ok(2),
+        "luks1" => Ok(1),
+        other => Err(format!("unknown type '{other}' (use luks2 or luks1)")),
+    }
+}
+
+pub(crate) fn format(args: FormatArgs) -> Result<(), CliError> {
+    let version = args.luks_version;
+    let data = open_rw(&args.device)?;
+    if args.new.new_key_file.is_some() && args.key.key_file.is_some() {
+        return Err(CliError::usage(
+            "give the passphrase either as --key-file or as the key file argument, not both",
+        ));
+    }
+    let pbkdf = pbkdf_options(&args.pbkdf)?;
+    let volume_key = match &args.volume_key_file {
+        Some(path) => Some(Zeroizing::new(std::fs::read(path).map_err(|e| {
+            CliError::io(format!("cannot read volume key file {}", path.display()), e)
+        })?)),
+        None => None,
+    };
+    let options = FormatOptions {
+        version,
+        cipher: args.segment.cipher.clone(),
+        key_bits: args.segment.key_size,
+        sector_size: args.segment.sector_size,
+        pbkdf,
+        label: args.label.clone(),
+        subsystem: args.subsystem.clone(),
+        uuid: args.uuid.clone(),
+        keyslot: args.key_slot,
+        volume_key,
+        metadata_size: args.metadata_size,
+        keyslots_size: args.keyslots_size,
+        detached_header: args.header.is_some(),
+        data_offset: None,
+        // An RBD image's object size, as librbd aligns its own LUKS data (files state none).
+        data_alignment: data.optimal_io_size(),
+    };
+    // Everything that can be refused is refused before the device is touched.
+    options.check()?;
+    let header_dev = match &args.header {
+        Some(path) => Some(open_or_create_header_file(
+            path,
+            options.header_file_size(),
+        )?),
+        None => None,
+    };
+    let target: &dyn Storage = match &header_dev {
+        Some(h) => h,
+        None => &*data,
+    };
+    confirm(
+        args.batch,
+        &format!(
+            "WARNING!\n========\nThis will overwrite data on {} irrevocably.",
+            target.name()
+        ),
+    )?;
+    let pass = new_passphrase(
+        args.new.new_key_file.as_ref(),
+        &args.key,
+        &format!("Enter passphrase for {}: ", args.device.display()),
+    )?;
+    sectorcrypt_luks::format(
+        target,
+        data.len().map_err(|e| CliError::usage(e.to_string()))?,
+        &options,
+        &pass,
+    )?;
+    Ok(())
+}
+
+/// A detached header file: opened (and locked) if it exists, and grown to `size` bytes if
+/// shorter; created with mode 0600 if not.
+fn open_or_create_header_file(path: &Path, size: u64) -> Result<FileStorage, CliError> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| CliError {
+            code: Code::Device,
+            message: format!("cannot create header file {}: {e}", path.display()),
+        })?;
+    let file = FileStorage::open(path).map_err(|e| open_failed(path, e))?;
+    file.grow_to(size)
+        .map_err(|e| CliError::io(format!("cannot size header file {}", path.display()), e))?;
+    Ok(file)
+}

@@ -1,0 +1,206 @@
+//! `encrypt`, `decrypt` and `reencrypt`: convert a device in place, resumably, keeping the
+//! progress in LUKS2's own reencryption metadata (so `cryptsetup reencrypt --resume-only` can take
+//! over, and so can we from a state cryptsetup left).
+//!
+//! The header goes to a file (`encrypt --header FILE`: the data stays where it is) or onto the
+//! device (`encrypt --reduce-device-size 2S`: the data moves S bytes on). Decrypting a volume
+//! whose header is on the device exports the header to a new file first (`decrypt --header
+//! FILE`), then moves the data back to offset 0. Starting such a conversion takes several writes
+//! before the header records it; each start is laid out so that a crash in the middle is
+//! finished (or safely redone) by running the same command again (`sectorcrypt_volume::datashift`).
+
+mod decrypt;
+mod encrypt;
+mod reencrypt;
+
+pub(crate) use decrypt::{decrypt, DecryptArgs};
+pub(crate) use encrypt::{encrypt, EncryptArgs};
+pub(crate) use reencrypt::{reencrypt, ReencryptArgs};
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use sectorcrypt_luks::luks2::reencrypt::{InitOptions, Mode};
+use sectorcrypt_storage::{FsDirectory, Storage};
+use sectorcrypt_volume::convert::{self, read_luks2};
+use sectorcrypt_volume::reencrypt::{run, Options, Outcome, DEFAULT_HOTZONE};
+use sectorcrypt_volume::resilience::{self, Resilience};
+use sectorcrypt_volume::Error as VolumeError;
+use signal_hook::consts::{SIGINT, SIGTERM};
+
+use crate::progress::Reporter;
+use crate::units::parse_size;
+
+use crate::exit::CliError;
+use crate::keyfile::KeyArgs;
+use crate::keyslots::open_rw;
+use crate::pbkdf_args::PbkdfArgs;
+
+/// What `encrypt`, `decrypt` and `reencrypt` share: the passphrase and how the conversion runs.
+#[derive(clap::Args, Debug)]
+pub(crate) struct RunArgs {
+    /// Only continue a conversion already in progress (started here or by cryptsetup).
+    #[arg(long = "resume-only")]
+    resume_only: bool,
+    #[command(flatten)]
+    key: KeyArgs,
+    /// Do not ask for confirmation.
+    #[arg(short = 'q', long = "batch-mode")]
+    batch: bool,
+    /// Bytes converted per step (default 64 MiB; a data-shift step is always the shift, this is
+    /// then the first chunk a decryption moves).
+    #[arg(long = "hotzone-size", value_name = "BYTES", value_parser = parse_size)]
+    hotzone_size: Option<u64>,
+    /// Cipher threads (default: the number of CPUs).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
+    threads: Option<u32>,
+    /// Progress as JSON lines on standard output (one per step) instead of a bar.
+    #[arg(long)]
+    json: bool,
+    /// How a step in place is protected against a crash, when starting: checksum (default:
+    /// a hash per block), journal (the step's old data copied into the header first; smaller
+    /// steps) or none (nothing: a crash inside a step loses that step's data). Decrypting a
+    /// volume whose header is on it moves the data, and converts the first chunk last and in
+    /// place: under datashift-checksum (default) or datashift-journal. An encryption that moves
+    /// the data is protected by its copy.
+    #[arg(long, value_name = "MODE", value_parser = clap::value_parser!(Resilience))]
+    resilience: Option<Resilience>,
+}
+
+impl RunArgs {
+    /// The passphrase of `device`, from the key file or a prompt.
+    fn passphrase(&self, device: &Path) -> Result<zeroize::Zeroizing<Vec<u8>>, CliError> {
+        self.key
+            .read(&format!("Enter passphrase for {}: ", device.display()))
+    }
+}
+
+/// SIGINT and SIGTERM set the returned flag; the conversion stops at its next safe point.
+/// Installed before anything is written.
+pub(super) fn stop_on_signals() -> Result<Arc<AtomicBool>, CliError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [SIGINT, SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .map_err(|e| CliError::io("cannot install signal handlers", e))?;
+    }
+    Ok(stop)
+}
+
+/// Run the conversion recorded in the header at `header_path` to its end, with progress; an
+/// interruption is an error that says how to resume.
+pub(super) fn run_conversion(
+    resume: &str,
+    header_path: &Path,
+    data: &dyn Storage,
+    pass: &[u8],
+    args: &RunArgs,
+    stop: &AtomicBool,
+) -> Result<(), CliError> {
+    let header = open_rw(header_path)?;
+    let options = Options {
+        hotzone: args.hotzone_size.unwrap_or(DEFAULT_HOTZONE),
+        threads: args.threads.map_or_else(
+            || std::thread::available_parallelism().map_or(1, |n| n.get()),
+            |n| n as usize,
+        ),
+    };
+    run_reporting(&header, data, pass, &options, args.json, stop, resume)
+}
+
+/// Finish the conversion recorded in the header on `header` (for `serve` and `mount` of an
+/// interrupted one), with a progress bar on a terminal; a signal stops it at a safe point and
+/// says `resume`.
+pub(crate) fn finish_conversion(
+    header: &dyn Storage,
+    data: &dyn Storage,
+    pass: &[u8],
+    threads: usize,
+    resume: &str,
+) -> Result<(), CliError> {
+    let stop = stop_on_signals()?;
+    let options = Options {
+        hotzone: DEFAULT_HOTZONE,
+        threads,
+    };
+    run_reporting(header, data, pass, &options, false, &stop, resume)
+}
+
+/// Run the conversion to its end, reporting each step; a stop request pauses it at a safe point,
+/// which is an error that says `resume`.
+pub(super) fn run_reporting(
+    header: &dyn Storage,
+    data: &dyn Storage,
+    pass: &[u8],
+    options: &Options,
+    json: bool,
+    stop: &AtomicBool,
+    resume: &str,
+) -> Result<(), CliError> {
+    let mut report = Reporter::new(json);
+    let outcome = run(header, data, pass, options, &mut |p| {
+        report.step(p);
+        !stop.load(Ordering::Relaxed)
+    })?;
+    report.done();
+    match outcome {
+        Outcome::Finished => Ok(()),
+        Outcome::Paused(p) => Err(CliError::usage(format!(
+            "interrupted after {} of {} bytes, at a safe point; resume with: {resume}",
+            p.done, p.total
+        ))),
+    }
+}
+
+/// The header at `path` must record a conversion in progress of `mode`.
+pub(super) fn check_in_progress(path: &Path, mode: Mode) -> Result<(), CliError> {
+    let h = read_luks2(&open_rw(path)?)?;
+    convert::resuming(&h, &path.display().to_string(), mode, true)?;
+    Ok(())
+}
+
+/// The reencryption's start options: cryptsetup's defaults, but with `--pbkdf-force-iterations`
+/// the reencryption digest takes the minimum PBKDF2 count instead of a calibration, as
+/// cryptsetup's does.
+pub(super) fn init_options(pbkdf: &PbkdfArgs, run: &RunArgs) -> Result<InitOptions, CliError> {
+    Ok(InitOptions {
+        digest_iterations: pbkdf
+            .force_iterations
+            .map(|_| sectorcrypt_luks::kdf::PBKDF2_MIN_ITERATIONS),
+        resilience: resilience::in_place(run.resilience)?,
+        ..InitOptions::default()
+    })
+}
+
+/// How to resume a conversion that stopped.
+pub(crate) fn resume_hint(verb: &str, device: &Path, header: Option<&Path>) -> String {
+    match header {
+        Some(h) => format!(
+            "sectorcrypt {verb} {} --header {} --resume-only",
+            device.display(),
+            h.display()
+        ),
+        None => format!("sectorcrypt {verb} {} --resume-only", device.display()),
+    }
+}
+
+pub(super) fn device_len(dev: &dyn Storage) -> Result<u64, CliError> {
+    dev.len()
+        .map_err(|e| CliError::io(format!("cannot read the size of {}", dev.name()), e))
+}
+
+/// The directory of a header file, and its name there.
+pub(super) fn directory_of(path: &Path) -> Result<(FsDirectory, String), CliError> {
+    FsDirectory::of(path).map_err(|e| CliError::io(format!("header file {}", path.display()), e))
+}
+
+/// A conversion in progress is reported with the command that finishes it.
+pub(super) fn with_resume_hint(e: VolumeError, device: &Path) -> CliError {
+    match e {
+        VolumeError::InProgress { mode, .. } => {
+            let hint = resume_hint(mode.as_str(), device, None);
+            CliError::usage(format!("{e}; run: {hint}"))
+        }
+        other => other.into(),
+    }
+}
