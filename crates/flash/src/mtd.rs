@@ -548,7 +548,7 @@ mod sys {
     /// Whether this architecture encodes ioctl numbers as `include/uapi/asm-generic/ioctl.h`
     /// does (number, type, size, direction from the low bits up, 14 size bits, write = 1): all
     /// but MIPS, PowerPC and SPARC, whose own `asm/ioctl.h` have 13 size bits and write = 4.
-    pub(super) const GENERIC_IOC: bool = !cfg!(any(
+    const GENERIC_IOC: bool = !cfg!(any(
         target_arch = "mips",
         target_arch = "mips64",
         target_arch = "powerpc",
