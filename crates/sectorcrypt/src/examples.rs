@@ -12,10 +12,12 @@ pub(crate) const DUMP: &str = "Examples:
   sectorcrypt dump --header disk.hdr disk.img     # a detached header";
 
 pub(crate) const IS_LUKS: &str = "Examples:
-  sectorcrypt is-luks disk.img && echo encrypted";
+  sectorcrypt is-luks disk.img && echo encrypted
+  sectorcrypt is-luks -v /dev/sdb                       # says why not";
 
 pub(crate) const UUID: &str = "Examples:
-  sectorcrypt uuid disk.img";
+  sectorcrypt uuid disk.img
+  sectorcrypt uuid --header disk.hdr disk.img           # a detached header";
 
 pub(crate) const TEST_PASSPHRASE: &str = "Examples:
   sectorcrypt test-passphrase disk.img                  # asks; exit 0 if it opens, 2 if not
@@ -31,9 +33,11 @@ pub(crate) const ADD_KEY: &str = "Examples:
   sectorcrypt add-key --key-file old.txt disk.img new.txt";
 
 pub(crate) const REMOVE_KEY: &str = "Examples:
+  sectorcrypt remove-key disk.img                       # asks which passphrase to remove
   sectorcrypt remove-key --key-file old.txt disk.img";
 
 pub(crate) const CHANGE_KEY: &str = "Examples:
+  sectorcrypt change-key disk.img                       # asks for the old and the new one
   sectorcrypt change-key --key-file old.txt disk.img new.txt";
 
 pub(crate) const KILL_SLOT: &str = "Examples:
@@ -41,20 +45,24 @@ pub(crate) const KILL_SLOT: &str = "Examples:
   sectorcrypt kill-slot -q disk.img 3                   # without asking";
 
 pub(crate) const HEADER_BACKUP: &str = "Examples:
-  sectorcrypt header-backup disk.img --header-backup-file disk.hdr.bak";
+  sectorcrypt header-backup disk.img --header-backup-file disk.hdr.bak
+  sectorcrypt header-backup rbd:rbd/vm1 --header-backup-file vm1.hdr.bak";
 
 pub(crate) const HEADER_RESTORE: &str = "Examples:
-  sectorcrypt header-restore disk.img --header-backup-file disk.hdr.bak";
+  sectorcrypt header-restore disk.img --header-backup-file disk.hdr.bak
+  sectorcrypt header-restore -q disk.img --header-backup-file disk.hdr.bak   # without asking";
 
 pub(crate) const CONFIG: &str = "Examples:
   sectorcrypt config --label backups disk.img
   sectorcrypt config --priority prefer -S 1 disk.img";
 
 pub(crate) const ERASE: &str = "Examples:
-  sectorcrypt erase disk.img                            # every keyslot gone: the data is lost";
+  sectorcrypt erase disk.img                            # every keyslot gone: the data is lost
+  sectorcrypt erase -q disk.img                         # without asking";
 
 pub(crate) const REPAIR: &str = "Examples:
-  sectorcrypt repair disk.img";
+  sectorcrypt repair disk.img                           # the damaged copy from the good one
+  sectorcrypt repair --header disk.hdr disk.img";
 
 pub(crate) const CONVERT: &str = "Examples:
   sectorcrypt convert --type luks2 old.img
