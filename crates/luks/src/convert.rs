@@ -509,6 +509,7 @@ fn plan_luks1(h: &luks2::Header, dev_len: u64) -> Result<Record, Error> {
 /// rules: no requirements, one 512-byte-sector segment without IV tweak, one PBKDF2 digest of a
 /// known hash, no tokens), or cryptsetup's reason why not.
 fn luks1_segment_and_digest(m: &Metadata) -> Result<(&CryptSegment, &Pbkdf2Digest), Error> {
+    m.check_requirements_known()?;
     let reqs = m.mandatory_requirements();
     if !reqs.is_empty() {
         return Err(refuse(

@@ -41,6 +41,10 @@ pub enum Error {
         /// The byte offset of its magic.
         offset: u64,
     },
+    /// The header has mandatory requirements this implementation does not know (a newer
+    /// cryptsetup's feature): it may be read, but nothing may write it or its data (cryptsetup's
+    /// "Unmet LUKS2 requirements detected.").
+    UnmetRequirements(Vec<String>),
     /// A conversion between LUKS1 and LUKS2 refused before writing anything; the text is
     /// cryptsetup's reason.
     CannotConvert(String),
@@ -67,6 +71,11 @@ impl fmt::Display for Error {
                 "the device contains ambiguous signatures: a {kind} signature (at byte {offset}) \
                  besides a LUKS2 header with a damaged or stale copy, so the header cannot be \
                  trusted or auto-recovered"
+            ),
+            Error::UnmetRequirements(names) => write!(
+                f,
+                "Unmet LUKS2 requirements detected ({}): the header may be read, not written.",
+                names.join(", ")
             ),
             Error::CannotConvert(why) => f.write_str(why),
             Error::ConversionInterrupted { to } => write!(

@@ -292,6 +292,9 @@ pub(super) fn write_metadata(
     fields: &BinaryFields,
     metadata: &Metadata,
 ) -> Result<(), Error> {
+    // The one door every LUKS2 metadata write goes through: a header with a requirement this
+    // implementation does not know is never written.
+    metadata.check_requirements_known()?;
     let json_len = fields.hdr_size - BIN_LEN as u64;
     let text = metadata.to_json_text();
     // The reader needs a NUL after the text inside the area.

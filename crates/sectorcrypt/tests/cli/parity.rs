@@ -14,7 +14,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::common::{cs, cs_fast, key, ok, p, sc, scratch};
+use crate::common::{cs, cs_fast, key, ok, p, sc, sc_exits, scratch, with_fast_pbkdf};
 use sectorcrypt_testkit::luks2_json::{edit_json, json_at, reencrypt_keyslot};
 
 /// `cryptsetup open --test-passphrase` and `sectorcrypt test-passphrase` with `extra` options and
@@ -662,6 +662,102 @@ fn repair_restores_a_damaged_copy_like_cryptsetup() {
             assert_eq!(String::from_utf8_lossy(&blkid.stdout).trim(), "");
             assert_same(i, &[(&[], &a, 0)], "repaired");
         }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A header with a mandatory requirement of a newer cryptsetup (here beside an interrupted
+/// reencryption, and alone): every write and every conversion is refused as cryptsetup 2.6
+/// refuses it (exit 1, "Unmet LUKS2 requirements"), nothing changes, and `dump` still reads it.
+#[test]
+fn unknown_mandatory_requirements_block_every_write_and_conversion() {
+    let dir = scratch("parity-requirements");
+    let (a, b) = (key(&dir, "a"), key(&dir, "b"));
+    for reencrypting in [true, false] {
+        let img = dir.join(format!("req-{reencrypting}.img"));
+        luks2_volume(&img, 32 << 20, &a);
+        if reencrypting {
+            ok(
+                cs_fast(&[
+                    "reencrypt",
+                    "--init-only",
+                    "-q",
+                    "--key-file",
+                    p(&a),
+                    p(&img),
+                ]),
+                "cryptsetup reencrypt --init-only",
+            );
+        }
+        let mut bytes = std::fs::read(&img).unwrap();
+        edit_json(&mut bytes, |v: &mut Value| {
+            let mut reqs: Vec<Value> = v["config"]["requirements"]["mandatory"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            reqs.push(json!("x-future-feature"));
+            v["config"]["requirements"] = json!({ "mandatory": reqs });
+        });
+        std::fs::write(&img, &bytes).unwrap();
+        // cryptsetup's own verdict on the same header.
+        let theirs = cs(&[
+            "reencrypt",
+            "--resume-only",
+            "-q",
+            "--key-file",
+            p(&a),
+            p(&img),
+        ]);
+        assert_ne!(theirs.status.code(), Some(0), "cryptsetup resumed it");
+        assert!(std::fs::read(&img).unwrap() == bytes);
+        let header = dir.join("new.hdr");
+        let writers: Vec<Vec<&str>> = vec![
+            vec![
+                "reencrypt",
+                "--resume-only",
+                "-q",
+                "--key-file",
+                p(&a),
+                p(&img),
+            ],
+            vec!["reencrypt", "-q", "--key-file", p(&a), p(&img)],
+            vec![
+                "decrypt",
+                "-q",
+                "--key-file",
+                p(&a),
+                "--header",
+                p(&header),
+                p(&img),
+            ],
+            vec!["add-key", "--key-file", p(&a), p(&img), p(&b)],
+            vec!["kill-slot", "-q", p(&img), "0"],
+            vec!["config", "--label", "x", p(&img)],
+            vec!["convert", "-q", "--type", "luks1", p(&img)],
+            vec!["erase", "-q", p(&img)],
+        ];
+        for args in writers {
+            let args = match args[0] {
+                "reencrypt" if !args.contains(&"--resume-only") => with_fast_pbkdf(&args),
+                "add-key" => with_fast_pbkdf(&args),
+                _ => args,
+            };
+            let out = sc(&args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+            assert!(std::fs::read(&img).unwrap() == bytes, "{args:?} wrote");
+            assert!(!header.exists(), "{args:?} made a header file");
+            assert!(err.contains("requirement"), "{args:?}: {err}");
+        }
+        let dump = ok(sc(&["dump", p(&img)]), "dump");
+        assert!(String::from_utf8_lossy(&dump.stdout).contains("x-future-feature"));
+        // A repair would write both copies: refused too (the secondary copy damaged first).
+        let mut damaged = bytes.clone();
+        damaged[16384 + 0x1c0] ^= 0xff;
+        std::fs::write(&img, &damaged).unwrap();
+        let err = sc_exits(&["repair", "-q", p(&img)], 1);
+        assert!(err.contains("requirement"), "repair: {err}");
+        assert!(std::fs::read(&img).unwrap() == damaged, "repair wrote");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

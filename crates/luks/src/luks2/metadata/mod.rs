@@ -657,6 +657,33 @@ impl Metadata {
             .unwrap_or(&[])
     }
 
+    /// The mandatory requirements this implementation does not know: all but the reencryption
+    /// ones (`online-reencrypt`, `-v2`, `-v3`). A header with any may be read, never written.
+    pub fn unknown_requirements(&self) -> Vec<String> {
+        const KNOWN: [&str; 3] = [
+            "online-reencrypt",
+            "online-reencrypt-v2",
+            "online-reencrypt-v3",
+        ];
+        self.mandatory_requirements()
+            .iter()
+            .filter(|r| !KNOWN.contains(&r.as_str()))
+            .cloned()
+            .collect()
+    }
+
+    /// Refused ([`Error::UnmetRequirements`]) if the header has a mandatory requirement this
+    /// implementation does not know: every write of a header, and every conversion of its data,
+    /// asks this first.
+    pub fn check_requirements_known(&self) -> Result<(), crate::error::Error> {
+        let unknown = self.unknown_requirements();
+        if unknown.is_empty() {
+            Ok(())
+        } else {
+            Err(crate::error::Error::UnmetRequirements(unknown))
+        }
+    }
+
     /// The digest covering keyslot `slot`, with its number.
     pub fn digest_of_keyslot(&self, slot: u32) -> Option<(u32, &Digest)> {
         let name = slot.to_string();
