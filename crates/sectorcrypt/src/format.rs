@@ -154,7 +154,12 @@ fn open_or_create_header_file(path: &Path, size: u64) -> Result<FileStorage, Cli
             message: format!("cannot create header file {}: {e}", path.display()),
         })?;
     let file = FileStorage::open(path).map_err(|e| open_failed(path, e))?;
-    file.grow_to(size)
-        .map_err(|e| CliError::io(format!("cannot size header file {}", path.display()), e))?;
-    Ok(file)
+    // A header device of fixed size stays as it is: format says if it is too small.
+    match file.grow(size) {
+        Err(e) if e.kind() != std::io::ErrorKind::Unsupported => Err(CliError::io(
+            format!("cannot size header file {}", path.display()),
+            e,
+        )),
+        _ => Ok(file),
+    }
 }

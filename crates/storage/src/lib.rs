@@ -221,16 +221,6 @@ impl FileStorage {
     pub fn lock(&self) -> Option<&DeviceLock> {
         self.lock.as_ref()
     }
-
-    /// Grow a regular file to `len` bytes (a detached header file made too small); other
-    /// devices and longer files are left as they are.
-    pub fn grow_to(&self, len: u64) -> io::Result<()> {
-        let meta = self.file.metadata()?;
-        if meta.is_file() && meta.len() < len {
-            self.file.set_len(len)?;
-        }
-        Ok(())
-    }
 }
 
 impl Storage for FileStorage {

@@ -676,16 +676,11 @@ fn unknown_mandatory_requirements_block_every_write_and_conversion() {
     for reencrypting in [true, false] {
         let img = dir.join(format!("req-{reencrypting}.img"));
         luks2_volume(&img, 32 << 20, &a);
+        // `reencrypt --init-only` or `--resume-only` of `img`, for either tool.
+        let reencrypt = |how| ["reencrypt", how, "-q", "--key-file", p(&a), p(&img)];
         if reencrypting {
             ok(
-                cs_fast(&[
-                    "reencrypt",
-                    "--init-only",
-                    "-q",
-                    "--key-file",
-                    p(&a),
-                    p(&img),
-                ]),
+                cs_fast(&reencrypt("--init-only")),
                 "cryptsetup reencrypt --init-only",
             );
         }
@@ -700,26 +695,12 @@ fn unknown_mandatory_requirements_block_every_write_and_conversion() {
         });
         std::fs::write(&img, &bytes).unwrap();
         // cryptsetup's own verdict on the same header.
-        let theirs = cs(&[
-            "reencrypt",
-            "--resume-only",
-            "-q",
-            "--key-file",
-            p(&a),
-            p(&img),
-        ]);
+        let theirs = cs(&reencrypt("--resume-only"));
         assert_ne!(theirs.status.code(), Some(0), "cryptsetup resumed it");
         assert!(std::fs::read(&img).unwrap() == bytes);
         let header = dir.join("new.hdr");
         let writers: Vec<Vec<&str>> = vec![
-            vec![
-                "reencrypt",
-                "--resume-only",
-                "-q",
-                "--key-file",
-                p(&a),
-                p(&img),
-            ],
+            reencrypt("--resume-only").to_vec(),
             vec!["reencrypt", "-q", "--key-file", p(&a), p(&img)],
             vec![
                 "decrypt",
