@@ -19,6 +19,8 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 debs=(g++ libcrypto++-dev libcrypto++-utils openssl python3 cryptsetup-bin qemu-utils
   qemu-user strace nbdkit libnbd-bin fio fuse3 e2fsprogs fuse2fs util-linux mount mtd-utils
   squashfs-tools fdisk linux-libc-dev
+  # gdb for gcore: the core of a server that holds keys is searched for them.
+  gdb
   # The kernel oracle (kernel-oracle.sh): QEMU to boot Debian's kernel under TCG, busybox for its
   # initramfs, kmod for the guest's modprobe.
   qemu-system-x86 busybox-static kmod

@@ -10,6 +10,8 @@
 //! with their already-encrypted initial tweaks, so a kernel can run straight across sector
 //! boundaries instead of paying set-up per sector.
 
+use sectorcrypt_secret::SecretBox;
+
 use crate::backend::Backend;
 use crate::gf128;
 
@@ -103,6 +105,51 @@ pub trait BlockEngine: Send + Sync {
             }
         }
     }
+}
+
+/// An engine whose round keys live in secret memory (locked, left out of core dumps, zeroized on
+/// drop): a key schedule is key material (AES's first round key is the key itself). Every
+/// constructor in this crate hands out its engines this way, through [`keyed`]; every keyed call
+/// ends by clearing the vector registers (`crate::wipe`).
+impl<E: BlockEngine> BlockEngine for SecretBox<E> {
+    fn backend(&self) -> Backend {
+        (**self).backend()
+    }
+    fn encrypt_ecb(&self, buf: &mut [u8]) {
+        (**self).encrypt_ecb(buf);
+        crate::wipe::vector_registers();
+    }
+    fn decrypt_ecb(&self, buf: &mut [u8]) {
+        (**self).decrypt_ecb(buf);
+        crate::wipe::vector_registers();
+    }
+    fn xts_encrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
+        (**self).xts_encrypt_units(buf, unit_len, tweaks);
+        crate::wipe::vector_registers();
+    }
+    fn xts_decrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
+        (**self).xts_decrypt_units(buf, unit_len, tweaks);
+        crate::wipe::vector_registers();
+    }
+    fn cbc_encrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
+        (**self).cbc_encrypt_units(buf, unit_len, ivs);
+        crate::wipe::vector_registers();
+    }
+    fn cbc_decrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
+        (**self).cbc_decrypt_units(buf, unit_len, ivs);
+        crate::wipe::vector_registers();
+    }
+}
+
+/// The engine `make` builds (`None`: it cannot run here), in secret memory, as a trait object.
+/// Built inside [`SecretBox::try_init`], so that no copy of its round keys stays on the stack.
+pub(crate) fn keyed<E: BlockEngine + 'static>(
+    make: impl FnOnce() -> Option<E>,
+) -> Option<Box<dyn BlockEngine>> {
+    let engine = SecretBox::try_init(make);
+    // The key expansion leaves round keys in the vector registers too.
+    crate::wipe::vector_registers();
+    engine.map(|e| Box::new(e) as Box<dyn BlockEngine>)
 }
 
 /// Which way a mode runs.

@@ -16,7 +16,7 @@
 //!
 //! `unsafe` lives only in the x86-64 kernels (`aes::ni`, `aes::vaes512`, `aes::x86`,
 //! `lea::avx2`, `lea::avx512`, which expand the mode loops of `lea::simd`) and the TSC reader
-//! (`tsc`, feature `bench`), each block with a `SAFETY:` comment: the crate denies `unsafe_code`
+//! (`tsc`, feature `bench`) and the register wipe after keyed calls (`wipe`), each block with a `SAFETY:` comment: the crate denies `unsafe_code`
 //! (Cargo.toml) and only those modules allow it.
 
 mod aes;
@@ -38,6 +38,8 @@ pub mod staged;
 #[cfg(feature = "bench")]
 #[allow(unsafe_code)] // rdtsc
 pub mod tsc;
+#[allow(unsafe_code)] // zeroing the vector registers
+mod wipe;
 
 pub use backend::{Algorithm, Backend, BackendChoice};
 pub use engine::{Block, BlockEngine, Direction, BLOCK};

@@ -10,7 +10,8 @@
 //! table lookup reveals nothing about the key; the one full multiplication per sector runs in
 //! constant time over the key.
 
-use zeroize::{Zeroize, Zeroizing};
+use sectorcrypt_secret::SecretBox;
+use zeroize::Zeroize;
 
 use crate::backend::{Algorithm, BackendChoice};
 use crate::engine::{BlockEngine, Direction, BLOCK};
@@ -37,10 +38,23 @@ const MAX_BLOCKS: usize = 4096 / BLOCK;
 /// A keyed LRW: the data cipher and the tweak key's table.
 pub struct Lrw {
     data: Box<dyn BlockEngine>,
-    k2: Zeroizing<u128>,
+    /// Derived from the tweak key, so kept in secret memory as the key is.
+    tweak: SecretBox<TweakTable>,
+}
+
+/// The tweak key K2 and its multiples.
+struct TweakTable {
+    k2: u128,
     /// `increments[k] = K2 * (2^(k+1) - 1)`: what the tweak changes by when the index's lowest
     /// k+1 bits flip.
-    increments: Zeroizing<Vec<u128>>,
+    increments: [u128; 128],
+}
+
+impl Drop for TweakTable {
+    fn drop(&mut self) {
+        self.k2.zeroize();
+        self.increments.zeroize();
+    }
 }
 
 impl Lrw {
@@ -60,18 +74,17 @@ impl Lrw {
 
     /// `data` keyed with K1, and `tweak_key` (K2, 16 bytes).
     fn from_engine(data: Box<dyn BlockEngine>, tweak_key: &[u8; BLOCK]) -> Lrw {
-        let k2 = Zeroizing::new(u128::from_be_bytes(*tweak_key));
-        let mut increments = Zeroizing::new(Vec::with_capacity(128));
+        let mut tweak = SecretBox::new(TweakTable {
+            k2: 0,
+            increments: [0; 128],
+        });
+        tweak.k2 = u128::from_be_bytes(*tweak_key);
         let mut mask: u128 = 0;
         for k in 0..128 {
             mask |= 1 << k;
-            increments.push(mul(*k2, mask));
+            tweak.increments[k] = mul(tweak.k2, mask);
         }
-        Lrw {
-            data,
-            k2,
-            increments,
-        }
+        Lrw { data, tweak }
     }
 
     /// Encrypt or decrypt one unit whose first block has the index `iv` (big endian).
@@ -87,11 +100,11 @@ impl Lrw {
         }
         let mut index = u128::from_be_bytes(*iv);
         let mut tweaks = [0u128; MAX_BLOCKS];
-        let mut t = mul(*self.k2, index);
+        let mut t = mul(self.tweak.k2, index);
         let blocks = buf.len() / BLOCK;
         for slot in tweaks.iter_mut().take(blocks) {
             *slot = t;
-            t ^= self.increments[(index.trailing_ones() as usize).min(127)];
+            t ^= self.tweak.increments[(index.trailing_ones() as usize).min(127)];
             index = index.wrapping_add(1);
         }
         let xor = |buf: &mut [u8], tweaks: &[u128]| {
@@ -134,10 +147,10 @@ mod tests {
         let key = [[7u8; 16], [0x5a; 16]].concat();
         let lrw = Lrw::new(Algorithm::Aes, &key, BackendChoice::Auto).unwrap();
         for i in [0u128, 1, 2, 3, 7, 8, 255, u64::MAX as u128, u128::MAX - 1] {
-            let step = lrw.increments[(i.trailing_ones() as usize).min(127)];
+            let step = lrw.tweak.increments[(i.trailing_ones() as usize).min(127)];
             assert_eq!(
-                mul(*lrw.k2, i) ^ step,
-                mul(*lrw.k2, i.wrapping_add(1)),
+                mul(lrw.tweak.k2, i) ^ step,
+                mul(lrw.tweak.k2, i.wrapping_add(1)),
                 "{i}"
             );
         }

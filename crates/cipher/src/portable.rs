@@ -11,7 +11,7 @@ use cipher::generic_array::GenericArray;
 use cipher::{BlockDecrypt, BlockEncrypt, BlockSizeUser, KeyInit};
 
 use crate::backend::{Algorithm, Backend};
-use crate::engine::{BlockEngine, BLOCK};
+use crate::engine::{keyed, BlockEngine, BLOCK};
 
 /// One keyed RustCrypto block cipher with a 128-bit block.
 struct Engine<C>(C);
@@ -47,9 +47,7 @@ where
         + Sync
         + 'static,
 {
-    C::new_from_slice(key)
-        .ok()
-        .map(|c| Box::new(Engine(c)) as Box<dyn BlockEngine>)
+    keyed(|| C::new_from_slice(key).ok().map(Engine))
 }
 
 /// A keyed engine for one of this module's algorithms, or None if `alg` is not one of them or the
@@ -58,9 +56,7 @@ pub(crate) fn new_engine(alg: Algorithm, key: &[u8]) -> Option<Box<dyn BlockEngi
     match (alg, key.len()) {
         // Serpent and CAST6 take any key up to 256 bits (the kernel's serpent too: an ESSIV salt
         // of SHA-1's 160 bits keys it); Twofish 128, 192 or 256 bits.
-        (Algorithm::Serpent, 1..=32) => {
-            crate::serpent::Serpent::new(key).map(|s| Box::new(s) as Box<dyn BlockEngine>)
-        }
+        (Algorithm::Serpent, 1..=32) => keyed(|| crate::serpent::Serpent::new(key)),
         (Algorithm::Twofish, 16 | 24 | 32) => boxed::<twofish::Twofish>(key),
         (Algorithm::Cast6, 16..=32) if key.len().is_multiple_of(4) => boxed::<cast6::Cast6>(key),
         (Algorithm::Camellia, 16) => boxed::<camellia::Camellia128>(key),

@@ -41,9 +41,9 @@ use sectorcrypt_flash::area::put_block;
 use sectorcrypt_flash::crypt::{CryptFlash, Policy};
 use sectorcrypt_flash::part::Partition;
 use sectorcrypt_flash::{Error as FlashError, Flash};
+use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_ubi::media::{EcHdr, Header as UbiHeader, EC_HDR_SIZE};
 use sectorcrypt_ubi::{AttachOptions, Ubi};
-use zeroize::Zeroizing;
 
 use crate::{
     layer, read_header, unlock, EncryptedFlash, Error, HeaderArea, NewFlash, Plan, TOKEN_TYPE,
@@ -335,7 +335,7 @@ fn start(
     flash: &Arc<dyn Flash>,
     new: &NewFlash,
     passphrase: &[u8],
-) -> Result<(HeaderArea, Zeroizing<Vec<u8>>), Error> {
+) -> Result<(HeaderArea, SecretBytes), Error> {
     let plan = Plan::new(flash, new)?;
     if !holds_ubi(&**flash)? {
         // Attaching would format it: refuse before anything is written.

@@ -43,10 +43,10 @@ use sectorcrypt_flash::{Flash, Geometry};
 use sectorcrypt_luks::luks2::limits::KEYSLOTS_SIZE_MAX;
 use sectorcrypt_luks::luks2::{keyslot_area_size, Header as Luks2Header};
 use sectorcrypt_luks::{FormatOptions, Header};
+use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_storage::Storage;
 use sectorcrypt_ubi::{AttachOptions, Ubi};
 use serde_json::{json, Value};
-use zeroize::Zeroizing;
 
 pub use error::Error;
 
@@ -432,7 +432,7 @@ impl Plan {
         new: &NewFlash,
         passphrase: &[u8],
         conversion: Option<convert::Stage>,
-    ) -> Result<(HeaderArea, Zeroizing<Vec<u8>>, usize), Error> {
+    ) -> Result<(HeaderArea, SecretBytes, usize), Error> {
         let g = flash.geometry();
         let peb = u64::from(g.peb_size);
         let options = FormatOptions {
@@ -480,6 +480,6 @@ pub fn volume_key(
     h: &HeaderArea,
     passphrase: &[u8],
     keyslot: Option<usize>,
-) -> Result<Zeroizing<Vec<u8>>, Error> {
+) -> Result<SecretBytes, Error> {
     Ok(h.header.unlock(&h.area, passphrase, keyslot)?.volume_key)
 }

@@ -4,7 +4,7 @@
 //! the diffusion `H` hashes each digest-sized piece `j` of `d` as `hash(be32(j) || piece)`.
 
 use rand::RngCore;
-use zeroize::Zeroizing;
+use sectorcrypt_secret::SecretBytes;
 
 use crate::hash::Hash;
 
@@ -19,9 +19,9 @@ fn diffuse(hash: Hash, d: &mut [u8]) {
 }
 
 /// Recover a `key_len`-byte key from `material` (`stripes * key_len` bytes).
-pub fn merge(material: &[u8], key_len: usize, stripes: usize, hash: Hash) -> Zeroizing<Vec<u8>> {
+pub fn merge(material: &[u8], key_len: usize, stripes: usize, hash: Hash) -> SecretBytes {
     debug_assert_eq!(material.len(), key_len * stripes);
-    let mut d = Zeroizing::new(vec![0u8; key_len]);
+    let mut d = SecretBytes::zeroed(key_len);
     let mut blocks = material.chunks_exact(key_len);
     for block in blocks.by_ref().take(stripes - 1) {
         xor(&mut d, block);
@@ -34,11 +34,11 @@ pub fn merge(material: &[u8], key_len: usize, stripes: usize, hash: Hash) -> Zer
 }
 
 /// Split `key` into `stripes` blocks of random-looking material.
-pub fn split(key: &[u8], stripes: usize, hash: Hash) -> Zeroizing<Vec<u8>> {
+pub fn split(key: &[u8], stripes: usize, hash: Hash) -> SecretBytes {
     let n = key.len();
-    let mut material = Zeroizing::new(vec![0u8; n * stripes]);
+    let mut material = SecretBytes::zeroed(n * stripes);
     rand::rngs::OsRng.fill_bytes(&mut material[..n * (stripes - 1)]);
-    let mut d = Zeroizing::new(vec![0u8; n]);
+    let mut d = SecretBytes::zeroed(n);
     for block in material[..n * (stripes - 1)].chunks_exact(n) {
         xor(&mut d, block);
         diffuse(hash, &mut d);

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use zeroize::Zeroizing;
+use sectorcrypt_secret::SecretBytes;
 
 use crate::error::Error;
 use crate::hash::Hash;
@@ -59,13 +59,8 @@ impl Kdf {
     }
 
     /// Derive `len` bytes from `passphrase` and `salt`.
-    pub fn derive(
-        &self,
-        passphrase: &[u8],
-        salt: &[u8],
-        len: usize,
-    ) -> Result<Zeroizing<Vec<u8>>, Error> {
-        let mut out = Zeroizing::new(vec![0u8; len]);
+    pub fn derive(&self, passphrase: &[u8], salt: &[u8], len: usize) -> Result<SecretBytes, Error> {
+        let mut out = SecretBytes::zeroed(len);
         match *self {
             Kdf::Pbkdf2 { hash, iterations } => {
                 if iterations == 0 {

@@ -4,9 +4,9 @@
 
 use sectorcrypt_cipher::spec::CipherSpec;
 use sectorcrypt_cipher::{SectorCipher, SectorOptions};
+use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_storage::Storage;
 use subtle::ConstantTimeEq;
-use zeroize::Zeroizing;
 
 use crate::af;
 use crate::error::Error;
@@ -67,9 +67,9 @@ impl KeyslotArea {
         kdf: &Kdf,
         salt: &[u8],
         passphrase: &[u8],
-    ) -> Result<Zeroizing<Vec<u8>>, Error> {
+    ) -> Result<SecretBytes, Error> {
         let area_key = kdf.derive(passphrase, salt, self.key_size)?;
-        let mut material = Zeroizing::new(vec![0u8; self.disk_len()?]);
+        let mut material = SecretBytes::zeroed(self.disk_len()?);
         dev.read_at(&mut material, self.offset)
             .map_err(|source| Error::Io {
                 device: dev.name(),
@@ -92,10 +92,10 @@ impl KeyslotArea {
         salt: &[u8],
         passphrase: &[u8],
         volume_key: &[u8],
-    ) -> Result<Zeroizing<Vec<u8>>, Error> {
+    ) -> Result<SecretBytes, Error> {
         let area_key = kdf.derive(passphrase, salt, self.key_size)?;
         let split = af::split(volume_key, self.stripes, self.af_hash);
-        let mut material = Zeroizing::new(vec![0u8; self.disk_len()?]);
+        let mut material = SecretBytes::zeroed(self.disk_len()?);
         material[..split.len()].copy_from_slice(&split);
         self.cipher(&area_key)?.encrypt(&mut material, 0)?;
         Ok(material)
@@ -111,5 +111,5 @@ pub fn digest_matches(
     expected: &[u8],
 ) -> Result<bool, Error> {
     let got = Kdf::Pbkdf2 { hash, iterations }.derive(candidate, salt, expected.len())?;
-    Ok(bool::from(got.as_slice().ct_eq(expected)))
+    Ok(bool::from(got[..].ct_eq(expected)))
 }

@@ -19,8 +19,8 @@ pub mod uuid;
 
 pub use error::Error;
 
+use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_storage::Storage;
-use zeroize::Zeroizing;
 
 /// A keyslot opened with a passphrase: which slot, and the volume key it holds (already checked
 /// against the header's digest).
@@ -28,7 +28,7 @@ pub struct Unlocked {
     /// The keyslot number.
     pub slot: usize,
     /// The volume (master) key, zeroized on drop.
-    pub volume_key: Zeroizing<Vec<u8>>,
+    pub volume_key: SecretBytes,
 }
 
 /// A LUKS header of either version.
@@ -274,7 +274,7 @@ pub struct FormatOptions {
     /// Keyslot of the first passphrase.
     pub keyslot: Option<usize>,
     /// Volume key instead of a random one.
-    pub volume_key: Option<Zeroizing<Vec<u8>>>,
+    pub volume_key: Option<SecretBytes>,
     /// LUKS2 metadata (one header copy) size.
     pub metadata_size: Option<u64>,
     /// LUKS2 keyslots area size.

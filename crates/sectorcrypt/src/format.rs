@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 
 use sectorcrypt_luks::FormatOptions;
 use sectorcrypt_storage::{FileStorage, Storage};
-use zeroize::Zeroizing;
 
 use crate::exit::{open_failed, CliError, Code};
 use crate::keyfile::KeyArgs;
@@ -83,9 +82,7 @@ pub(crate) fn format(args: FormatArgs) -> Result<(), CliError> {
     }
     let pbkdf = pbkdf_options(&args.pbkdf)?;
     let volume_key = match &args.volume_key_file {
-        Some(path) => Some(Zeroizing::new(std::fs::read(path).map_err(|e| {
-            CliError::io(format!("cannot read volume key file {}", path.display()), e)
-        })?)),
+        Some(path) => Some(crate::keyfile::read_volume_key_file(path)?),
         None => None,
     };
     let options = FormatOptions {

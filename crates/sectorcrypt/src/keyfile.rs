@@ -5,8 +5,9 @@
 
 use std::fs::File;
 use std::io::{IsTerminal, Read};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use sectorcrypt_secret::SecretBytes;
 use zeroize::Zeroizing;
 
 use crate::exit::CliError;
@@ -30,7 +31,7 @@ pub(crate) struct KeyArgs {
 
 impl KeyArgs {
     /// The passphrase, read once; `prompt` is shown when asking on the terminal.
-    pub(crate) fn read(&self, prompt: &str) -> Result<Zeroizing<Vec<u8>>, CliError> {
+    pub(crate) fn read(&self, prompt: &str) -> Result<SecretBytes, CliError> {
         let limit = self.keyfile_size.unwrap_or(MAX_KEYFILE);
         if limit > MAX_KEYFILE {
             return Err(CliError::usage(format!(
@@ -45,7 +46,6 @@ impl KeyArgs {
             }
             return prompt_terminal(prompt);
         };
-        let mut out = Zeroizing::new(Vec::new());
         let name = path.display().to_string();
         let read_err = |e: std::io::Error| CliError::io(format!("cannot read key file {name}"), e);
         // The offset is skipped by reading, not seeking, so pipes and FIFOs work as files do.
@@ -59,7 +59,7 @@ impl KeyArgs {
             &mut std::io::sink(),
         )
         .map_err(read_err)?;
-        source.take(limit).read_to_end(&mut out).map_err(read_err)?;
+        let out = SecretBytes::read_from(source, limit as usize).map_err(read_err)?;
         if let Some(size) = self.keyfile_size {
             if (out.len() as u64) < size {
                 return Err(CliError::usage(format!(
@@ -76,12 +76,14 @@ impl KeyArgs {
     }
 }
 
-fn prompt_terminal(prompt: &str) -> Result<Zeroizing<Vec<u8>>, CliError> {
+fn prompt_terminal(prompt: &str) -> Result<SecretBytes, CliError> {
     if !std::io::stdin().is_terminal() {
         return Err(CliError::usage(
             "no --key-file given and standard input is not a terminal, so there is no way to ask for the passphrase",
         ));
     }
+    // rpassword reads into an ordinary String: it is zeroized on drop and lives only until it
+    // is copied into secret memory here.
     let pass = Zeroizing::new(
         rpassword::prompt_password(prompt)
             .map_err(|e| CliError::io("cannot read the passphrase", e))?,
@@ -89,5 +91,15 @@ fn prompt_terminal(prompt: &str) -> Result<Zeroizing<Vec<u8>>, CliError> {
     if pass.is_empty() {
         return Err(CliError::usage("the passphrase is empty"));
     }
-    Ok(Zeroizing::new(pass.as_bytes().to_vec()))
+    Ok(SecretBytes::from_slice(pass.as_bytes()))
+}
+
+/// A volume key file (`--volume-key-file`): the key's bytes as they are, read straight into
+/// secret memory.
+pub(crate) fn read_volume_key_file(path: &Path) -> Result<SecretBytes, CliError> {
+    let read_err = |e: std::io::Error| {
+        CliError::io(format!("cannot read volume key file {}", path.display()), e)
+    };
+    SecretBytes::read_from(File::open(path).map_err(read_err)?, MAX_KEYFILE as usize)
+        .map_err(read_err)
 }

@@ -11,8 +11,9 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use sectorcrypt_luks::{Header, PbkdfOptions};
+use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_storage::{FileStorage, Storage};
-use zeroize::Zeroizing;
+use subtle::ConstantTimeEq;
 
 use crate::chip::open_header;
 use crate::exit::{open_failed, CliError};
@@ -52,7 +53,7 @@ pub(crate) fn new_passphrase(
     file: Option<&PathBuf>,
     key: &KeyArgs,
     prompt: &str,
-) -> Result<Zeroizing<Vec<u8>>, CliError> {
+) -> Result<SecretBytes, CliError> {
     if let Some(file) = file {
         let from_file = KeyArgs {
             key_file: Some(file.clone()),
@@ -63,7 +64,7 @@ pub(crate) fn new_passphrase(
     let first = key.read(prompt)?;
     if key.key_file.is_none() {
         let again = key.read("Verify passphrase: ")?;
-        if first != again {
+        if !bool::from(first[..].ct_eq(&again[..])) {
             return Err(CliError::usage("Passphrases do not match."));
         }
     }
@@ -171,9 +172,7 @@ fn add_unbound_key(
         ));
     };
     let key = match (&args.volume_key_file, args.key_size) {
-        (Some(path), _) => Zeroizing::new(std::fs::read(path).map_err(|e| {
-            CliError::io(format!("cannot read volume key file {}", path.display()), e)
-        })?),
+        (Some(path), _) => crate::keyfile::read_volume_key_file(path)?,
         (None, Some(bits)) if bits == 0 || bits % 8 != 0 || bits > 4096 => {
             return Err(CliError::usage(format!(
                 "--key-size {bits}: the key size must be a multiple of 8 bits, 8 to 4096"

@@ -7,20 +7,20 @@
 //! ones replaced, and keys whose entry is gone or zeroed are destroyed (zeroized once the requests
 //! using them end, before the reload is reported).
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use sectorcrypt_bench::kpio::{self as bench, KpioCase};
 use sectorcrypt_cipher::CipherSpec;
 use sectorcrypt_nbd::{Server, ServerOptions};
+use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_storage::{FileStorage, Storage};
 use sectorcrypt_volume::kpio::KeyTable;
 use sectorcrypt_volume::kpio::{Mirror, Reload};
 use sectorcrypt_volume::{Layout, VolumeOptions};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
-use zeroize::Zeroizing;
 
 use crate::benchmark::backend_choice;
 use crate::exit::{chain, CliError, Code};
@@ -134,21 +134,14 @@ pub(crate) fn run(command: Command) -> Result<(), CliError> {
 }
 
 /// The key table file, checked: a whole number of entries, at most `max` of them.
-fn read_key_table(
-    path: &Path,
-    key_bytes: usize,
-    max: usize,
-) -> Result<Zeroizing<Vec<u8>>, CliError> {
+fn read_key_table(path: &Path, key_bytes: usize, max: usize) -> Result<SecretBytes, CliError> {
     let name = path.display();
     let limit = (max * key_bytes) as u64;
-    let mut file = std::fs::File::open(path).map_err(|e| CliError {
+    let file = std::fs::File::open(path).map_err(|e| CliError {
         code: Code::Device,
         message: format!("cannot read the key table {name}: {e}"),
     })?;
-    let mut bytes = Zeroizing::new(Vec::new());
-    (&mut file)
-        .take(limit + 1)
-        .read_to_end(&mut bytes)
+    let bytes = SecretBytes::read_from(file, limit as usize + 1)
         .map_err(|e| CliError::io(format!("cannot read the key table {name}"), e))?;
     if bytes.is_empty() || bytes.len() % key_bytes != 0 {
         return Err(CliError::usage(format!(
@@ -226,6 +219,7 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
     let mut mirror = Mirror::new(key_bytes);
     let initial = table.reload(&mut mirror, &keys);
     drop(keys);
+    crate::secrets::keys_ready();
     if let (_, Some(why)) = reload_summary(&initial, table.len()) {
         return Err(CliError::usage(format!(
             "cannot load the key table {}: {why}",
@@ -262,6 +256,8 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
                 Err(e) => format!("key table not reloaded: {}", e.message),
                 Ok(new) => {
                     let r = reloader.reload(&mut mirror, &new);
+                    drop(new);
+                    crate::secrets::keys_ready();
                     match reload_summary(&r, reloader.len()) {
                         (done, None) => format!("key table reloaded: {done}"),
                         (done, Some(why)) => format!(

@@ -21,6 +21,7 @@ mod mount;
 mod open;
 mod pbkdf_args;
 mod progress;
+mod secrets;
 mod serve;
 mod units;
 
@@ -164,6 +165,7 @@ fn main() -> ExitCode {
         Ok(parsed) => parsed,
         Err(e) => return exit::usage(e),
     };
+    secrets::protect_process(cli.verbose);
     device::configure(ceph);
     if cli.disable_locks {
         sectorcrypt_storage::lock::disable();

@@ -150,6 +150,8 @@ impl VolumeArgs {
                 ..inner
             }
         })?;
+        drop((pass, unlocked));
+        crate::secrets::keys_ready();
         Ok((Arc::new(volume), header_dev))
     }
 }

@@ -44,6 +44,7 @@ use sectorcrypt_luks::luks2::reencrypt::{
     self, Direction, Mode, ReencryptSegment, Reencryption, Resilience, SegmentKind, State,
 };
 use sectorcrypt_luks::luks2::Header as Luks2Header;
+use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_storage::Storage;
 
 use crate::Error;
@@ -163,8 +164,8 @@ pub fn run(
     let (checksums, guard) = guard_of(plan, &r)?;
     let (old_key, new_key) = volume_keys(plan, &header, header_dev, passphrase)?;
     let (old, new) = (
-        old_key.as_deref().map(|k| &k[..]),
-        new_key.as_deref().map(|k| &k[..]),
+        old_key.as_deref(),
+        new_key.as_deref(),
     );
     let block = checksums.as_ref().map(|c| c.block);
     // What a hotzone goes through: decrypt with the old layout's key, encrypt with the new one's.
@@ -307,7 +308,7 @@ fn guard_of(plan: Plan, r: &Reencryption) -> Result<(Option<Checksums>, Guard), 
 }
 
 /// A volume key, zeroized when dropped.
-type VolumeKey = zeroize::Zeroizing<Vec<u8>>;
+type VolumeKey = SecretBytes;
 
 /// The old and new volume keys the plan needs, opened with `passphrase` and checked against the
 /// reencryption digest: metadata edited by someone without the keys must not steer what is
@@ -340,8 +341,8 @@ fn volume_keys(
     };
     if !reencrypt::verify_reencrypt_digest(
         header,
-        old.as_deref().map(|k| &k[..]),
-        new.as_deref().map(|k| &k[..]),
+        old.as_deref(),
+        new.as_deref(),
     )
     .map_err(luks)?
     {

@@ -27,20 +27,20 @@ mod wide;
 mod x86;
 
 use crate::backend::Backend;
-use crate::engine::BlockEngine;
+use crate::engine::{keyed, BlockEngine};
 
 /// A keyed AES engine on `backend`. `key` is 16, 24 or 32 bytes (checked by the caller); the
 /// backend has been checked to run on this CPU.
 pub(crate) fn new_engine(key: &[u8], backend: Backend) -> Option<Box<dyn BlockEngine>> {
     debug_assert!(matches!(key.len(), 16 | 24 | 32));
     match backend {
-        Backend::Portable => Some(Box::new(soft::AesSoft::new(key))),
+        Backend::Portable => keyed(|| Some(soft::AesSoft::new(key))),
         #[cfg(target_arch = "x86_64")]
-        Backend::AesNi => ni::AesNi::new(key).map(|e| Box::new(e) as Box<dyn BlockEngine>),
+        Backend::AesNi => keyed(|| ni::AesNi::new(key)),
         #[cfg(target_arch = "x86_64")]
-        Backend::Vaes512 => vaes512::Vaes512::new(key).map(|e| Box::new(e) as Box<dyn BlockEngine>),
+        Backend::Vaes512 => keyed(|| vaes512::Vaes512::new(key)),
         #[cfg(target_arch = "x86_64")]
-        Backend::Vaes256 => vaes256::Vaes256::new(key).map(|e| Box::new(e) as Box<dyn BlockEngine>),
+        Backend::Vaes256 => keyed(|| vaes256::Vaes256::new(key)),
         _ => None,
     }
 }

@@ -20,18 +20,18 @@ pub(crate) mod avx2;
 pub(crate) mod avx512;
 
 use crate::backend::Backend;
-use crate::engine::BlockEngine;
+use crate::engine::{keyed, BlockEngine};
 
 /// A keyed LEA engine on `backend`. `key` is 16, 24 or 32 bytes (checked by the caller); the
 /// backend has been checked to run on this CPU.
 pub(crate) fn new_engine(key: &[u8], backend: Backend) -> Option<Box<dyn BlockEngine>> {
     debug_assert!(matches!(key.len(), 16 | 24 | 32));
     match backend {
-        Backend::Portable => Some(Box::new(soft::LeaSoft::new(key))),
+        Backend::Portable => keyed(|| Some(soft::LeaSoft::new(key))),
         #[cfg(target_arch = "x86_64")]
-        Backend::Avx2 => avx2::LeaAvx2::new(key).map(|e| Box::new(e) as Box<dyn BlockEngine>),
+        Backend::Avx2 => keyed(|| avx2::LeaAvx2::new(key)),
         #[cfg(target_arch = "x86_64")]
-        Backend::Avx512 => avx512::LeaAvx512::new(key).map(|e| Box::new(e) as Box<dyn BlockEngine>),
+        Backend::Avx512 => keyed(|| avx512::LeaAvx512::new(key)),
         _ => None,
     }
 }

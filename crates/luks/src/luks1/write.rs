@@ -13,8 +13,8 @@
 
 use rand::RngCore;
 use sectorcrypt_cipher::spec::CipherSpec;
+use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_storage::Storage;
-use zeroize::Zeroizing;
 
 use super::{
     no_such_slot, Header, Keyslot, HEADER_SIZE, KEYSLOTS, SALT_SIZE, SECTOR_SIZE, STRIPES,
@@ -62,7 +62,7 @@ pub struct FormatParams {
     /// The keyslot for the passphrase (`--key-slot`); `None` is slot 0.
     pub keyslot: Option<usize>,
     /// The volume key (`--volume-key-file`); `None` draws a random one.
-    pub volume_key: Option<Zeroizing<Vec<u8>>>,
+    pub volume_key: Option<SecretBytes>,
     /// The header lives on its own device (`--header`): the payload offset is 0 and the device
     /// needs room for the header and keyslots only.
     pub detached_header: bool,
@@ -121,8 +121,8 @@ fn sync(dev: &dyn Storage) -> Result<(), Error> {
     dev.sync().map_err(io_error(dev))
 }
 
-fn read_at(dev: &dyn Storage, len: usize, offset: u64) -> Result<Zeroizing<Vec<u8>>, Error> {
-    let mut buf = Zeroizing::new(vec![0u8; len]);
+fn read_at(dev: &dyn Storage, len: usize, offset: u64) -> Result<SecretBytes, Error> {
+    let mut buf = SecretBytes::zeroed(len);
     dev.read_at(&mut buf, offset).map_err(io_error(dev))?;
     Ok(buf)
 }
@@ -143,7 +143,7 @@ fn random_salt() -> [u8; SALT_SIZE] {
 
 /// Overwrite `len` bytes at `offset` with random data, piece by piece.
 fn wipe_random(dev: &dyn Storage, offset: u64, len: u64) -> Result<(), Error> {
-    let mut buf = Zeroizing::new(vec![0u8; WIPE_CHUNK]);
+    let mut buf = SecretBytes::zeroed(WIPE_CHUNK);
     let mut done = 0u64;
     while done < len {
         let n = (len - done).min(WIPE_CHUNK as u64) as usize;
@@ -257,9 +257,9 @@ pub fn format(
                 params.key_bits
             )))
         }
-        Some(vk) => vk.clone(),
+        Some(vk) => SecretBytes::from_slice(vk),
         None => {
-            let mut vk = Zeroizing::new(vec![0u8; key_bytes]);
+            let mut vk = SecretBytes::zeroed(key_bytes);
             random_bytes(&mut vk);
             vk
         }

@@ -2,9 +2,9 @@
 //! every parameter checked before anything is written, then the areas wiped, the keyslot
 //! written and synced, and both header copies written (`write.rs` orders those writes).
 
+use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_storage::Storage;
 use serde_json::Map;
-use zeroize::Zeroizing;
 
 use super::binary::{BIN_LEN, HDR_SIZES};
 use super::limits::{
@@ -49,7 +49,7 @@ pub struct FormatParams {
     /// Keyslot number for the passphrase (default the first, 0).
     pub keyslot: Option<usize>,
     /// The volume key; random if `None`.
-    pub volume_key: Option<Zeroizing<Vec<u8>>>,
+    pub volume_key: Option<SecretBytes>,
     /// Bytes of one header copy (`--luks2-metadata-size`, 16 KiB to 4 MiB); default 16 KiB.
     pub metadata_size: Option<u64>,
     /// Bytes of the keyslots area (`--luks2-keyslots-size`); default fills 16 MiB.
@@ -203,7 +203,7 @@ impl Geometry {
 }
 
 /// The volume key: the one given (of the size asked for) or a random one.
-fn volume_key(params: &FormatParams) -> Result<Zeroizing<Vec<u8>>, Error> {
+fn volume_key(params: &FormatParams) -> Result<SecretBytes, Error> {
     if params.key_bits == 0 || !params.key_bits.is_multiple_of(8) || params.key_bits > 1024 * 8 {
         return Err(Error::Unsupported(format!(
             "a volume key of {} bits",
@@ -216,7 +216,7 @@ fn volume_key(params: &FormatParams) -> Result<Zeroizing<Vec<u8>>, Error> {
             k.len() * 8,
             params.key_bits
         ))),
-        Some(k) => Ok(k.clone()),
+        Some(k) => Ok(SecretBytes::from_slice(k)),
         None => Ok(random_bytes(params.key_bits / 8)),
     }
 }

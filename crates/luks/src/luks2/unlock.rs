@@ -2,10 +2,10 @@
 //! `LUKS2_keyslot_open`): derive the area key with the keyslot's KDF, decrypt the area, merge the
 //! AF stripes, and accept the result only if the keyslot's digest matches it.
 
-use super::limits::{KDF_SALT_LEN, STRIPES};
+use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_storage::Storage;
-use zeroize::Zeroizing;
 
+use super::limits::{KDF_SALT_LEN, STRIPES};
 use super::metadata::{Digest, Keyslot, KeyslotKdf, Luks2Keyslot, Metadata, Priority};
 use crate::error::Error;
 use crate::hash::Hash;
@@ -212,7 +212,7 @@ pub(super) fn open_slot(
     }
     let (kdf, salt) = kdf(k, slot)?;
     let area = area(k, slot)?;
-    let candidate: Zeroizing<Vec<u8>> = area.open(dev, &kdf, salt, passphrase)?;
+    let candidate: SecretBytes = area.open(dev, &kdf, salt, passphrase)?;
     if digest_ok(digest, number, slot, &candidate)? {
         Ok(Unlocked {
             slot: slot as usize,

@@ -18,9 +18,9 @@
 use rand::RngCore;
 use sectorcrypt_cipher::spec::CipherSpec;
 use sectorcrypt_cipher::{SectorCipher, SectorOptions};
+use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_storage::Storage;
 use serde_json::{Map, Value};
-use zeroize::Zeroizing;
 
 use super::binary::{
     BinaryHeader, HeaderCopy, BIN_LEN, HDR_SIZES, LABEL_LEN, MAGIC_PRIMARY, MAGIC_SECONDARY,
@@ -49,8 +49,8 @@ pub(super) fn io(dev: &dyn Storage, source: std::io::Error) -> Error {
 
 /// `n` random bytes from the operating system: volume keys and salts (as cryptsetup reads
 /// /dev/urandom).
-pub fn random_bytes(n: usize) -> Zeroizing<Vec<u8>> {
-    let mut v = Zeroizing::new(vec![0u8; n]);
+pub fn random_bytes(n: usize) -> SecretBytes {
+    let mut v = SecretBytes::zeroed(n);
     rand::rngs::OsRng.fill_bytes(&mut v);
     v
 }
@@ -180,7 +180,7 @@ impl Metadata {
 /// A new `luks2` keyslot made and sealed, not yet written.
 pub(super) struct NewKeyslot {
     pub(super) json: Luks2Keyslot,
-    pub(super) material: Zeroizing<Vec<u8>>,
+    pub(super) material: SecretBytes,
 }
 
 /// The cipher of keyslot areas for volumes whose data segment uses `segment_cipher` with a key of
@@ -249,7 +249,7 @@ pub(super) fn wipe(dev: &dyn Storage, offset: u64, len: u64, random: bool) -> Re
         let block = if random {
             random_bytes(n)
         } else {
-            Zeroizing::new(vec![0u8; n])
+            SecretBytes::zeroed(n)
         };
         dev.write_at(&block, offset + done)
             .map_err(|e| io(dev, e))?;

@@ -17,8 +17,8 @@ use sectorcrypt_cipher::{SectorCipher, SectorOptions};
 use sectorcrypt_luks::hash::Hash;
 use sectorcrypt_luks::luks1::{format, FormatParams, Header, HEADER_SIZE};
 use sectorcrypt_luks::Error;
+use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_storage::{FileStorage, MemStorage, Storage};
-use zeroize::Zeroizing;
 
 use crate::luks1_support::*;
 
@@ -42,7 +42,7 @@ fn params(cipher: &str, key_bits: usize, hash: Hash) -> FormatParams {
 }
 
 /// Format `file` here; returns the volume key.
-fn format_file(file: &Path, p: &FormatParams, passphrase: &[u8]) -> Zeroizing<Vec<u8>> {
+fn format_file(file: &Path, p: &FormatParams, passphrase: &[u8]) -> SecretBytes {
     let dev = FileStorage::open(file).unwrap();
     let (h, u) = format(&dev, p, passphrase).unwrap();
     assert_eq!(Header::read(&dev).unwrap(), h);
@@ -127,7 +127,7 @@ fn format_takes_uuid_volume_key_and_slot() {
     let vk: Vec<u8> = (0..64u8).collect();
     let p = FormatParams {
         uuid: Some("0123ABCD-89ab-cdef-0123-456789ABCDEF".into()),
-        volume_key: Some(Zeroizing::new(vk.clone())),
+        volume_key: Some(SecretBytes::from_slice(&vk)),
         keyslot: Some(5),
         ..params("aes-xts-plain64", 512, Hash::Sha256)
     };
@@ -198,7 +198,7 @@ fn format_refuses_bad_parameters_and_small_devices() {
         ),
         (
             FormatParams {
-                volume_key: Some(Zeroizing::new(vec![1; 32])),
+                volume_key: Some(SecretBytes::from_slice(&[1; 32])),
                 ..p.clone()
             },
             "short volume key",

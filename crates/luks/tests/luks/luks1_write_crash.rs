@@ -11,6 +11,7 @@
 use sectorcrypt_luks::hash::Hash;
 use sectorcrypt_luks::luks1::{format, FormatParams, Header};
 use sectorcrypt_luks::Error;
+use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_storage::{CrashingStorage, MemStorage, Storage};
 use sectorcrypt_testkit::sweep::{self, ForgetsSync, Report};
 
@@ -293,7 +294,7 @@ fn format_survives_every_power_cut() {
         key_bits: 256,
         hash: Hash::Sha256,
         iterations: Some(1000),
-        volume_key: Some(new_vk.clone().into()),
+        volume_key: Some(SecretBytes::from_slice(&new_vk)),
         ..FormatParams::default()
     };
     let report = sweep::sweep(

@@ -210,7 +210,7 @@ fn formats_open_and_read_like_cryptsetup() {
         let again = h
             .unlock(&dev, format!("passphrase of {name}\n").as_bytes(), Some(0))
             .unwrap();
-        assert_eq!(again.volume_key, unlocked.volume_key, "{name}");
+        assert_eq!(again.volume_key[..], unlocked.volume_key[..], "{name}");
         assert!(
             matches!(
                 h.unlock(&dev, format!("passphrase of {name}").as_bytes(), None),

@@ -10,8 +10,8 @@ use crate::luks2_support::*;
 use sectorcrypt_luks::hash::Hash;
 use sectorcrypt_luks::kdf::{self, Argon2Variant};
 use sectorcrypt_luks::luks2::{self, FormatParams, Header, Pbkdf};
+use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_storage::{FileStorage, MemStorage};
-use zeroize::Zeroizing;
 
 const MIB: u64 = 1 << 20;
 
@@ -132,7 +132,7 @@ fn formats_made_here_pass_cryptsetup() {
             pbkdf: c.pbkdf.clone(),
             label: c.label.map(str::to_string),
             subsystem: c.label.map(|_| "sub system".to_string()),
-            volume_key: Some(Zeroizing::new(vk.clone())),
+            volume_key: Some(SecretBytes::from_slice(&vk)),
             keyslot: Some(i),
             ..FormatParams::default()
         };

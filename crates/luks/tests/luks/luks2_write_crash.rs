@@ -12,6 +12,7 @@
 use sectorcrypt_luks::hash::Hash;
 use sectorcrypt_luks::luks2::{self, FormatParams, Header, Pbkdf};
 use sectorcrypt_luks::Error;
+use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_storage::{CrashingStorage, MemStorage};
 use sectorcrypt_testkit::sweep::{self, ForgetsSync, Report};
 
@@ -214,7 +215,7 @@ fn format_survives_every_power_cut() {
     let (old, old_key) = formatted(b"OLD");
     let params = FormatParams {
         pbkdf: pbkdf(),
-        volume_key: Some(zeroize::Zeroizing::new(vec![9; 64])),
+        volume_key: Some(SecretBytes::from_slice(&[9; 64])),
         ..FormatParams::default()
     };
     let cands: &[&[u8]] = &[b"OLD", b"NEW"];

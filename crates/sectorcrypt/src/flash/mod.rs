@@ -172,6 +172,8 @@ impl OpenArgs {
             .read(&format!("Enter passphrase for {}: ", self.device.display()))?;
         drop(header);
         let opened = sectorcrypt_flashvol::unlock(chip.flash(), &pass, self.key_slot)?;
+        drop(pass);
+        crate::secrets::keys_ready();
         Ok((chip, opened))
     }
 }

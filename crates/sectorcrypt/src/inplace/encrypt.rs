@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use sectorcrypt_luks::luks2::reencrypt::Mode;
 use sectorcrypt_luks::FormatOptions;
+use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_storage::{FileStorage, Storage};
 use sectorcrypt_volume::convert::{self, read_luks2, Placement, ShiftedPlan};
 use sectorcrypt_volume::resilience::{self};
@@ -138,7 +139,7 @@ fn new_header(
     data_len: u64,
     warning: &str,
     placement: Placement,
-) -> Result<(Vec<u8>, zeroize::Zeroizing<Vec<u8>>), CliError> {
+) -> Result<(Vec<u8>, SecretBytes), CliError> {
     confirm(args.run.batch, warning)?;
     let pass = new_passphrase(
         None,
@@ -157,7 +158,7 @@ fn start(
     header_path: &Path,
     data: &dyn Storage,
     data_len: u64,
-) -> Result<zeroize::Zeroizing<Vec<u8>>, CliError> {
+) -> Result<SecretBytes, CliError> {
     let existing = FileStorage::open_read_only(header_path).ok();
     convert::check_new_encryption(data, existing.as_ref().map(|f| f as &dyn Storage))?;
     let options = format_options(args, None)?;

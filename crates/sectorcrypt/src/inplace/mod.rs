@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use sectorcrypt_luks::luks2::reencrypt::{InitOptions, Mode};
+use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_storage::{FsDirectory, Storage};
 use sectorcrypt_volume::convert::{self, read_luks2};
 use sectorcrypt_volume::reencrypt::{run, Options, Outcome, DEFAULT_HOTZONE};
@@ -70,7 +71,7 @@ pub(crate) struct RunArgs {
 
 impl RunArgs {
     /// The passphrase of `device`, from the key file or a prompt.
-    fn passphrase(&self, device: &Path) -> Result<zeroize::Zeroizing<Vec<u8>>, CliError> {
+    fn passphrase(&self, device: &Path) -> Result<SecretBytes, CliError> {
         self.key
             .read(&format!("Enter passphrase for {}: ", device.display()))
     }

@@ -20,4 +20,5 @@ mod luks_write;
 mod manual;
 mod nbd;
 mod parity;
+mod secrets;
 mod study;

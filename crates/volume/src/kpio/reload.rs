@@ -7,15 +7,15 @@
 //! tried again at the next reload, and an entry that did not change is left alone. Keys are
 //! compared in constant time, and the mirror is zeroized on drop.
 
+use sectorcrypt_secret::SecretBytes;
 use subtle::ConstantTimeEq;
-use zeroize::Zeroizing;
 
 use super::KeyTable;
 use crate::Error;
 
 /// What a key table holds, in a key table file's layout.
 pub struct Mirror {
-    entries: Zeroizing<Vec<u8>>,
+    entries: SecretBytes,
     key_bytes: usize,
 }
 
@@ -45,7 +45,7 @@ impl Mirror {
     /// An empty table's mirror, for keys of `key_bytes` bytes.
     pub fn new(key_bytes: usize) -> Mirror {
         Mirror {
-            entries: Zeroizing::new(Vec::new()),
+            entries: SecretBytes::zeroed(0),
             key_bytes,
         }
     }
@@ -65,7 +65,7 @@ impl KeyTable {
         let key_bytes = mirror.key_bytes;
         let mut done = Reload::default();
         if mirror.entries.len() < file.len() {
-            mirror.entries.resize(file.len(), 0);
+            mirror.entries.resize(file.len());
         }
         for tag in 0..mirror.entries.len() / key_bytes {
             let slot = tag * key_bytes..(tag + 1) * key_bytes;

@@ -3,11 +3,12 @@
 //! without the keys cannot steer a conversion.
 
 use super::*;
+use sectorcrypt_secret::SecretBytes;
 
 /// Appends JSON fields to the blob with the typing rules of cryptsetup's `sr()`: a missing or
 /// mistyped field makes the whole blob invalid.
 pub(super) struct Serializer<'a> {
-    out: &'a mut Vec<u8>,
+    out: &'a mut SecretBytes,
 }
 
 impl Serializer<'_> {
@@ -125,16 +126,16 @@ pub fn reencrypt_digest_blob(
     metadata: &Metadata,
     old_vk: Option<&[u8]>,
     new_vk: Option<&[u8]>,
-) -> Result<Zeroizing<Vec<u8>>, Error> {
+) -> Result<SecretBytes, Error> {
     let version = requirement_version(metadata).ok_or_else(|| {
         Error::Corrupt("there is no reencryption requirement to build a digest for".into())
     })?;
     let digest_old = digest_of_flag(metadata, FLAG_BACKUP_PREVIOUS);
     let digest_new = digest_of_flag(metadata, FLAG_BACKUP_FINAL);
-    // Room for everything up front, so that no reallocation leaves a copy of a key behind:
-    // strings are at most 64 bytes, so the fields take well under 1 KiB.
+    // Room for everything up front (strings are at most 64 bytes, so the fields take well under
+    // 1 KiB); growing would move the keys, zeroizing the old copy, which costs only time.
     let keys_len = old_vk.map_or(0, <[u8]>::len) + new_vk.map_or(0, <[u8]>::len);
-    let mut out = Zeroizing::new(Vec::with_capacity(2 + keys_len + 1024));
+    let mut out = SecretBytes::with_capacity(2 + keys_len + 1024);
     out.extend_from_slice(&[b'v', b'0' + version]);
     let missing = |which: &str, digest: u32| {
         Error::Unsupported(format!(

@@ -1,6 +1,7 @@
 //! Opening the old and new volume keys of a reencryption with a passphrase.
 
 use super::*;
+use sectorcrypt_secret::SecretBytes;
 
 /// The volume keys of a reencryption.
 pub struct VolumeKeys {
@@ -46,7 +47,7 @@ pub fn unlock_volume_keys_in(
     let new = match &old {
         Some(u) if r.digest_new == r.digest_old => Some(Unlocked {
             slot: u.slot,
-            volume_key: u.volume_key.clone(),
+            volume_key: SecretBytes::from_slice(&u.volume_key),
         }),
         _ => open(r.digest_new)?,
     };
@@ -111,7 +112,7 @@ pub fn unlock_checked(
         let digest = md.digest_of_keyslot(u.slot as u32).map(|(n, _)| n);
         let copy = |u: &Unlocked| Unlocked {
             slot: u.slot,
-            volume_key: u.volume_key.clone(),
+            volume_key: SecretBytes::from_slice(&u.volume_key),
         };
         let needed = |d: Option<u32>| d.is_some() && d == digest;
         let old = needed(r.digest_old).then(|| copy(&u));

@@ -67,7 +67,6 @@ pub use self::progress::*;
 use rand::RngCore;
 use sectorcrypt_storage::Storage;
 use serde_json::{Map, Value};
-use zeroize::Zeroizing;
 
 use super::limits::{DIGESTS_MAX, DIGEST_ITER_TIME_MS, KDF_SALT_LEN, KEYSLOTS_MAX};
 pub use super::metadata::{Direction, Mode, ReencryptKeyslot, Resilience};

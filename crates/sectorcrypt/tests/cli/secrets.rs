@@ -1,0 +1,459 @@
+//! Keys in a running server: every command that holds keys for long (`serve`, `mount`,
+//! `kpio serve`, `flash attach`) keeps them in locked memory (`VmLck`), out of core dumps (a
+//! `gcore` core holds none of the volume key's bytes, none of a round key's, not the passphrase)
+//! and is not dumpable; `kpio serve` also after a SIGHUP reload and after a key is destroyed.
+//!
+//! The server runs as `nobody` when the tests run as root: the kernel makes root the owner of a
+//! non-dumpable process's `/proc/PID/environ` (and its other private files), which is how its dumpability shows from outside. `gcore`
+//! needs root (it attaches to the server as a debugger, which a non-dumpable process refuses to
+//! its own user), so the tests ask for it.
+
+use std::fs::File;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sectorcrypt_testkit::pattern;
+
+use crate::common::{p, run, sc};
+use crate::nbd::{signal, write_file, BIN, MIB};
+
+/// A hang detector for a server to start or reload, not a speed check.
+const DEADLINE: Duration = Duration::from_secs(120);
+
+/// The passphrase every volume here is made with: distinctive, so that a core holding it says so.
+const PASSPHRASE: &[u8] = b"correct-horse-battery-staple-7f3a9c";
+
+fn is_root() -> bool {
+    std::fs::metadata("/proc/self").unwrap().uid() == 0
+}
+
+/// A scratch folder the unprivileged server can use.
+fn scratch(name: &str) -> PathBuf {
+    let dir = sectorcrypt_testkit::scratch(&format!("secrets-{name}"));
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    dir
+}
+
+/// `path` made readable and writable by the unprivileged server.
+fn share(path: &Path) {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).unwrap();
+}
+
+/// A running command that holds keys; killed and reaped on drop.
+struct Holder {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Holder {
+    /// Start `sectorcrypt ARGS` (as `nobody` when root) and wait until `ready` says it is up.
+    fn start(dir: &Path, args: &[&str], ready: impl Fn(&str) -> bool) -> Holder {
+        Holder::start_as(dir, args, ready, true)
+    }
+
+    /// As [`Holder::start`], as the tests' own user unless `unprivileged`.
+    fn start_as(
+        dir: &Path,
+        args: &[&str],
+        ready: impl Fn(&str) -> bool,
+        unprivileged: bool,
+    ) -> Holder {
+        let log = dir.join(format!("{}.log", args[0]));
+        let mut cmd = if is_root() && unprivileged {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN]);
+            c
+        } else {
+            Command::new(BIN)
+        };
+        let child = cmd
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut holder = Holder { child, log };
+        holder.wait_for(&ready, "start");
+        holder
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn wait_for(&mut self, ready: &dyn Fn(&str) -> bool, what: &str) {
+        let end = Instant::now() + DEADLINE;
+        while !ready(&self.stderr()) {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!(
+                    "the server exited ({status}) before it could {what}: {}",
+                    self.stderr()
+                );
+            }
+            assert!(
+                Instant::now() < end,
+                "no {what} within {DEADLINE:?}: {}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A field of `/proc/PID/status`, in its unit (kB for memory).
+fn status_field(pid: u32, name: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// What must hold of a key holder: its memory locks at least `min_locked_kib`; it is not
+/// dumpable; and a core of it taken with `gcore` holds `present` (proof the core is a real view of
+/// its memory) but none of `secrets`, nor any 16-byte piece of them (a round key of AES is a
+/// 16-byte piece of its key: the first is the key's first 16 bytes).
+fn assert_keys_protected(
+    holder: &Holder,
+    dir: &Path,
+    min_locked_kib: u64,
+    present: &[u8],
+    secrets: &[(&str, &[u8])],
+) {
+    let pid = holder.pid();
+    let locked = status_field(pid, "VmLck");
+    assert!(
+        locked >= min_locked_kib,
+        "VmLck is {locked} kB, less than the {min_locked_kib} kB the keys take: {}",
+        holder.stderr()
+    );
+    // Root owns a root process's files whether it is dumpable or not: nothing to see then.
+    if status_field(pid, "Uid") != 0 {
+        // The kernel gives a non-dumpable process's private files (not /proc/PID itself) to root.
+        let owner = std::fs::metadata(format!("/proc/{pid}/environ"))
+            .unwrap()
+            .uid();
+        assert_eq!(
+            owner, 0,
+            "/proc/{pid}/environ belongs to root: the process is not dumpable"
+        );
+    }
+
+    assert!(
+        is_root(),
+        "gcore needs root to attach to a non-dumpable process"
+    );
+    let prefix = dir.join("core");
+    let out = run(Command::new("gcore")
+        .arg("-o")
+        .arg(&prefix)
+        .arg(pid.to_string()));
+    let core_path = PathBuf::from(format!("{}.{pid}", prefix.display()));
+    assert!(out.status.success() && core_path.exists(), "gcore: {out:?}");
+    let core = std::fs::read(&core_path).unwrap();
+    std::fs::remove_file(&core_path).unwrap();
+    assert!(
+        contains(&core, present),
+        "the core holds the process's ordinary memory ({} bytes)",
+        core.len()
+    );
+    for (what, secret) in secrets {
+        assert!(!contains(&core, secret), "the core holds the {what}");
+        for (i, piece) in secret.chunks_exact(16).enumerate() {
+            assert!(
+                !contains(&core, piece),
+                "the core holds bytes {}.. of the {what}",
+                16 * i
+            );
+        }
+    }
+}
+
+/// A LUKS2 volume of `mib` MiB with a known volume key and [`PASSPHRASE`]: (image, passphrase
+/// file, volume key).
+fn volume(dir: &Path, mib: u64) -> (PathBuf, PathBuf, Vec<u8>) {
+    let img = dir.join("disk.img");
+    let pass = dir.join("pass");
+    let vk_file = dir.join("vk");
+    let vk = pattern(64, 0x5ec2e7);
+    write_file(&img, &vec![0u8; (mib * MIB) as usize]);
+    write_file(&pass, PASSPHRASE);
+    write_file(&vk_file, &vk);
+    let out = sc(&[
+        "format",
+        "-q",
+        p(&img),
+        "--key-file",
+        p(&pass),
+        "--volume-key-file",
+        p(&vk_file),
+        "--pbkdf",
+        "argon2id",
+        "--pbkdf-force-iterations",
+        "4",
+        "--pbkdf-memory",
+        "32",
+    ]);
+    assert!(out.status.success(), "format: {out:?}");
+    std::fs::remove_file(&vk_file).unwrap();
+    for f in [&img, &pass] {
+        share(f);
+    }
+    (img, pass, vk)
+}
+
+/// Two engines (data and tweak key), each in pages of its own.
+const XTS_LOCKED_KIB: u64 = 8;
+
+#[test]
+fn serve_keeps_keys_locked_and_out_of_a_core() {
+    let dir = scratch("serve");
+    let (img, pass, vk) = volume(&dir, 20);
+    let sock = dir.join("s.sock");
+    let holder = Holder::start(
+        &dir,
+        &[
+            "serve",
+            p(&img),
+            "--key-file",
+            p(&pass),
+            "--socket",
+            p(&sock),
+            "--verbose",
+        ],
+        |log| log.contains("sectorcrypt: serving"),
+    );
+    // --verbose says how much is locked, once the keys are in place.
+    let said = holder.stderr();
+    let kib: u64 = said
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("sectorcrypt: ")?
+                .strip_suffix(" KiB of memory holding keys is locked")
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("--verbose reports the locked memory: {said}"));
+    assert!(kib >= XTS_LOCKED_KIB, "{said}");
+    assert_keys_protected(
+        &holder,
+        &dir,
+        XTS_LOCKED_KIB,
+        img.to_str().unwrap().as_bytes(),
+        &[("volume key", &vk), ("passphrase", PASSPHRASE)],
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn mount_keeps_keys_locked_and_out_of_a_core() {
+    let dir = scratch("mount");
+    let (img, pass, vk) = volume(&dir, 20);
+    let mnt = dir.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let file = mnt.join("volume");
+    // As the tests' user: an unprivileged FUSE mount needs /dev/fuse open to all, which hosts
+    // need not grant. Not being dumpable is process-wide, and the other tests check it.
+    let holder = Holder::start_as(
+        &dir,
+        &["mount", p(&img), p(&mnt), "--key-file", p(&pass)],
+        |_| file.exists(),
+        false,
+    );
+    assert_keys_protected(
+        &holder,
+        &dir,
+        XTS_LOCKED_KIB,
+        img.to_str().unwrap().as_bytes(),
+        &[("volume key", &vk), ("passphrase", PASSPHRASE)],
+    );
+    drop(holder);
+    let _ = run(Command::new("fusermount3").arg("-u").arg(&mnt));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn kpio_serve_keeps_keys_locked_and_out_of_a_core_across_reloads() {
+    let dir = scratch("kpio");
+    let store = dir.join("store.img");
+    write_file(&store, &vec![0u8; MIB as usize]);
+    share(&store);
+    let (k0, k1, k2) = (pattern(64, 0xa0), pattern(64, 0xa1), pattern(64, 0xa2));
+    let table = dir.join("keys.bin");
+    write_file(&table, &[k0.clone(), k1.clone()].concat());
+    share(&table);
+    let sock = dir.join("k.sock");
+    let mut holder = Holder::start(
+        &dir,
+        &[
+            "kpio",
+            "serve",
+            p(&store),
+            "--key-table",
+            p(&table),
+            "--socket",
+            p(&sock),
+        ],
+        |log| log.contains("sectorcrypt: serving"),
+    );
+    let keys =
+        |ks: &[(&'static str, &[u8])]| ks.iter().map(|&(n, k)| (n, k.to_vec())).collect::<Vec<_>>();
+    let check = |holder: &Holder, min: u64, ks: Vec<(&str, Vec<u8>)>| {
+        let secrets: Vec<(&str, &[u8])> = ks.iter().map(|(n, k)| (*n, &k[..])).collect();
+        assert_keys_protected(
+            holder,
+            &dir,
+            min,
+            store.to_str().unwrap().as_bytes(),
+            &secrets,
+        );
+    };
+    check(
+        &holder,
+        2 * XTS_LOCKED_KIB,
+        keys(&[("key 0", &k0), ("key 1", &k1)]),
+    );
+    // Reload: key 0 replaced by key 2, key 1 destroyed.
+    write_file(&table, &[k2.clone(), vec![0u8; 64]].concat());
+    signal(holder.pid(), "-HUP");
+    holder.wait_for(&|log| log.contains("key table reloaded"), "reload");
+    assert!(
+        holder.stderr().contains("1 replaced, 1 destroyed"),
+        "{}",
+        holder.stderr()
+    );
+    check(
+        &holder,
+        XTS_LOCKED_KIB,
+        keys(&[
+            ("replaced key 0", &k0),
+            ("destroyed key 1", &k1),
+            ("new key 2", &k2),
+        ]),
+    );
+    drop(holder);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn flash_attach_keeps_keys_locked_and_out_of_a_core() {
+    let dir = scratch("flash");
+    let img = dir.join("chip.img");
+    let pass = dir.join("pass");
+    write_file(&pass, PASSPHRASE);
+    let fast = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+    let mut format = vec![
+        "flash",
+        "format",
+        p(&img),
+        "--size",
+        "16MiB",
+        "--key-file",
+        p(&pass),
+        "-q",
+    ];
+    format.extend(fast);
+    assert!(sc(&format).status.success());
+    let mkvol = sc(&[
+        "flash",
+        "mkvol",
+        p(&img),
+        "-N",
+        "data",
+        "-S",
+        "4",
+        "--key-file",
+        p(&pass),
+    ]);
+    assert!(mkvol.status.success(), "{mkvol:?}");
+    let dump = sc(&[
+        "dump",
+        "--dump-volume-key",
+        "--json",
+        "--key-file",
+        p(&pass),
+        p(&img),
+    ]);
+    let json: serde_json::Value = serde_json::from_slice(&dump.stdout).expect("dump --json");
+    let hex = json["volume_key"].as_str().unwrap();
+    let vk: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    assert_eq!(vk.len(), 64);
+    share(&img);
+    share(&pass);
+    let sockets = dir.join("sockets");
+    std::fs::create_dir(&sockets).unwrap();
+    std::fs::set_permissions(&sockets, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let holder = Holder::start(
+        &dir,
+        &[
+            "flash",
+            "attach",
+            p(&img),
+            "--socket-dir",
+            p(&sockets),
+            "--key-file",
+            p(&pass),
+        ],
+        |log| log.contains("sectorcrypt: volume data"),
+    );
+    assert_keys_protected(
+        &holder,
+        &dir,
+        XTS_LOCKED_KIB,
+        img.to_str().unwrap().as_bytes(),
+        &[("volume key", &vk), ("passphrase", PASSPHRASE)],
+    );
+    drop(holder);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Under a lock limit of zero (and without root's exemption from it) the keys cannot be locked:
+/// the command says so once and does its work.
+#[test]
+fn a_lock_limit_too_small_warns_once_and_goes_on() {
+    let dir = scratch("limit");
+    let (img, pass, _) = volume(&dir, 20);
+    let mut cmd = Command::new("prlimit");
+    cmd.args(["--memlock=0:0", "--"]);
+    if is_root() {
+        cmd.args([
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ]);
+    }
+    let out = run(cmd.args([BIN, "test-passphrase", p(&img), "--key-file", p(&pass)]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the passphrase still opens the volume: {stderr}"
+    );
+    let warnings = stderr
+        .lines()
+        .filter(|l| l.contains("WARNING: cannot lock memory holding keys"))
+        .count();
+    assert_eq!(warnings, 1, "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
