@@ -21,3 +21,4 @@ mod manual;
 mod nbd;
 mod parity;
 mod study;
+mod tls;
