@@ -6,7 +6,7 @@
 # luks filter, fuse3, e2fsprogs and fuse2fs), mtd-utils, squashfs-tools and ubi_reader for raw flash (ubinize,
 # mkfs.ubifs and the readers that check exported images), Ceph (a monitor, an OSD, rbd, librbd and
 # python3-rbd) for the RBD tests, the kernel oracle (QEMU and Debian's kernel package), and
-# openssl(1) for the peer benchmarks. Two tools
+# openssl(1) for the peer benchmarks and the TLS tests' certificates. Two tools
 # keep the suite independent of the host's speed: qemu-user runs qemu-img emulated when the CPU is
 # too fast for qemu's PBKDF2 calibration, and strace stops processes at an exact write (the
 # SIGKILL/SIGINT tests) instead of at a moment in time. Safe to run again: it only installs what

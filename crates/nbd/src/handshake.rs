@@ -1,5 +1,7 @@
 //! The fixed-newstyle handshake: the server's greeting, then option haggling until the client
-//! picks the export (`NBD_OPT_GO` or `NBD_OPT_EXPORT_NAME`) or leaves.
+//! picks the export (`NBD_OPT_GO` or `NBD_OPT_EXPORT_NAME`), starts TLS or leaves. After TLS has
+//! started, haggling begins again over the TLS session with nothing kept from before (as nbdkit
+//! does: structured replies negotiated in plain text are forgotten).
 //!
 //! Every option's length is checked before its data is read, and every reply is sent before the
 //! next option is read, so a malformed option costs the client an error reply (or, where the
@@ -43,12 +45,34 @@ pub(crate) trait Offer {
     fn list(&self) -> Vec<ExportInfo>;
 }
 
-/// How the handshake ended.
+/// Where a connection stands with TLS, as option haggling sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TlsState {
+    /// The server has no TLS: STARTTLS is refused by policy.
+    Unavailable,
+    /// TLS is offered and not started: the client may start it or go on in plain text.
+    Offered,
+    /// TLS must be started before any other option (FORCEDTLS).
+    Required,
+    /// TLS is running.
+    Running,
+}
+
+/// What the client said in the greeting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ClientFlags {
+    /// `NBD_FLAG_C_NO_ZEROES`: no 124 zero bytes after `NBD_OPT_EXPORT_NAME`'s reply.
+    no_zeroes: bool,
+}
+
+/// How option haggling ended.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
     /// The client chose an export (the name it used): serve requests, with structured replies
     /// if negotiated.
     Transmission { structured: bool, name: Vec<u8> },
+    /// STARTTLS was acknowledged: the TLS handshake comes next, then haggling again.
+    StartTls,
     /// The client left, or broke the protocol so that the connection had to be dropped.
     Closed,
 }
@@ -68,8 +92,9 @@ fn option_error(s: &mut impl Write, option: u32, kind: u32, why: &str) -> io::Re
     option_reply(s, option, kind, why.as_bytes())
 }
 
-/// Run the handshake on `s`. I/O errors (the client vanished, a timeout) are returned as such.
-pub(crate) fn negotiate<S: Read + Write>(s: &mut S, offer: &dyn Offer) -> io::Result<Outcome> {
+/// Send the greeting and read the client's flags: `None` if the client must be dropped. I/O
+/// errors (the client vanished, a timeout) are returned as such.
+pub(crate) fn greet<S: Read + Write>(s: &mut S) -> io::Result<Option<ClientFlags>> {
     let mut greeting = Vec::with_capacity(18);
     greeting.extend_from_slice(&NBDMAGIC.to_be_bytes());
     greeting.extend_from_slice(&IHAVEOPT.to_be_bytes());
@@ -81,13 +106,25 @@ pub(crate) fn negotiate<S: Read + Write>(s: &mut S, offer: &dyn Offer) -> io::Re
     s.read_exact(&mut flags)?;
     let client_flags = u32::from_be_bytes(flags);
     // Unknown client flags, or a client that does not speak fixed newstyle: the protocol says
-    // to drop it.
+    // to drop it. (STARTTLS needs fixed newstyle too, so every client let past may start TLS.)
     if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0
         || client_flags & FLAG_C_FIXED_NEWSTYLE == 0
     {
-        return Ok(Outcome::Closed);
+        return Ok(None);
     }
-    let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+    Ok(Some(ClientFlags {
+        no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0,
+    }))
+}
+
+/// Haggle over options on `s` (after [`greet`], or after the TLS handshake) until the client
+/// picks an export, starts TLS or leaves. I/O errors are returned as such.
+pub(crate) fn negotiate<S: Read + Write>(
+    s: &mut S,
+    offer: &dyn Offer,
+    flags: ClientFlags,
+    tls: TlsState,
+) -> io::Result<Outcome> {
     let mut structured = false;
 
     for _ in 0..MAX_OPTIONS {
@@ -105,6 +142,20 @@ pub(crate) fn negotiate<S: Read + Write>(s: &mut S, offer: &dyn Offer) -> io::Re
         }
         let mut data = vec![0u8; len as usize];
         s.read_exact(&mut data)?;
+        if tls == TlsState::Required && option != OPT_STARTTLS && option != OPT_ABORT {
+            if option == OPT_EXPORT_NAME {
+                // It has no error reply: the protocol says to end the session.
+                return Ok(Outcome::Closed);
+            }
+            option_error(
+                s,
+                option,
+                REP_ERR_TLS_REQD,
+                "TLS is required: NBD_OPT_STARTTLS first",
+            )?;
+            s.flush()?;
+            continue;
+        }
         match option {
             OPT_EXPORT_NAME => {
                 // No error reply exists for this option: an unknown name drops the connection.
@@ -114,7 +165,7 @@ pub(crate) fn negotiate<S: Read + Write>(s: &mut S, offer: &dyn Offer) -> io::Re
                 let mut out = Vec::with_capacity(10 + 124);
                 out.extend_from_slice(&export.size.to_be_bytes());
                 out.extend_from_slice(&export.flags.to_be_bytes());
-                if !no_zeroes {
+                if !flags.no_zeroes {
                     out.resize(out.len() + 124, 0);
                 }
                 s.write_all(&out)?;
@@ -185,7 +236,22 @@ pub(crate) fn negotiate<S: Read + Write>(s: &mut S, offer: &dyn Offer) -> io::Re
                     option_reply(s, option, REP_ACK, &[])?
                 }
             }
-            OPT_STARTTLS => option_error(s, option, REP_ERR_POLICY, "TLS is not configured")?,
+            OPT_STARTTLS if !data.is_empty() => {
+                option_error(s, option, REP_ERR_INVALID, "NBD_OPT_STARTTLS takes no data")?
+            }
+            OPT_STARTTLS => match tls {
+                TlsState::Unavailable => {
+                    option_error(s, option, REP_ERR_POLICY, "TLS is not configured")?
+                }
+                TlsState::Running => {
+                    option_error(s, option, REP_ERR_INVALID, "TLS is already running")?
+                }
+                TlsState::Offered | TlsState::Required => {
+                    option_reply(s, option, REP_ACK, &[])?;
+                    s.flush()?;
+                    return Ok(Outcome::StartTls);
+                }
+            },
             _ => option_error(s, option, REP_ERR_UNSUP, "unsupported option")?,
         }
         s.flush()?;

@@ -2,9 +2,11 @@
 //! `nbd` engine, the kernel's `nbd-client`) reads and writes the decrypted volume.
 //!
 //! Modules: [`proto`] (wire constants and encodings), `exports` (one volume, or a key-per-I/O
-//! table with an export per key tag), `handshake` (fixed newstyle option haggling), `transmission` (one connection's requests: a few workers take turns reading the
-//! socket, leader/follower as in nbdkit, and each runs the request it read and replies, out of
-//! order), `server` (listeners, connections, stopping).
+//! table with an export per key tag), `handshake` (fixed newstyle option haggling, STARTTLS
+//! included), [`tls`] (certificates, and the relay that runs a connection's TLS session),
+//! `transmission` (one connection's requests: a few workers take turns reading the socket,
+//! leader/follower as in nbdkit, and each runs the request it read and replies, out of order),
+//! `server` (listeners, connections, stopping).
 //!
 //! Design choices:
 //! - The volume does the work: each NBD request becomes one volume call, and so one extended
@@ -15,22 +17,28 @@
 //!   `write` per reply.
 //! - Block sizes advertised: minimum = the encryption sector size (smaller requests work, by
 //!   read-modify-write, but cost a read), preferred = at least 4 KiB, maximum payload 32 MiB.
-//! - Only the fixed newstyle handshake, as every current client speaks it; no TLS (use the Unix
-//!   socket, mode 0600, or a tunnel), no block status (the volume has no holes to report).
+//! - Only the fixed newstyle handshake, as every current client speaks it; no block status (the
+//!   volume has no holes to report).
+//! - TLS as nbdkit offers it (`NBD_OPT_STARTTLS`, off, on or required; X.509 certificates from
+//!   nbdkit's file names; client certificates checked when a CA is given), on rustls. No TLS-PSK:
+//!   rustls has no external pre-shared keys.
 
 mod exports;
 mod handshake;
 pub mod proto;
 mod server;
 mod stream;
+pub mod tls;
 mod transmission;
 
 pub use exports::Exports;
 pub use handshake::ExportInfo;
 pub use server::{Listen, Server, ServerOptions, StopHandle, MAX_PAYLOAD};
+pub use tls::{Tls, TlsMode};
 
 use std::fmt;
 use std::io;
+use std::path::PathBuf;
 
 /// What can stop a server from starting or finishing.
 #[derive(Debug)]
@@ -47,6 +55,13 @@ pub enum Error {
     },
     /// The final flush failed.
     Volume(sectorcrypt_volume::Error),
+    /// A TLS certificate or key file is missing, unreadable or unusable.
+    Tls {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -55,6 +70,7 @@ impl fmt::Display for Error {
             Error::Busy(why) => write!(f, "{why}"),
             Error::Bind { address, source } => write!(f, "cannot listen on {address}: {source}"),
             Error::Volume(e) => write!(f, "flushing the volume failed: {e}"),
+            Error::Tls { path, why } => write!(f, "TLS: {}: {why}", path.display()),
         }
     }
 }

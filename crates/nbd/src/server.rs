@@ -21,16 +21,17 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use crate::exports::{Exports, Offered};
-use crate::handshake::{negotiate, ExportInfo, Outcome};
+use crate::handshake::{greet, negotiate, ExportInfo, Outcome, TlsState};
 use crate::proto::*;
 use crate::stream::Stream;
+use crate::tls::{self, Relay, Tls, TlsMode};
 use crate::transmission;
 use crate::Error;
 
 /// The largest READ or WRITE payload (the protocol's recommended minimum maximum).
 pub const MAX_PAYLOAD: u32 = 32 << 20;
 
-/// A client must finish the handshake within this time.
+/// A client must finish the handshake (and the TLS handshake) within this time.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A client that does not take a reply within this time is dropped.
@@ -60,6 +61,8 @@ pub struct ServerOptions {
     /// Called for each request the storage failed (an I/O error, not a bad request): the
     /// client gets its error reply either way; this tells whoever runs the server.
     pub on_storage_error: Option<fn(&VolumeError)>,
+    /// TLS offered or required (`NBD_OPT_STARTTLS`); `None`: no TLS.
+    pub tls: Option<Tls>,
 }
 
 impl Default for ServerOptions {
@@ -70,6 +73,7 @@ impl Default for ServerOptions {
             workers: 4,
             max_connections: 64,
             on_storage_error: None,
+            tls: None,
         }
     }
 }
@@ -162,7 +166,8 @@ impl Server {
         })
     }
 
-    /// Where the server listens, as an NBD URI (percent-encoded, so any path or name works).
+    /// Where the server listens, as an NBD URI (percent-encoded, so any path or name works):
+    /// `nbds` when the server has TLS.
     pub fn uri(&self) -> String {
         self.uri_of(&self.export.name)
     }
@@ -170,14 +175,19 @@ impl Server {
     /// The NBD URI of the export `name` on this server (a key tag's, for a key table).
     pub fn uri_of(&self, name: &str) -> String {
         let name = percent_encode(name.as_bytes(), false);
+        let scheme = if self.options.tls.is_some() {
+            "nbds"
+        } else {
+            "nbd"
+        };
         match &self.listener {
             Listener::Unix(_, p) => format!(
-                "nbd+unix:///{name}?socket={}",
+                "{scheme}+unix:///{name}?socket={}",
                 percent_encode(p.as_os_str().as_bytes(), true)
             ),
             Listener::Tcp(l) => match l.local_addr() {
-                Ok(a) => format!("nbd://{a}/{name}"),
-                Err(_) => "nbd://".into(),
+                Ok(a) => format!("{scheme}://{a}/{name}"),
+                Err(_) => format!("{scheme}://"),
             },
         }
     }
@@ -233,17 +243,18 @@ impl Server {
                     .unwrap_or_else(PoisonError::into_inner)
                     .push((id, clone));
             }
-            let (exports, export, workers, on_error, registry) = (
-                self.exports.clone(),
-                self.export.clone(),
-                self.options.workers,
-                self.options.on_storage_error,
-                Arc::clone(&live),
-            );
+            let client = Client {
+                exports: self.exports.clone(),
+                template: self.export.clone(),
+                workers: self.options.workers,
+                on_storage_error: self.options.on_storage_error,
+                tls: self.options.tls.clone(),
+            };
+            let registry = Arc::clone(&live);
             let spawned = thread::Builder::new()
                 .name(format!("nbd-conn-{id}"))
                 .spawn(move || {
-                    let _ = serve_client(stream, &exports, &export, workers, on_error);
+                    let _ = client.serve(stream);
                     registry
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
@@ -291,42 +302,114 @@ fn percent_encode(raw: &[u8], keep_slash: bool) -> String {
     out
 }
 
-/// One client from greeting to goodbye.
-fn serve_client(
-    mut stream: Stream,
-    exports: &Exports,
-    template: &ExportInfo,
+/// What a connection's thread needs to serve its client.
+struct Client {
+    exports: Exports,
+    template: ExportInfo,
     workers: usize,
     on_storage_error: Option<fn(&VolumeError)>,
-) -> io::Result<()> {
-    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    stream.set_write_timeout(Some(REPLY_TIMEOUT))?;
-    let offered = Offered { exports, template };
-    let outcome = negotiate(&mut stream, &offered);
-    let target = match outcome {
+    tls: Option<Tls>,
+}
+
+/// A connection after its handshake.
+struct Negotiated {
+    /// The stream to go on with: the socket, or under TLS the plaintext side of the relay.
+    stream: Stream,
+    /// The relay running the TLS session, once TLS has started.
+    relay: Option<Relay>,
+    /// The export chosen (whether replies are structured, and the name used), if any.
+    chosen: Option<(bool, Vec<u8>)>,
+}
+
+impl Client {
+    /// One client from greeting to goodbye. A TLS session's relay has ended when this returns.
+    fn serve(&self, stream: Stream) -> io::Result<()> {
+        stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+        stream.set_write_timeout(Some(REPLY_TIMEOUT))?;
+        let Negotiated {
+            stream,
+            relay,
+            chosen,
+        } = self.handshake(stream);
         // The export can vanish between the handshake's answer and here (a key evicted): the
         // client then sees the connection close, as for an unknown name.
-        Ok(Outcome::Transmission { structured, name }) => exports
-            .target(&name, &template.name)
-            .map(|target| (structured, target)),
-        Ok(Outcome::Closed) | Err(_) => None,
-    };
-    match target {
-        Some((structured, target)) => {
-            // Between requests a client may idle as long as it likes.
-            stream.set_read_timeout(None)?;
-            transmission::serve(
-                stream,
-                target,
-                structured,
-                template.max_payload,
-                workers,
-                on_storage_error,
-            )
+        let target = chosen.and_then(|(structured, name)| {
+            self.exports
+                .target(&name, &self.template.name)
+                .map(|target| (structured, target))
+        });
+        let served = match target {
+            Some((structured, target)) => {
+                // Between requests a client may idle as long as it likes.
+                stream.set_read_timeout(None).and_then(|()| {
+                    transmission::serve(
+                        stream,
+                        target,
+                        structured,
+                        self.template.max_payload,
+                        self.workers,
+                        self.on_storage_error,
+                    )
+                })
+            }
+            None => {
+                stream.shutdown();
+                Ok(())
+            }
+        };
+        if let Some(relay) = relay {
+            relay.wait();
         }
-        None => {
-            stream.shutdown();
-            Ok(())
+        served
+    }
+
+    /// Greeting and option haggling, with the TLS handshake in between if the client starts TLS.
+    fn handshake(&self, mut stream: Stream) -> Negotiated {
+        let offered = Offered {
+            exports: &self.exports,
+            template: &self.template,
+        };
+        let flags = match greet(&mut stream) {
+            Ok(Some(flags)) => flags,
+            Ok(None) | Err(_) => {
+                return Negotiated {
+                    stream,
+                    relay: None,
+                    chosen: None,
+                }
+            }
+        };
+        let state = match self.tls.as_ref().map(Tls::mode) {
+            None => TlsState::Unavailable,
+            Some(TlsMode::On) => TlsState::Offered,
+            Some(TlsMode::Require) => TlsState::Required,
+        };
+        let mut relay = None;
+        let mut outcome = negotiate(&mut stream, &offered, flags, state);
+        if let (Ok(Outcome::StartTls), Some(config)) = (&outcome, &self.tls) {
+            let plain = stream
+                .try_clone()
+                .and_then(|socket| tls::start(socket, config, HANDSHAKE_TIMEOUT));
+            outcome = match plain {
+                Ok((plain, started)) => {
+                    stream = plain;
+                    relay = Some(started);
+                    stream
+                        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+                        .and_then(|()| stream.set_write_timeout(Some(REPLY_TIMEOUT)))
+                        .and_then(|()| negotiate(&mut stream, &offered, flags, TlsState::Running))
+                }
+                Err(e) => Err(e),
+            };
+        }
+        let chosen = match outcome {
+            Ok(Outcome::Transmission { structured, name }) => Some((structured, name)),
+            Ok(Outcome::StartTls | Outcome::Closed) | Err(_) => None,
+        };
+        Negotiated {
+            stream,
+            relay,
+            chosen,
         }
     }
 }

@@ -1,48 +1,85 @@
 //! Malformed and hostile NBD input against an in-process server: every exchange gets an error
 //! reply or a closed connection, and afterwards a well-behaved client still reads back exactly
-//! the data written before.
+//! the data written before. The same goes for TLS: options before STARTTLS, garbage in and
+//! around the TLS handshake and inside the session, clients the server must not trust.
 
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 use sectorcrypt_nbd::proto::*;
-use sectorcrypt_nbd::{Exports, Listen, Server, ServerOptions, StopHandle};
+use sectorcrypt_nbd::{Exports, Listen, Server, ServerOptions, StopHandle, Tls, TlsMode};
 use sectorcrypt_storage::MemStorage;
 use sectorcrypt_testkit::pattern;
+use sectorcrypt_testkit::pki::Pki;
 use sectorcrypt_volume::kpio::KeyTable;
 use sectorcrypt_volume::{Layout, Volume, VolumeOptions};
 
 const SIZE: u64 = 4 << 20;
+
+/// Anything a client talks through: a socket, or a TLS session over one.
+trait Duplex: Read + Write {}
+impl<T: Read + Write> Duplex for T {}
+
+/// A client's TLS session over the Unix socket.
+type TlsSession = StreamOwned<ClientConnection, UnixStream>;
 
 struct Harness {
     socket: PathBuf,
     stop: StopHandle,
     thread: Option<JoinHandle<()>>,
     storage: Arc<MemStorage>,
+    /// With TLS, the certificates: well-behaved clients start TLS.
+    tls: Option<Pki>,
 }
 
 impl Harness {
     fn start(name: &str, opts: VolumeOptions) -> Harness {
-        let storage = Arc::new(MemStorage::new(vec![0; SIZE as usize + 4096]));
-        let volume = Volume::with_layout(storage.clone(), layout(), &[3; 64], &opts).unwrap();
-        Harness::serve(name, Arc::new(volume).into(), storage)
+        Harness::start_with(name, opts, None)
     }
 
-    fn serve(name: &str, exports: Exports, storage: Arc<MemStorage>) -> Harness {
+    /// A server with TLS (`--tls on` or `require`), clients asked for certificates signed by the
+    /// test CA. Well-behaved clients start TLS.
+    fn start_tls(name: &str, mode: TlsMode) -> Harness {
+        Harness::start_with(name, VolumeOptions::default(), Some(mode))
+    }
+
+    fn start_with(name: &str, opts: VolumeOptions, tls: Option<TlsMode>) -> Harness {
+        let storage = Arc::new(MemStorage::new(vec![0; SIZE as usize + 4096]));
+        let volume = Volume::with_layout(storage.clone(), layout(), &[3; 64], &opts).unwrap();
+        Harness::serve(name, Arc::new(volume).into(), storage, tls)
+    }
+
+    fn serve(
+        name: &str,
+        exports: Exports,
+        storage: Arc<MemStorage>,
+        tls: Option<TlsMode>,
+    ) -> Harness {
         let dir =
             std::env::temp_dir().join(format!("sectorcrypt-nbd-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let socket = dir.join("nbd.sock");
+        let pki = tls.map(|mode| {
+            let root = dir.join("pki");
+            std::fs::create_dir_all(&root).unwrap();
+            (Pki::create(&root), mode)
+        });
         let server = Server::bind(
             &Listen::Unix(socket.clone()),
             exports,
             ServerOptions {
                 export_name: "vol".into(),
+                tls: pki
+                    .as_ref()
+                    .map(|(pki, mode)| Tls::load(*mode, &pki.server).unwrap()),
                 ..Default::default()
             },
         )
@@ -54,7 +91,12 @@ impl Harness {
             stop,
             thread: Some(thread),
             storage,
+            tls: pki.map(|(pki, _)| pki),
         }
+    }
+
+    fn pki(&self) -> &Pki {
+        self.tls.as_ref().expect("a TLS harness")
     }
 
     fn connect(&self) -> UnixStream {
@@ -79,6 +121,15 @@ impl Harness {
         s
     }
 
+    /// A connection past the greeting, over TLS (with the good client's certificates) if the
+    /// harness has TLS.
+    fn negotiating(&self) -> Box<dyn Duplex> {
+        match &self.tls {
+            Some(pki) => Box::new(start_tls(self.greeted(), &pki.client).unwrap()),
+            None => Box::new(self.greeted()),
+        }
+    }
+
     /// A connection in transmission, with or without structured replies.
     fn client(&self, structured: bool) -> Client {
         self.client_of(b"vol", structured)
@@ -86,7 +137,7 @@ impl Harness {
 
     /// A connection to the export `name` in transmission.
     fn client_of(&self, name: &[u8], structured: bool) -> Client {
-        let mut s = self.greeted();
+        let mut s = self.negotiating();
         if structured {
             send_option(&mut s, OPT_STRUCTURED_REPLY, &[]);
             assert_eq!(read_option_reply(&mut s).1, REP_ACK);
@@ -132,15 +183,19 @@ impl Drop for Harness {
     }
 }
 
-fn send_option(s: &mut UnixStream, option: u32, data: &[u8]) {
+fn option_bytes(option: u32, data: &[u8]) -> Vec<u8> {
     let mut out = IHAVEOPT.to_be_bytes().to_vec();
     out.extend_from_slice(&option.to_be_bytes());
     out.extend_from_slice(&(data.len() as u32).to_be_bytes());
     out.extend_from_slice(data);
-    s.write_all(&out).unwrap();
+    out
 }
 
-fn read_option_reply(s: &mut UnixStream) -> (u32, u32, Vec<u8>) {
+fn send_option(s: &mut impl Write, option: u32, data: &[u8]) {
+    s.write_all(&option_bytes(option, data)).unwrap();
+}
+
+fn read_option_reply(s: &mut impl Read) -> (u32, u32, Vec<u8>) {
     let mut h = [0u8; 20];
     s.read_exact(&mut h).unwrap();
     assert_eq!(be64(&h[0..8]), OPTION_REPLY_MAGIC);
@@ -160,7 +215,7 @@ fn go_data(name: &[u8], infos: &[u16]) -> Vec<u8> {
 }
 
 /// The server closed the connection (read sees the end; nothing else arrives).
-fn assert_closed(s: &mut UnixStream) {
+fn assert_closed(s: &mut impl Read) {
     let mut b = [0u8; 1];
     match s.read(&mut b) {
         Ok(0) => {}
@@ -174,7 +229,7 @@ fn assert_closed(s: &mut UnixStream) {
 }
 
 struct Client {
-    s: UnixStream,
+    s: Box<dyn Duplex>,
     structured: bool,
     cookie: u64,
 }
@@ -530,7 +585,7 @@ fn key_table_exports_one_name_per_tag() {
     for tag in [0u32, 5, 70000] {
         table.load(tag, &[tag as u8 + 1; 64]).unwrap();
     }
-    let h = Harness::serve("kpio", Arc::clone(&table).into(), storage);
+    let h = Harness::serve("kpio", Arc::clone(&table).into(), storage, None);
     assert_eq!(listed(&h), ["0", "5", "70000"]);
 
     // No default export, no unknown tag, no second spelling of a tag.
@@ -572,4 +627,271 @@ fn key_table_exports_one_name_per_tag() {
     assert!(table.destroy(5).unwrap());
     table.load(5, &[7; 64]).unwrap();
     assert_ne!(h.client_of(b"5", false).read(65536, 8192).unwrap(), a);
+}
+
+/// A TLS client with the certificates of `dir` (libnbd's layout): it trusts `ca-cert.pem` and
+/// presents `client-cert.pem` if there is one.
+fn tls_config(dir: &Path) -> Arc<ClientConfig> {
+    let mut roots = RootCertStore::empty();
+    for ca in CertificateDer::pem_file_iter(dir.join("ca-cert.pem")).unwrap() {
+        roots.add(ca.unwrap()).unwrap();
+    }
+    let builder =
+        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots);
+    let cert = dir.join("client-cert.pem");
+    Arc::new(if cert.exists() {
+        let chain = CertificateDer::pem_file_iter(&cert)
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_file(dir.join("client-key.pem")).unwrap();
+        builder.with_client_auth_cert(chain, key).unwrap()
+    } else {
+        builder.with_no_client_auth()
+    })
+}
+
+/// STARTTLS on a greeted connection (acknowledged), then the TLS handshake as the client
+/// `dir` describes. Under TLS 1.3 the client is done before the server has checked its
+/// certificate: a server's refusal can come with the first read instead.
+fn start_tls(mut s: UnixStream, dir: &Path) -> io::Result<TlsSession> {
+    send_option(&mut s, OPT_STARTTLS, &[]);
+    assert_eq!(read_option_reply(&mut s), (OPT_STARTTLS, REP_ACK, vec![]));
+    let server = ServerName::try_from("localhost").unwrap();
+    let mut tls = ClientConnection::new(tls_config(dir), server).unwrap();
+    while tls.is_handshaking() {
+        tls.complete_io(&mut s)?;
+    }
+    Ok(StreamOwned::new(tls, s))
+}
+
+/// A client whose TLS session the server refused: the handshake fails, or the first option
+/// cannot be sent or gets no reply, only the end of the connection.
+fn assert_refused(session: io::Result<TlsSession>) {
+    let Ok(mut s) = session else { return };
+    let sent = s.write_all(&option_bytes(OPT_LIST, &[]));
+    if sent.and_then(|()| s.flush()).is_err() {
+        return;
+    }
+    let mut b = [0u8; 1];
+    match s.read(&mut b) {
+        Ok(0) => {}
+        Ok(_) => panic!("a refused client got a reply"),
+        Err(e) => assert_ne!(e.kind(), io::ErrorKind::WouldBlock, "no refusal"),
+    }
+}
+
+/// After STARTTLS, what the server sends before it closes is at most TLS alerts.
+fn assert_alert_then_closed(s: &mut UnixStream) {
+    let mut rest = Vec::new();
+    match s.read_to_end(&mut rest) {
+        Ok(_) => {}
+        Err(e) => assert_ne!(e.kind(), io::ErrorKind::WouldBlock, "not closed"),
+    }
+    let mut at = 0;
+    while at < rest.len() {
+        assert_eq!(rest[at], 21, "only alert records: {rest:02x?}");
+        at += 5 + usize::from(be16(&rest[at + 3..at + 5]));
+    }
+}
+
+#[test]
+fn tls_required_refuses_everything_before_starttls() {
+    let h = Harness::start_tls("tls-require", TlsMode::Require);
+    let data = pattern(64 * 1024, 31);
+    assert_eq!(h.client(true).write(4096, &data, CMD_FLAG_FUA), 0);
+
+    // Every option but STARTTLS and ABORT: NBD_REP_ERR_TLS_REQD, data and all, and the
+    // connection goes on.
+    let mut s = h.greeted();
+    let cases: Vec<(u32, Vec<u8>)> = vec![
+        (OPT_GO, go_data(b"vol", &[])),
+        (OPT_INFO, go_data(b"", &[INFO_NAME])),
+        (OPT_LIST, vec![]),
+        (OPT_STRUCTURED_REPLY, vec![]),
+        (OPT_LIST_META_CONTEXT, vec![0; 8]),
+        (0xdead, vec![1, 2, 3]),
+    ];
+    for (option, payload) in &cases {
+        send_option(&mut s, *option, payload);
+        let (opt, kind, _) = read_option_reply(&mut s);
+        assert_eq!(
+            (opt, kind),
+            (*option, REP_ERR_TLS_REQD),
+            "option {option:#x}"
+        );
+    }
+    // STARTTLS with data is invalid; ABORT is acknowledged.
+    send_option(&mut s, OPT_STARTTLS, b"x");
+    assert_eq!(read_option_reply(&mut s).1, REP_ERR_INVALID);
+    send_option(&mut s, OPT_ABORT, &[]);
+    assert_eq!(read_option_reply(&mut s).1, REP_ACK);
+    assert_closed(&mut s);
+    // EXPORT_NAME before TLS has no error reply: the connection ends, with nothing sent.
+    let mut s = h.greeted();
+    send_option(&mut s, OPT_EXPORT_NAME, b"vol");
+    assert_closed(&mut s);
+
+    // Clients the server must not trust: no certificate, or one another CA signed; and a client
+    // that does not trust the server gives up on its own. None gets a reply.
+    let pki = h.pki();
+    assert_refused(start_tls(h.greeted(), &pki.client_without_certificate));
+    assert_refused(start_tls(h.greeted(), &pki.client_signed_by_another_ca));
+    assert!(start_tls(h.greeted(), &pki.client_trusting_another_ca).is_err());
+
+    // Over TLS: a second STARTTLS is invalid, and options work, with nothing kept from before.
+    let mut s = start_tls(h.greeted(), &pki.client).unwrap();
+    send_option(&mut s, OPT_STARTTLS, &[]);
+    assert_eq!(read_option_reply(&mut s).1, REP_ERR_INVALID);
+    send_option(&mut s, OPT_LIST, &[]);
+    assert_eq!(read_option_reply(&mut s).1, REP_SERVER);
+    assert_eq!(read_option_reply(&mut s).1, REP_ACK);
+    send_option(&mut s, OPT_EXPORT_NAME, b"vol");
+    let mut reply = [0u8; 10];
+    s.read_exact(&mut reply).unwrap();
+    assert_eq!(be64(&reply[0..8]), SIZE);
+
+    h.check_data(4096, &data);
+}
+
+#[test]
+fn tls_offered_lets_each_client_choose_and_forgets_plain_text_state() {
+    let h = Harness::start_tls("tls-on", TlsMode::On);
+    let data = pattern(32 * 1024, 32);
+    // A plain-text client is served.
+    let mut plain = {
+        let mut s = h.greeted();
+        send_option(&mut s, OPT_GO, &go_data(b"vol", &[]));
+        loop {
+            if read_option_reply(&mut s).1 == REP_ACK {
+                break;
+            }
+        }
+        Client {
+            s: Box::new(s),
+            structured: false,
+            cookie: 0,
+        }
+    };
+    assert_eq!(plain.write(0, &data, 0), 0);
+    // Structured replies agreed in plain text are forgotten once TLS starts: meta contexts
+    // then need them again.
+    let mut s = h.greeted();
+    send_option(&mut s, OPT_STRUCTURED_REPLY, &[]);
+    assert_eq!(read_option_reply(&mut s).1, REP_ACK);
+    let mut s = start_tls(s, &h.pki().client).unwrap();
+    let meta = [0u8; 8];
+    send_option(&mut s, OPT_LIST_META_CONTEXT, &meta);
+    assert_eq!(read_option_reply(&mut s).1, REP_ERR_INVALID);
+    send_option(&mut s, OPT_STRUCTURED_REPLY, &[]);
+    assert_eq!(read_option_reply(&mut s).1, REP_ACK);
+    send_option(&mut s, OPT_LIST_META_CONTEXT, &meta);
+    assert_eq!(read_option_reply(&mut s).1, REP_ACK);
+    // A TLS client reads what the plain one wrote, with structured replies.
+    assert_eq!(h.client(true).read(0, data.len() as u32).unwrap(), data);
+}
+
+#[test]
+fn hostile_bytes_around_and_inside_tls_hurt_nobody() {
+    let h = Harness::start_tls("tls-hostile", TlsMode::Require);
+    let data = pattern(128 * 1024, 33);
+    let mut c = h.client(false);
+    assert_eq!(c.write(0, &data, 0), 0);
+
+    let after_starttls = || {
+        let mut s = h.greeted();
+        send_option(&mut s, OPT_STARTTLS, &[]);
+        assert_eq!(read_option_reply(&mut s).1, REP_ACK);
+        s
+    };
+    // Not TLS at all where the ClientHello belongs: NBD options, text, zeros.
+    for junk in [
+        {
+            let mut o = IHAVEOPT.to_be_bytes().to_vec();
+            o.extend_from_slice(&OPT_GO.to_be_bytes());
+            o.extend_from_slice(&0u32.to_be_bytes());
+            o
+        },
+        b"GET / HTTP/1.0\r\n\r\n".to_vec(),
+        vec![0; 64],
+    ] {
+        let mut s = after_starttls();
+        s.write_all(&junk).unwrap();
+        assert_alert_then_closed(&mut s);
+    }
+    // A handshake record that claims more than TLS allows; a ClientHello cut short, then silence
+    // from a client that hangs up; a record header alone.
+    let mut s = after_starttls();
+    // (One write: the server may hang up as soon as it has seen the header.)
+    s.write_all(&[&[22, 3, 1, 0xff, 0xff][..], &[1; 512]].concat())
+        .unwrap();
+    assert_alert_then_closed(&mut s);
+    let mut s = after_starttls();
+    s.write_all(&[22, 3, 1, 0, 200, 1, 0, 0, 196, 3, 3])
+        .unwrap();
+    drop(s);
+    let mut s = after_starttls();
+    s.write_all(&[22, 3, 3]).unwrap();
+    drop(s);
+    // A good session, then a record whose authentication fails, then a valid-looking record
+    // header of garbage: the server drops that connection only.
+    let mut s = start_tls(h.greeted(), &h.pki().client).unwrap();
+    send_option(&mut s, OPT_LIST, &[]);
+    assert_eq!(read_option_reply(&mut s).1, REP_SERVER);
+    assert_eq!(read_option_reply(&mut s).1, REP_ACK);
+    s.sock
+        .write_all(&[&[23, 3, 3, 0, 40][..], &[0x5a; 40]].concat())
+        .unwrap();
+    assert_closed(&mut s);
+    // Garbage NBD inside a good session: a bad request magic in transmission.
+    let mut t = h.client(true);
+    t.s.write_all(&[0x11; REQUEST_LEN]).unwrap();
+    assert_closed(&mut t.s);
+    // A session that vanishes mid-write, without close_notify: nothing is written.
+    let mut t = h.client(false);
+    let req = Request {
+        flags: 0,
+        kind: CMD_WRITE,
+        cookie: 1,
+        offset: 0,
+        length: 65536,
+    };
+    t.s.write_all(&req.to_bytes()).unwrap();
+    t.s.write_all(&[0xee; 1000]).unwrap();
+    t.s.flush().unwrap();
+    drop(t);
+
+    // The first connection still works, and so do new ones; the data is intact.
+    assert_eq!(c.read(0, data.len() as u32).unwrap(), data);
+    h.check_data(0, &data);
+}
+
+#[test]
+fn stopping_closes_tls_sessions() {
+    let mut h = Harness::start_tls("tls-stop", TlsMode::Require);
+    let mut c = h.client(false);
+    let data = pattern(4096, 34);
+    assert_eq!(c.write(8192, &data, 0), 0);
+    // One client in transmission, one in the middle of option haggling over TLS, one that
+    // started TLS and said nothing more.
+    let mut haggling = start_tls(h.greeted(), &h.pki().client).unwrap();
+    send_option(&mut haggling, OPT_LIST, &[]);
+    assert_eq!(read_option_reply(&mut haggling).1, REP_SERVER);
+    assert_eq!(read_option_reply(&mut haggling).1, REP_ACK);
+    let mut silent = h.greeted();
+    send_option(&mut silent, OPT_STARTTLS, &[]);
+    assert_eq!(read_option_reply(&mut silent).1, REP_ACK);
+
+    h.stop.stop();
+    h.thread.take().unwrap().join().unwrap();
+    assert!(!h.socket.exists());
+    assert_closed(&mut c.s);
+    assert_closed(&mut haggling);
+    assert_alert_then_closed(&mut silent);
+    // What was written before the stop is on the storage, encrypted.
+    let stored = h.storage.contents()[4096 + 8192..4096 + 8192 + 4096].to_vec();
+    assert!(stored.iter().any(|&b| b != 0) && stored != data);
 }

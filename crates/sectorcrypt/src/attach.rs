@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use sectorcrypt_fuse::{MountFile, MountOptions, Stop, Unmounted};
-use sectorcrypt_nbd::{Error as NbdError, Listen, Server, ServerOptions, StopHandle};
+use sectorcrypt_nbd::{Error as NbdError, Listen, Server, ServerOptions, StopHandle, Tls};
 use sectorcrypt_storage::Storage;
 use sectorcrypt_ubi::block::VolumeStorage;
 use sectorcrypt_ubi::{AttachOptions, Ubi};
@@ -27,6 +27,7 @@ use signal_hook::iterator::Signals;
 use crate::exit::{CliError, Code};
 use crate::flash::OpenArgs;
 use crate::mount::fuse_error;
+use crate::serve::TlsArgs;
 
 #[derive(clap::Args, Debug)]
 #[command(group = clap::ArgGroup::new("exports").required(true).multiple(true).args(["mountpoint", "socket_dir"]))]
@@ -40,6 +41,8 @@ pub(crate) struct AttachArgs {
     /// name = volume name.
     #[arg(long = "socket-dir", value_name = "DIR")]
     socket_dir: Option<PathBuf>,
+    #[command(flatten)]
+    tls: TlsArgs,
     /// Expose every volume read-only.
     #[arg(short = 'r', long)]
     readonly: bool,
@@ -92,7 +95,7 @@ fn exports(ubi: &Arc<Ubi>, read_only: bool) -> Result<Vec<Export>, CliError> {
 }
 
 /// Bind one NBD server per export in `dir`.
-fn serve(dir: &Path, exports: &[Export]) -> Result<Vec<Server>, CliError> {
+fn serve(dir: &Path, exports: &[Export], tls: Option<&Tls>) -> Result<Vec<Server>, CliError> {
     let dir = std::path::absolute(dir)
         .map_err(|e| CliError::io(format!("cannot use {}", dir.display()), e))?;
     exports
@@ -103,6 +106,7 @@ fn serve(dir: &Path, exports: &[Export]) -> Result<Vec<Server>, CliError> {
                 export_name: e.name.clone(),
                 description: format!("UBI volume {}", e.name),
                 on_storage_error: Some(crate::serve::report_storage_error),
+                tls: tls.cloned(),
                 ..ServerOptions::default()
             };
             Server::bind(&Listen::Unix(socket), Arc::clone(&e.volume), options).map_err(|err| {
@@ -136,6 +140,13 @@ pub(crate) fn run(args: AttachArgs) -> Result<(), CliError> {
             ),
         });
     }
+    // The exports are Unix sockets, never plain TCP to warn about.
+    let tls = args.tls.load(None)?;
+    if tls.is_some() && args.socket_dir.is_none() {
+        return Err(CliError::usage(
+            "--tls is for the NBD exports: give --socket-dir DIR",
+        ));
+    }
     let (_, opened) = args.open.unlock(args.readonly)?;
     let opened = Arc::new(opened);
     let ubi = Arc::new(opened.attach(&AttachOptions::default())?);
@@ -144,7 +155,7 @@ pub(crate) fn run(args: AttachArgs) -> Result<(), CliError> {
         return Err(CliError::usage("the flash has no volume to expose"));
     }
     let servers = match &args.socket_dir {
-        Some(dir) => serve(dir, &exports)?,
+        Some(dir) => serve(dir, &exports, tls.as_ref())?,
         None => Vec::new(),
     };
     let stops: Vec<StopHandle> = servers

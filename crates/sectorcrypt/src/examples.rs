@@ -90,7 +90,8 @@ pub(crate) const REENCRYPT: &str = "Examples:
 pub(crate) const SERVE: &str = "Examples:
   sectorcrypt serve disk.img --socket /run/disk.sock
   qemu-img info 'nbd+unix:///?socket=/run/disk.sock'            # any NBD client
-  sectorcrypt serve --readonly rbd:rbd/vm1 --listen 127.0.0.1:10809";
+  sectorcrypt serve --readonly rbd:rbd/vm1 --listen 127.0.0.1:10809
+  sectorcrypt serve disk.img --listen 0.0.0.0:10809 --tls require --tls-certificates /etc/pki/nbd";
 
 pub(crate) const MOUNT: &str = "Examples:
   sectorcrypt mount disk.img /mnt/disk                          # /mnt/disk/volume

@@ -24,7 +24,7 @@ use signal_hook::iterator::Signals;
 
 use crate::benchmark::backend_choice;
 use crate::exit::{chain, CliError, Code};
-use crate::serve::{bind_error, listen_on};
+use crate::serve::{bind_error, listen_on, TlsArgs};
 
 #[derive(clap::Subcommand, Debug)]
 pub(crate) enum Command {
@@ -99,9 +99,12 @@ pub(crate) struct ServeArgs {
     /// Listen on this Unix socket (created with mode 0600).
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
-    /// Listen on TCP at HOST:PORT instead (anyone who can reach it reads the decrypted data).
+    /// Listen on TCP at HOST:PORT instead (without --tls, anyone who can reach it reads the
+    /// decrypted data).
     #[arg(long, value_name = "HOST:PORT")]
     listen: Option<String>,
+    #[command(flatten)]
+    tls: TlsArgs,
 }
 
 #[derive(clap::Args, Debug)]
@@ -173,6 +176,7 @@ fn reload_summary(r: &Reload, in_use: usize) -> (String, Option<String>) {
 fn serve(args: ServeArgs) -> Result<(), CliError> {
     let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP])
         .map_err(|e| CliError::io("cannot install signal handlers", e))?;
+    let tls = args.tls.load(args.listen.as_deref())?;
     let key_bytes = args.format.key_bytes()?;
     let max = args.max_keys as usize;
     let keys = read_key_table(&args.key_table, key_bytes, max)?;
@@ -237,6 +241,7 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
             } else {
                 ServerOptions::default().workers
             },
+            tls,
             ..ServerOptions::default()
         },
     )

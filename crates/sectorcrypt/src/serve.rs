@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use sectorcrypt_nbd::{Error as NbdError, Listen, Server, ServerOptions};
+use sectorcrypt_nbd::{Error as NbdError, Listen, Server, ServerOptions, Tls, TlsMode};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -17,12 +17,76 @@ pub(crate) struct ServeArgs {
     /// Listen on this Unix socket (created with mode 0600).
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
-    /// Listen on TCP at HOST:PORT instead (anyone who can reach it reads the decrypted data).
+    /// Listen on TCP at HOST:PORT instead (without --tls, anyone who can reach it reads the
+    /// decrypted data).
     #[arg(long, value_name = "HOST:PORT")]
     listen: Option<String>,
     /// The export name clients ask for (the empty name reaches it too).
     #[arg(long = "export-name", value_name = "NAME", default_value = "")]
     export_name: String,
+    #[command(flatten)]
+    tls: TlsArgs,
+}
+
+/// `--tls`: nbdkit's modes, explained in the option's help (doc comments here would make clap
+/// lay out every option's help in the long form).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TlsChoice {
+    Off,
+    On,
+    Require,
+}
+
+/// The TLS options of every command that serves NBD (nbdkit's names and meanings).
+#[derive(clap::Args, Debug)]
+pub(crate) struct TlsArgs {
+    /// TLS (NBD_OPT_STARTTLS): off, on (offered, each client chooses) or require (a client that
+    /// does not start TLS is refused everything).
+    #[arg(long, value_enum, value_name = "MODE", default_value = "off")]
+    tls: TlsChoice,
+    /// For --tls on|require: the directory of server-cert.pem and server-key.pem, and of
+    /// ca-cert.pem if clients must present a certificate it signed.
+    #[arg(long = "tls-certificates", value_name = "DIR")]
+    tls_certificates: Option<PathBuf>,
+    /// nbdkit's pre-shared key file (username:hexkey lines): refused, rustls has no TLS-PSK.
+    #[arg(long = "tls-psk", value_name = "FILE")]
+    tls_psk: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// The server's TLS, loaded before anything is unlocked (a bad certificate costs no
+    /// passphrase). Plain TCP (`tcp`: the address listened on) is served with a warning.
+    pub(crate) fn load(&self, tcp: Option<&str>) -> Result<Option<Tls>, CliError> {
+        if self.tls_psk.is_some() {
+            return Err(CliError::usage(
+                "--tls-psk: TLS with pre-shared keys is not supported (rustls, the TLS library, \
+                 has no external PSK); use --tls-certificates DIR",
+            ));
+        }
+        let mode = match self.tls {
+            TlsChoice::Off => None,
+            TlsChoice::On => Some(TlsMode::On),
+            TlsChoice::Require => Some(TlsMode::Require),
+        };
+        match (mode, &self.tls_certificates) {
+            (None, Some(_)) => Err(CliError::usage(
+                "--tls-certificates needs --tls on or --tls require",
+            )),
+            (Some(_), None) => Err(CliError::usage(
+                "--tls on and --tls require need --tls-certificates DIR",
+            )),
+            (Some(mode), Some(dir)) => Ok(Some(Tls::load(mode, dir).map_err(CliError::usage)?)),
+            (None, None) => {
+                if let Some(address) = tcp {
+                    eprintln!(
+                        "sectorcrypt: warning: serving TCP without TLS: whoever reaches \
+                         {address} reads and writes the decrypted data (see --tls)"
+                    );
+                }
+                Ok(None)
+            }
+        }
+    }
 }
 
 /// A request the storage failed, on standard error: at most one line a second, counting the
@@ -76,6 +140,7 @@ pub(crate) fn run(args: ServeArgs) -> Result<(), CliError> {
     // orderly exit rather than the default termination.
     let mut signals = Signals::new([SIGINT, SIGTERM])
         .map_err(|e| CliError::io("cannot install signal handlers", e))?;
+    let tls = args.tls.load(args.listen.as_deref())?;
     // The header device is kept (unused) for its lock.
     let (volume, _header) = args.volume.open()?;
     let listen = listen_on(args.socket.as_deref(), args.listen.as_deref())?;
@@ -103,6 +168,7 @@ pub(crate) fn run(args: ServeArgs) -> Result<(), CliError> {
                 (2 * threads).max(4)
             },
             on_storage_error: Some(report_storage_error),
+            tls,
             ..Default::default()
         },
     )

@@ -16,6 +16,7 @@
 //!   crash model allows checked (`sectorcrypt_storage::crash`).
 //! - [`vectors`]: the one parser of the standard test-vector files.
 //! - [`xml`]: whether a generated document (an SVG figure) is well-formed XML.
+//! - [`pki`]: certificates and keys for the TLS tests, in the directories NBD peers expect.
 //!
 //! And what every test file needs: a scratch folder, running a tool and checking it succeeded,
 //! cryptsetup with fast key derivation, data patterns.
@@ -24,6 +25,7 @@ pub mod fault;
 pub mod kernel_oracle;
 pub mod luks2_json;
 pub mod openssl;
+pub mod pki;
 pub mod sweep;
 pub mod tools;
 pub mod vectors;

@@ -1026,3 +1026,75 @@ fn the_study_writes_a_report_with_its_figures() {
     let err = sc_exits(&[&["flash", "study", p(&trace)][..], &quick].concat(), 1);
     assert!(err.contains("--report"), "{err}");
 }
+
+/// `flash attach --socket-dir DIR --tls require`: a dynamic volume written and read back by
+/// nbdcopy over TLS (`nbds+unix://`), refused without TLS, and the write is in the volume after
+/// detach. `--tls` without `--socket-dir` is refused.
+#[test]
+fn attach_serves_its_volumes_over_tls() {
+    use crate::nbd::Served;
+    use crate::tls::{pki, refused, with_certificates};
+    let dir = scratch("cli-flash-attach-tls");
+    let (img, key) = new_flash(&dir, &[]);
+    ok(
+        sc(&keyed(
+            &key,
+            &["flash", "mkvol", p(&img), "-N", "data", "-S", "4"],
+        )),
+        "flash mkvol",
+    );
+    let pki = pki(&dir);
+    let sockets = dir.join("sockets");
+    std::fs::create_dir_all(&sockets).unwrap();
+    let tls = ["--tls", "require", "--tls-certificates", p(&pki.server)];
+    sc_exits(
+        &keyed(&key, &[&["flash", "attach", p(&img)][..], &tls].concat()),
+        1,
+    );
+    let args = keyed(
+        &key,
+        &[&[p(&img), "--socket-dir", p(&sockets)][..], &tls].concat(),
+    );
+    let attached = Served::start_until(
+        &dir,
+        &["flash", "attach"],
+        &args,
+        "sectorcrypt: volume data ",
+    );
+    let sock = sockets.join("data.sock");
+    assert_eq!(
+        attached.uri,
+        format!("nbds+unix:///data?socket={}", sock.display())
+    );
+    let uri = with_certificates(&attached.uri, &pki.client);
+    let data = sectorcrypt_testkit::pattern(200 * 1024, 35);
+    let input = dir.join("in.raw");
+    std::fs::write(&input, &data).unwrap();
+    ok(
+        run(Command::new("nbdcopy").args([p(&input), &uri])),
+        "nbdcopy in",
+    );
+    let out = dir.join("out.raw");
+    ok(
+        run(Command::new("nbdcopy").args([&uri, p(&out)])),
+        "nbdcopy out",
+    );
+    assert!(std::fs::read(&out).unwrap()[..data.len()] == data[..]);
+    refused(
+        "nbdinfo",
+        &[&format!("nbd+unix:///data?socket={}", sock.display())],
+    );
+    attached.stop();
+    let back = dir.join("data.back");
+    ok(
+        sc(&keyed(
+            &key,
+            &["flash", "read", p(&img), "-N", "data", p(&back)],
+        )),
+        "flash read",
+    );
+    assert!(
+        std::fs::read(&back).unwrap()[..data.len()] == data[..],
+        "after detach"
+    );
+}

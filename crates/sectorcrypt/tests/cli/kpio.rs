@@ -322,3 +322,55 @@ fn key_per_io_refusals_and_benchmark() {
     );
     assert_eq!(bad.status.code(), Some(1));
 }
+
+/// `kpio serve --tls require` over its Unix socket: a tag's export written and read back by
+/// nbdcopy over TLS (`nbds+unix://`); without TLS nothing is served; `--tls-psk` is refused.
+#[test]
+fn key_per_io_serves_over_tls() {
+    use crate::tls::{pki, refused, with_certificates};
+    let dir = Scratch::new("kpio-tls");
+    let store = dir.join("store.img");
+    write_file(&store, &vec![0u8; 8 * MIB as usize]);
+    let keys = dir.join("keys.bin");
+    write_file(&keys, &key_table(&[Some(30), Some(31)]));
+    let pki = pki(&dir);
+    let sock = dir.join("k.sock");
+    let serve = |tls: &[&str]| -> Vec<String> {
+        [p(&store), "--key-table", p(&keys), "--socket", p(&sock)]
+            .iter()
+            .chain(tls)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let psk = dir.join("keys.psk");
+    write_file(&psk, b"alice:00112233445566778899aabbccddeeff\n");
+    let args = serve(&["--tls", "require", "--tls-psk", p(&psk)]);
+    let out = run_within(
+        Command::new(BIN).args(["kpio", "serve"]).args(&args),
+        TOOL_DEADLINE,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("pre-shared keys"));
+
+    let args = serve(&["--tls", "require", "--tls-certificates", p(&pki.server)]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Served::start_command(&dir, &["kpio", "serve"], &args);
+    assert!(
+        server.uri.starts_with("nbds+unix:///0?socket="),
+        "{}",
+        server.uri
+    );
+    let uri = with_certificates(&tag_uri(&sock, 1).replacen("nbd+", "nbds+", 1), &pki.client);
+    let data = pattern(MIB as usize, 32);
+    let src = dir.join("in.raw");
+    write_file(&src, &data);
+    tool("nbdcopy", &[p(&src), &uri]);
+    let out = dir.join("out.raw");
+    tool("nbdcopy", &[&uri, p(&out)]);
+    assert_same(&read_file(&out)[..data.len()], &data, "tag 1 over TLS");
+    refused("nbdinfo", &[&tag_uri(&sock, 1)]);
+    server.stop();
+    // Tag 1's key encrypted it on the store.
+    let plain = python_decrypt(&dir, &store, 0, 512, &hex(&pattern(KEY, 31)), 0, MIB);
+    assert_same(&plain, &data, "tag 1 decrypted by Python");
+}

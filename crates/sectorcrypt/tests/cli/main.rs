@@ -22,3 +22,4 @@ mod nbd;
 mod parity;
 mod secrets;
 mod study;
+mod tls;

@@ -94,7 +94,7 @@ pub(crate) fn read_file(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
 }
 
-fn key_file(dir: &Path) -> PathBuf {
+pub(crate) fn key_file(dir: &Path) -> PathBuf {
     let k = dir.join("pass.key");
     write_file(&k, b"nbd test passphrase");
     k
@@ -103,7 +103,7 @@ fn key_file(dir: &Path) -> PathBuf {
 const FAST_PBKDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
 
 /// A sparse `mib` MiB image formatted by sectorcrypt with `extra` options (a fast PBKDF).
-fn format(dir: &Path, name: &str, mib: u64, key: &Path, extra: &[&str]) -> PathBuf {
+pub(crate) fn format(dir: &Path, name: &str, mib: u64, key: &Path, extra: &[&str]) -> PathBuf {
     let img = dir.join(format!("{name}.img"));
     File::create(&img).unwrap().set_len(mib * MIB).unwrap();
     let mut args = vec!["format", "-q", "--key-file", p(key)];
@@ -227,7 +227,7 @@ pub(crate) fn tool(program: &str, args: &[&str]) -> Output {
 }
 
 /// Run `sectorcrypt serve ARGS` expecting it to refuse: its exit code and stderr.
-fn serve_refused(args: &[&str]) -> (Option<i32>, String) {
+pub(crate) fn serve_refused(args: &[&str]) -> (Option<i32>, String) {
     let out = run_within(Command::new(BIN).arg("serve").args(args), START_DEADLINE);
     (
         out.status.code(),
@@ -268,6 +268,12 @@ impl Served {
 
     /// Start `sectorcrypt COMMAND ARGS` (a serving command) and wait until it says it is serving.
     pub(crate) fn start_command(dir: &Path, command: &[&str], args: &[&str]) -> Served {
+        Served::start_until(dir, command, args, "sectorcrypt: serving ")
+    }
+
+    /// [`Served::start_command`] for a command whose line `READY... (SIZE bytes) at URI` says
+    /// it is serving.
+    pub(crate) fn start_until(dir: &Path, command: &[&str], args: &[&str], ready: &str) -> Served {
         static COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = dir.join(format!("serve-{n}.log"));
@@ -288,10 +294,7 @@ impl Served {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             // Only whole lines: stderr is unbuffered, so a line can be caught half-written.
             let complete = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
-            if let Some(l) = complete
-                .lines()
-                .find(|l| l.starts_with("sectorcrypt: serving "))
-            {
+            if let Some(l) = complete.lines().find(|l| l.starts_with(ready)) {
                 break l.to_string();
             }
             if let Some(status) = child.try_wait().unwrap() {
@@ -304,7 +307,7 @@ impl Served {
             }
             std::thread::sleep(Duration::from_millis(10));
         };
-        // "sectorcrypt: serving DEVICE (SIZE bytes) at URI"
+        // "sectorcrypt: serving DEVICE (SIZE bytes) at URI", or another READY.
         let (head, uri) = line.rsplit_once(" at ").expect("serving line has a URI");
         let size = head
             .rsplit_once(" (")

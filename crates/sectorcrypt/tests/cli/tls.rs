@@ -1,0 +1,330 @@
+//! NBD over TLS: `serve --tls require` read and written by libnbd (`nbds://` and `nbds+unix://`
+//! with `tls-certificates=DIR`: nbdcopy, nbdinfo) and by qemu-img (`tls-creds-x509`); a client
+//! without TLS, without a certificate the server trusts, or that does not trust the server, and
+//! one that sends options before STARTTLS, is refused and gets no data. `--tls on` serves both
+//! kinds of client. `--tls-psk` is refused in one line (rustls has no TLS-PSK), as are TLS
+//! options that do not fit together and unusable certificates; plain TCP warns once.
+//! (`kpio serve` and `flash attach` over TLS: in their own modules.)
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+use sectorcrypt_testkit::pattern;
+use sectorcrypt_testkit::pki::Pki;
+
+use crate::common::p;
+use crate::nbd::{
+    assert_same, format, key_file, read_file, run_within, serve_refused, tool, write_file, Scratch,
+    Served, MIB, TOOL_DEADLINE,
+};
+
+/// The certificates of a test, under `dir/pki`.
+pub(crate) fn pki(dir: &Path) -> Pki {
+    let root = dir.join("pki");
+    std::fs::create_dir_all(&root).unwrap();
+    Pki::create(&root)
+}
+
+/// `uri` with libnbd's query parameter for the client's certificate directory.
+pub(crate) fn with_certificates(uri: &str, certificates: &Path) -> String {
+    let separator = if uri.contains('?') { '&' } else { '?' };
+    format!(
+        "{uri}{separator}tls-certificates={}",
+        certificates.display()
+    )
+}
+
+/// Run a client that must fail; its output.
+#[track_caller]
+pub(crate) fn refused(program: &str, args: &[&str]) -> Output {
+    let out = run_within(Command::new(program).args(args), TOOL_DEADLINE);
+    assert!(
+        !out.status.success(),
+        "{program} {args:?} was served: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    out
+}
+
+/// qemu's TLS client credentials from `dir` (qemu's file names are libnbd's).
+fn qemu_credentials(dir: &Path) -> String {
+    format!(
+        "tls-creds-x509,id=tls0,dir={},endpoint=client",
+        dir.display()
+    )
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
+const OPT_EXPORT_NAME: u32 = 1;
+const OPT_GO: u32 = 7;
+const REP_ERR_TLS_REQD: u32 = (1 << 31) + 5;
+
+/// A plain TCP connection past the greeting (fixed newstyle, no zeroes).
+fn greeted(addr: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(TOOL_DEADLINE)).unwrap();
+    let mut greeting = [0u8; 18];
+    s.read_exact(&mut greeting).unwrap();
+    s.write_all(&3u32.to_be_bytes()).unwrap();
+    s
+}
+
+fn send_option(s: &mut TcpStream, option: u32, data: &[u8]) {
+    let mut out = IHAVEOPT.to_be_bytes().to_vec();
+    out.extend_from_slice(&option.to_be_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    out.extend_from_slice(data);
+    s.write_all(&out).unwrap();
+}
+
+#[test]
+fn serve_tls_require_reads_and_writes_with_libnbd_and_qemu_and_refuses_the_rest() {
+    let dir = Scratch::new("tls-require");
+    let key = key_file(&dir);
+    let img = format(&dir, "v", 32, &key, &[]);
+    let pki = pki(&dir);
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let server = Served::start(
+        &dir,
+        &[
+            p(&img),
+            "--key-file",
+            p(&key),
+            "--listen",
+            &addr,
+            "--tls",
+            "require",
+            "--tls-certificates",
+            p(&pki.server),
+        ],
+    );
+    assert_eq!(server.uri, format!("nbds://{addr}/"));
+    assert!(!server.stderr().contains("warning"), "{}", server.stderr());
+    // libnbd checks the name in the URI against the certificate: its IP address and its name.
+    let by_address = with_certificates(&server.uri, &pki.client);
+    let by_name = with_certificates(&format!("nbds://localhost:{port}/"), &pki.client);
+
+    // nbdcopy writes and reads back over TLS; nbdinfo says TLS.
+    let data = pattern((4 * MIB) as usize, 51);
+    let src = dir.join("in.raw");
+    write_file(&src, &data);
+    tool("nbdcopy", &[p(&src), &by_address]);
+    let out = dir.join("out.raw");
+    tool("nbdcopy", &[&by_name, p(&out)]);
+    assert_same(&read_file(&out)[..data.len()], &data, "nbdcopy over TLS");
+    let info: Value =
+        serde_json::from_slice(&tool("nbdinfo", &["--json", &by_name]).stdout).unwrap();
+    assert_eq!(info["TLS"], true);
+    assert_eq!(
+        info["exports"][0]["export-size"].as_u64(),
+        Some(server.size)
+    );
+
+    // qemu-img reads it, and writes its first MiB.
+    let creds = qemu_credentials(&pki.client);
+    let nbd = format!("driver=nbd,host=localhost,port={port},tls-creds=tls0");
+    let via_qemu = dir.join("qemu.raw");
+    tool(
+        "qemu-img",
+        &[
+            "convert",
+            "--object",
+            &creds,
+            "--image-opts",
+            &nbd,
+            "-O",
+            "raw",
+            p(&via_qemu),
+        ],
+    );
+    assert_same(&read_file(&via_qemu)[..data.len()], &data, "qemu-img read");
+    let first = pattern(MIB as usize, 52);
+    let first_src = dir.join("first.raw");
+    write_file(&first_src, &first);
+    tool(
+        "qemu-img",
+        &[
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            p(&first_src),
+            "--object",
+            &creds,
+            "--target-image-opts",
+            &format!("driver=raw,file.driver=nbd,file.host=localhost,file.port={port},file.tls-creds=tls0"),
+        ],
+    );
+    std::fs::remove_file(&out).unwrap();
+    tool("nbdcopy", &[&by_name, p(&out)]);
+    let back = read_file(&out);
+    assert_same(&back[..first.len()], &first, "qemu-img write");
+    assert_same(
+        &back[first.len()..data.len()],
+        &data[first.len()..],
+        "around qemu-img's write",
+    );
+
+    // Refused, and given nothing: no TLS; no client certificate; a certificate another CA
+    // signed; a client that does not trust the server (libnbd and qemu).
+    let plain_out = dir.join("plain.raw");
+    refused("nbdcopy", &[&format!("nbd://{addr}/"), p(&plain_out)]);
+    assert!(std::fs::read(&plain_out).unwrap_or_default().is_empty());
+    refused("nbdinfo", &[&format!("nbd://{addr}/")]);
+    for client in [
+        &pki.client_without_certificate,
+        &pki.client_signed_by_another_ca,
+        &pki.client_trusting_another_ca,
+    ] {
+        let uri = with_certificates(&format!("nbds://localhost:{port}/"), client);
+        let out = refused("nbdinfo", &["--json", &uri]);
+        assert!(
+            out.stdout.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    refused(
+        "qemu-img",
+        &[
+            "info",
+            "--object",
+            &qemu_credentials(&pki.client_trusting_another_ca),
+            "--image-opts",
+            &nbd,
+        ],
+    );
+    // Options before STARTTLS: NBD_REP_ERR_TLS_REQD; NBD_OPT_EXPORT_NAME ends the connection
+    // without the export's size.
+    let mut s = greeted(&addr);
+    send_option(&mut s, OPT_GO, &[0, 0, 0, 0, 0, 0]);
+    let mut reply = [0u8; 20];
+    s.read_exact(&mut reply).unwrap();
+    assert_eq!(
+        u32::from_be_bytes(reply[12..16].try_into().unwrap()),
+        REP_ERR_TLS_REQD
+    );
+    let mut why = vec![0u8; u32::from_be_bytes(reply[16..20].try_into().unwrap()) as usize];
+    s.read_exact(&mut why).unwrap();
+    send_option(&mut s, OPT_EXPORT_NAME, b"");
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "sent {rest:02x?}");
+
+    // The data is still what the good clients wrote.
+    let info: Value =
+        serde_json::from_slice(&tool("nbdinfo", &["--json", &by_address]).stdout).unwrap();
+    assert_eq!(info["TLS"], true);
+    server.stop();
+}
+
+#[test]
+fn serve_tls_on_a_unix_socket_serves_tls_and_plain_clients() {
+    let dir = Scratch::new("tls-on");
+    let key = key_file(&dir);
+    let img = format(&dir, "v", 32, &key, &[]);
+    let pki = pki(&dir);
+    // Without ca-cert.pem the server asks clients for no certificate.
+    let server = Served::unix(
+        &dir,
+        "t.sock",
+        &img,
+        &key,
+        &[
+            "--tls",
+            "on",
+            "--tls-certificates",
+            p(&pki.server_any_client),
+        ],
+    );
+    let sock = server.socket().to_path_buf();
+    assert!(
+        server.uri.starts_with("nbds+unix:///?socket="),
+        "{}",
+        server.uri
+    );
+    let tls = with_certificates(&server.uri, &pki.client_without_certificate);
+    let plain = format!("nbd+unix:///?socket={}", sock.display());
+
+    let data = pattern((2 * MIB) as usize, 53);
+    let src = dir.join("in.raw");
+    write_file(&src, &data);
+    tool("nbdcopy", &[p(&src), &tls]);
+    let out = dir.join("out.raw");
+    tool("nbdcopy", &[&plain, p(&out)]);
+    assert_same(&read_file(&out)[..data.len()], &data, "TLS in, plain out");
+    for (uri, over_tls) in [(&tls, true), (&plain, false)] {
+        let info: Value =
+            serde_json::from_slice(&tool("nbdinfo", &["--json", uri]).stdout).unwrap();
+        assert_eq!(info["TLS"], over_tls, "{uri}");
+    }
+    // (libnbd checks the server's certificate over TCP only, its documented default: the
+    // refusals are tested over TCP above.)
+    server.stop();
+}
+
+#[test]
+fn tls_option_refusals_and_the_plain_tcp_warning() {
+    let dir = Scratch::new("tls-refusals");
+    let key = key_file(&dir);
+    let img = format(&dir, "v", 32, &key, &[]);
+    let pki = pki(&dir);
+    let sock = dir.join("r.sock");
+    // nbdkit's PSK file: refused, whatever the mode, before the volume is touched.
+    let psk = dir.join("keys.psk");
+    write_file(&psk, b"alice:0123456789abcdef0123456789abcdef\n");
+    let base = [p(&img), "--key-file", p(&key), "--socket", p(&sock)];
+    let refusals: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--tls", "require", "--tls-psk", p(&psk)],
+            "pre-shared keys",
+        ),
+        (vec!["--tls-psk", p(&psk)], "pre-shared keys"),
+        (vec!["--tls", "require"], "--tls-certificates DIR"),
+        (vec!["--tls", "on"], "--tls-certificates DIR"),
+        (
+            vec!["--tls-certificates", p(&pki.server)],
+            "--tls on or --tls require",
+        ),
+        (
+            vec!["--tls", "require", "--tls-certificates", p(&dir)],
+            "server-cert.pem",
+        ),
+        (vec!["--tls", "sometimes"], "sometimes"),
+    ];
+    for (extra, says) in refusals {
+        let args = [&base[..], &extra[..]].concat();
+        let (code, err) = serve_refused(&args);
+        assert_eq!(code, Some(1), "{extra:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{extra:?}: {err}");
+        assert!(err.contains(says), "{extra:?}: {err}");
+        assert!(
+            std::fs::symlink_metadata(&sock).is_err(),
+            "{extra:?}: no socket made"
+        );
+    }
+
+    // Plain TCP is served, with one warning; TLS on TCP has none (the test above).
+    let addr = format!("127.0.0.1:{}", free_port());
+    let server = Served::start(&dir, &[p(&img), "--key-file", p(&key), "--listen", &addr]);
+    tool("nbdinfo", &[&format!("nbd://{addr}/")]);
+    let log = server.stderr();
+    assert_eq!(log.matches("without TLS").count(), 1, "{log}");
+    assert!(log.contains(&format!(
+        "warning: serving TCP without TLS: whoever reaches {addr}"
+    )));
+    server.stop();
+}
