@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sectorcrypt_testkit::pattern;
+use sectorcrypt_testkit::{pattern, FAST_ARGON2ID, FAST_PBKDF};
 
 use crate::common::{p, run, sc};
 use crate::nbd::{signal, write_file, BIN, MIB};
@@ -198,7 +198,7 @@ fn volume(dir: &Path, mib: u64) -> (PathBuf, PathBuf, Vec<u8>) {
     write_file(&img, &vec![0u8; (mib * MIB) as usize]);
     write_file(&pass, PASSPHRASE);
     write_file(&vk_file, &vk);
-    let out = sc(&[
+    let mut args = vec![
         "format",
         "-q",
         p(&img),
@@ -206,13 +206,9 @@ fn volume(dir: &Path, mib: u64) -> (PathBuf, PathBuf, Vec<u8>) {
         p(&pass),
         "--volume-key-file",
         p(&vk_file),
-        "--pbkdf",
-        "argon2id",
-        "--pbkdf-force-iterations",
-        "4",
-        "--pbkdf-memory",
-        "32",
-    ]);
+    ];
+    args.extend(FAST_ARGON2ID);
+    let out = sc(&args);
     assert!(out.status.success(), "format: {out:?}");
     std::fs::remove_file(&vk_file).unwrap();
     for f in [&img, &pass] {
@@ -223,6 +219,12 @@ fn volume(dir: &Path, mib: u64) -> (PathBuf, PathBuf, Vec<u8>) {
 
 /// Two engines (data and tweak key), each in pages of its own.
 const XTS_LOCKED_KIB: u64 = 8;
+
+/// [`assert_keys_protected`] for a holder of one volume: its key and [`PASSPHRASE`].
+fn assert_volume_keys_protected(holder: &Holder, dir: &Path, device: &Path, vk: &[u8]) {
+    let secrets: [(&str, &[u8]); 2] = [("volume key", vk), ("passphrase", PASSPHRASE)];
+    assert_keys_protected(holder, dir, XTS_LOCKED_KIB, p(device).as_bytes(), &secrets);
+}
 
 #[test]
 fn serve_keeps_keys_locked_and_out_of_a_core() {
@@ -253,13 +255,7 @@ fn serve_keeps_keys_locked_and_out_of_a_core() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("--verbose reports the locked memory: {said}"));
     assert!(kib >= XTS_LOCKED_KIB, "{said}");
-    assert_keys_protected(
-        &holder,
-        &dir,
-        XTS_LOCKED_KIB,
-        img.to_str().unwrap().as_bytes(),
-        &[("volume key", &vk), ("passphrase", PASSPHRASE)],
-    );
+    assert_volume_keys_protected(&holder, &dir, &img, &vk);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -278,13 +274,7 @@ fn mount_keeps_keys_locked_and_out_of_a_core() {
         |_| file.exists(),
         false,
     );
-    assert_keys_protected(
-        &holder,
-        &dir,
-        XTS_LOCKED_KIB,
-        img.to_str().unwrap().as_bytes(),
-        &[("volume key", &vk), ("passphrase", PASSPHRASE)],
-    );
+    assert_volume_keys_protected(&holder, &dir, &img, &vk);
     drop(holder);
     let _ = run(Command::new("fusermount3").arg("-u").arg(&mnt));
     std::fs::remove_dir_all(&dir).unwrap();
@@ -359,7 +349,6 @@ fn flash_attach_keeps_keys_locked_and_out_of_a_core() {
     let img = dir.join("chip.img");
     let pass = dir.join("pass");
     write_file(&pass, PASSPHRASE);
-    let fast = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
     let mut format = vec![
         "flash",
         "format",
@@ -370,7 +359,7 @@ fn flash_attach_keeps_keys_locked_and_out_of_a_core() {
         p(&pass),
         "-q",
     ];
-    format.extend(fast);
+    format.extend(FAST_PBKDF);
     assert!(sc(&format).status.success());
     let mkvol = sc(&[
         "flash",
@@ -417,13 +406,7 @@ fn flash_attach_keeps_keys_locked_and_out_of_a_core() {
         ],
         |log| log.contains("sectorcrypt: volume data"),
     );
-    assert_keys_protected(
-        &holder,
-        &dir,
-        XTS_LOCKED_KIB,
-        img.to_str().unwrap().as_bytes(),
-        &[("volume key", &vk), ("passphrase", PASSPHRASE)],
-    );
+    assert_volume_keys_protected(&holder, &dir, &img, &vk);
     drop(holder);
     std::fs::remove_dir_all(&dir).unwrap();
 }
