@@ -163,10 +163,7 @@ pub fn run(
     let plan = plan_of(&r)?;
     let (checksums, guard) = guard_of(plan, &r)?;
     let (old_key, new_key) = volume_keys(plan, &header, header_dev, passphrase)?;
-    let (old, new) = (
-        old_key.as_deref(),
-        new_key.as_deref(),
-    );
+    let (old, new) = (old_key.as_deref(), new_key.as_deref());
     let block = checksums.as_ref().map(|c| c.block);
     // What a hotzone goes through: decrypt with the old layout's key, encrypt with the new one's.
     let mut passes = Vec::new();
@@ -339,13 +336,7 @@ fn volume_keys(
         true => Some(new_key.ok_or_else(missing)?),
         false => None,
     };
-    if !reencrypt::verify_reencrypt_digest(
-        header,
-        old.as_deref(),
-        new.as_deref(),
-    )
-    .map_err(luks)?
-    {
+    if !reencrypt::verify_reencrypt_digest(header, old.as_deref(), new.as_deref()).map_err(luks)? {
         return Err(luks(sectorcrypt_luks::Error::DigestMismatch(
             "the reencryption digest".into(),
         )));
