@@ -306,6 +306,8 @@ pub fn unlock(
     if let Some(d) = header.params.conversion {
         return Err(Error::Converting(d));
     }
+    // As cryptsetup activates no device whose header asks for what it does not know.
+    header.header.metadata().check_requirements_known()?;
     let unlocked = header.header.unlock(&header.area, passphrase, keyslot)?;
     let crypt = layer(&flash, &header, &unlocked.volume_key)?;
     Ok(EncryptedFlash {

@@ -173,6 +173,10 @@ impl Layout {
     pub fn from_header(header: &Header, device_len: u64) -> Result<Self, Error> {
         let (offset, size, cipher, sector_size, iv_offset) = match header {
             Header::Luks2(h) => {
+                // As cryptsetup activates no device whose header asks for what it does not know.
+                h.metadata()
+                    .check_requirements_known()
+                    .map_err(Error::Luks)?;
                 let seg = h.data_segment().map_err(Error::Luks)?;
                 (
                     seg.offset,

@@ -157,6 +157,9 @@ pub fn run(
     progress: &mut dyn FnMut(Progress) -> bool,
 ) -> Result<Outcome, Error> {
     let mut header = Luks2Header::read(header_dev).map_err(luks)?;
+    // A requirement of a newer cryptsetup beside the reencryption one: this conversion is not
+    // ours to continue.
+    header.metadata().check_requirements_known().map_err(luks)?;
     let r = reencrypt::parse(header.metadata())
         .map_err(luks)?
         .ok_or_else(|| Error::Unsupported("the header has no reencryption in progress".into()))?;

@@ -15,6 +15,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::common::{cs, cs_fast, key, ok, p, sc, sc_exits, scratch, with_fast_pbkdf};
+use crate::nbd::serve_refused;
 use sectorcrypt_testkit::luks2_json::{edit_json, json_at, reencrypt_keyslot};
 
 /// `cryptsetup open --test-passphrase` and `sectorcrypt test-passphrase` with `extra` options and
@@ -732,6 +733,26 @@ fn unknown_mandatory_requirements_block_every_write_and_conversion() {
         }
         let dump = ok(sc(&["dump", p(&img)]), "dump");
         assert!(String::from_utf8_lossy(&dump.stdout).contains("x-future-feature"));
+        // A passphrase test answers as cryptsetup's; activation is refused, read-only too.
+        let ours = sc(&["test-passphrase", "--key-file", p(&a), p(&img)]);
+        let theirs = cs(&["open", "--test-passphrase", "--key-file", p(&a), p(&img)]);
+        assert_eq!(
+            ours.status.code(),
+            theirs.status.code(),
+            "test-passphrase: {ours:?} {theirs:?}"
+        );
+        let socket = dir.join("req.sock");
+        let (code, err) = serve_refused(&[
+            p(&img),
+            "--readonly",
+            "--key-file",
+            p(&a),
+            "--socket",
+            p(&socket),
+        ]);
+        assert_eq!(code, Some(1), "serve: {err}");
+        assert!(err.contains("requirement"), "serve: {err}");
+        assert!(std::fs::read(&img).unwrap() == bytes, "serve wrote");
         // A repair would write both copies: refused too (the secondary copy damaged first).
         let mut damaged = bytes.clone();
         damaged[16384 + 0x1c0] ^= 0xff;

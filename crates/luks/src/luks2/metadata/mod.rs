@@ -673,8 +673,9 @@ impl Metadata {
     }
 
     /// Refused ([`Error::UnmetRequirements`]) if the header has a mandatory requirement this
-    /// implementation does not know: every write of a header, and every conversion of its data,
-    /// asks this first.
+    /// implementation does not know: every write of a header, every conversion of its data and
+    /// every activation (a volume served or mounted, a flash attached) asks this first, as
+    /// cryptsetup does; reading the header and testing a passphrase do not.
     pub fn check_requirements_known(&self) -> Result<(), crate::error::Error> {
         let unknown = self.unknown_requirements();
         if unknown.is_empty() {

@@ -243,14 +243,14 @@ pub(super) fn digest_of_flag(md: &Metadata, flag: &str) -> Option<u32> {
 
 /// Read the reencryption from `metadata`: `None` when there is none ([`State::None`]).
 ///
-/// Errors: [`Error::UnmetRequirements`] if the header also has a mandatory requirement this
-/// implementation does not know; [`Error::Corrupt`] if the requirement is set but the reencrypt keyslot or a backup
+/// Reading is allowed beside a requirement this implementation does not know (a passphrase test
+/// opens the keys through it, as cryptsetup's does); continuing the conversion is not, which
+/// [`Metadata::check_requirements_known`] refuses where it runs.
+///
+/// Errors: [`Error::Corrupt`] if the requirement is set but the reencrypt keyslot or a backup
 /// segment is missing or malformed; [`Error::Unsupported`] for segment or resilience types
 /// cryptsetup 2.6 does not write.
 pub fn parse(metadata: &Metadata) -> Result<Option<Reencryption>, Error> {
-    // A requirement of a newer cryptsetup beside the reencryption one: this conversion is not
-    // ours to continue (or to start).
-    metadata.check_requirements_known()?;
     let Some(version) = requirement_version(metadata) else {
         return Ok(None);
     };
