@@ -16,7 +16,7 @@ set -euo pipefail
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
-debs=(g++ libcrypto++-dev libcrypto++-utils openssl python3 cryptsetup-bin qemu-utils
+debs=(libssl-dev pkg-config g++ libcrypto++-dev libcrypto++-utils openssl python3 cryptsetup-bin qemu-utils
   qemu-user strace nbdkit libnbd-bin fio fuse3 e2fsprogs fuse2fs util-linux mount mtd-utils
   squashfs-tools fdisk linux-libc-dev
   # gdb for gcore: the core of a server that holds keys is searched for them.

@@ -3,10 +3,10 @@
 //!
 //! Modules: [`proto`] (wire constants and encodings), `exports` (one volume, or a key-per-I/O
 //! table with an export per key tag), `handshake` (fixed newstyle option haggling, STARTTLS
-//! included), [`tls`] (certificates, and the relay that runs a connection's TLS session),
-//! `transmission` (one connection's requests: a few workers take turns reading the socket,
-//! leader/follower as in nbdkit, and each runs the request it read and replies, out of order),
-//! `server` (listeners, connections, stopping).
+//! included), [`tls`] (certificates or pre-shared keys, and the relay that runs a connection's TLS
+//! session), `transmission` (one connection's requests: a few workers take turns reading the
+//! socket, leader/follower as in nbdkit, and each runs the request it read and replies, out of
+//! order), `server` (listeners, connections, stopping).
 //!
 //! Design choices:
 //! - The volume does the work: each NBD request becomes one volume call, and so one extended
@@ -20,8 +20,8 @@
 //! - Only the fixed newstyle handshake, as every current client speaks it; no block status (the
 //!   volume has no holes to report).
 //! - TLS as nbdkit offers it (`NBD_OPT_STARTTLS`, off, on or required; X.509 certificates from
-//!   nbdkit's file names; client certificates checked when a CA is given), on rustls. No TLS-PSK:
-//!   rustls has no external pre-shared keys.
+//!   nbdkit's file names; client certificates checked when a CA is given) on rustls, or with
+//!   nbdkit's pre-shared key files on OpenSSL (rustls has no external pre-shared keys).
 
 mod exports;
 mod handshake;
@@ -55,7 +55,7 @@ pub enum Error {
     },
     /// The final flush failed.
     Volume(sectorcrypt_volume::Error),
-    /// A TLS certificate or key file is missing, unreadable or unusable.
+    /// A TLS certificate, key or pre-shared key file is missing, unreadable or unusable.
     Tls {
         /// The file.
         path: PathBuf,

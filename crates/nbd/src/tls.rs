@@ -1,20 +1,26 @@
-//! TLS for `NBD_OPT_STARTTLS`: the server's certificates, laid out as nbdkit lays them out, and
-//! the relay that carries a connection's TLS session once the handshake is done.
+//! TLS for `NBD_OPT_STARTTLS`: the server's credentials (X.509 certificates laid out as nbdkit
+//! lays them out, on rustls; or nbdkit's pre-shared key file, on OpenSSL: see [`psk`]), and the
+//! relay that carries a connection's TLS session once the handshake is done.
 //!
 //! Why a relay: the transmission phase reads and writes one socket from several threads at once
-//! (one reader at a time, replies from every worker), which a socket allows and a rustls
-//! connection, one state machine, does not. So once the TLS handshake is done, two threads run
-//! the session between the client's socket and one end of a Unix socket pair, and option haggling
-//! and transmission carry on over the other end as over any Unix stream: plain and TLS connections
+//! (one reader at a time, replies from every worker), which a socket allows and a TLS session,
+//! one state machine, does not. So once the TLS handshake is done, two threads run the session
+//! between the client's socket and one end of a Unix socket pair, and option haggling and
+//! transmission carry on over the other end as over any Unix stream: plain and TLS connections
 //! share one code path, shutdown semantics included. One thread opens the client's records, the
-//! other seals what the server writes; they share the rustls connection under a lock held only
-//! while records are opened or sealed, so a client that keeps sending never holds up the
-//! encryption of replies, nor the other way round. Sealed records are sent in the order they were
-//! sealed (the lock on the socket's write side is taken before the session's is let go), as TLS
-//! sequence numbers demand. The price is one more copy through the kernel each way.
+//! other seals what the server writes; they share the session under a lock held only while
+//! records are opened or sealed, so a client that keeps sending never holds up the encryption of
+//! replies, nor the other way round. Sealed records are sent in the order they were sealed (the
+//! lock on the socket's write side is taken before the session's is let go), as TLS sequence
+//! numbers demand. The price is one more copy through the kernel each way.
 //!
-//! Only X.509 certificates: rustls has no external pre-shared keys, so nbdkit's `--tls-psk` has
-//! no counterpart here.
+//! Both libraries' sessions run in memory, records in and records out, behind one small trait,
+//! [`ServerSession`]: rustls's connections work that way, and OpenSSL's do over a buffer in place
+//! of a socket. So one handshake loop and one relay serve both, and neither library ever blocks
+//! on the socket or is shared across a blocking call (an OpenSSL stream over the socket itself
+//! would need one lock for reads and writes, or a non-blocking socket and polling).
+
+mod psk;
 
 use std::fs;
 use std::io::{self, Read, Write};
@@ -32,6 +38,8 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig, ServerConnection};
 use zeroize::Zeroizing;
 
+use self::psk::PskSession;
+
 use crate::stream::Stream;
 use crate::Error;
 
@@ -46,6 +54,9 @@ pub const SERVER_KEY: &str = "server-key.pem";
 /// Bytes moved per read on either side of the relay: a few TLS records' worth.
 const RELAY_CHUNK: usize = 256 * 1024;
 
+/// The most plaintext a TLS record carries.
+const TLS_RECORD: usize = 16 * 1024;
+
 /// Whether a client may do without TLS (nbdkit's `--tls on` and `--tls require`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TlsMode {
@@ -57,12 +68,22 @@ pub enum TlsMode {
     Require,
 }
 
-/// A server's TLS setup: its mode and its certificates.
+/// A server's TLS setup: its mode and its credentials.
 #[derive(Clone, Debug)]
 pub struct Tls {
     mode: TlsMode,
-    config: Arc<ServerConfig>,
-    verifies_clients: bool,
+    credentials: Credentials,
+}
+
+#[derive(Clone, Debug)]
+enum Credentials {
+    /// X.509, on rustls.
+    Certificates {
+        config: Arc<ServerConfig>,
+        verifies_clients: bool,
+    },
+    /// Pre-shared keys, on OpenSSL.
+    PreSharedKeys(openssl::ssl::SslContext),
 }
 
 impl Tls {
@@ -101,8 +122,21 @@ impl Tls {
         })?;
         Ok(Tls {
             mode,
-            config: Arc::new(config),
-            verifies_clients,
+            credentials: Credentials::Certificates {
+                config: Arc::new(config),
+                verifies_clients,
+            },
+        })
+    }
+
+    /// Load nbdkit's pre-shared key file: `username:hexkey` lines (as GnuTLS's `psktool` writes
+    /// them), the keys kept in secret memory. Clients then prove they hold their user's key; no
+    /// certificates are involved. A missing or unreadable file, or a malformed line, is
+    /// [`Error::Tls`], naming the file (and the line).
+    pub fn load_psk(mode: TlsMode, file: &Path) -> Result<Tls, Error> {
+        Ok(Tls {
+            mode,
+            credentials: Credentials::PreSharedKeys(psk::context(file)?),
         })
     }
 
@@ -111,9 +145,30 @@ impl Tls {
         self.mode
     }
 
-    /// Whether clients must present a certificate signed by `ca-cert.pem`.
+    /// Whether clients must present a certificate signed by `ca-cert.pem` (or, with pre-shared
+    /// keys, prove they hold one).
     pub fn verifies_clients(&self) -> bool {
-        self.verifies_clients
+        match self.credentials {
+            Credentials::Certificates {
+                verifies_clients, ..
+            } => verifies_clients,
+            Credentials::PreSharedKeys(_) => true,
+        }
+    }
+
+    /// A new server session for one connection.
+    fn session(&self) -> io::Result<Box<dyn ServerSession>> {
+        Ok(match &self.credentials {
+            Credentials::Certificates { config, .. } => {
+                let mut session =
+                    ServerConnection::new(Arc::clone(config)).map_err(io::Error::other)?;
+                // Replies are sealed a chunk at a time and sent at once, so the buffers stay one
+                // chunk large.
+                session.set_buffer_limit(None);
+                Box::new(session)
+            }
+            Credentials::PreSharedKeys(context) => Box::new(PskSession::new(context)?),
+        })
     }
 }
 
@@ -143,9 +198,64 @@ fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, Error> {
     })
 }
 
+/// A server's TLS session, driven in memory: the client's records in, its own records out.
+trait ServerSession: Send {
+    /// Take in `records` from the client (none: whatever is held already); the plaintext they
+    /// carried goes to `data`. Advances the handshake while it runs. Returns whether the client
+    /// has closed the session. After an error, [`take_records`](Self::take_records) holds the
+    /// alert that says why.
+    fn receive(&mut self, records: &[u8], data: &mut Vec<u8>) -> io::Result<bool>;
+    /// Whether the handshake is still running.
+    fn handshaking(&self) -> bool;
+    /// Seal `data` for the client.
+    fn send(&mut self, data: &[u8]) -> io::Result<()>;
+    /// Seal a close_notify.
+    fn close(&mut self);
+    /// Move the records waiting to go to the client to the end of `out`.
+    fn take_records(&mut self, out: &mut Vec<u8>) -> io::Result<()>;
+}
+
+impl ServerSession for ServerConnection {
+    fn receive(&mut self, mut records: &[u8], data: &mut Vec<u8>) -> io::Result<bool> {
+        loop {
+            let state = self
+                .process_new_packets()
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            let at = data.len();
+            data.resize(at + state.plaintext_bytes_to_read(), 0);
+            self.reader().read_exact(&mut data[at..])?;
+            if state.peer_has_closed() {
+                return Ok(true);
+            }
+            if records.is_empty() || self.read_tls(&mut records)? == 0 {
+                return Ok(false);
+            }
+        }
+    }
+
+    fn handshaking(&self) -> bool {
+        self.is_handshaking()
+    }
+
+    fn send(&mut self, data: &[u8]) -> io::Result<()> {
+        self.writer().write_all(data)
+    }
+
+    fn close(&mut self) {
+        self.send_close_notify();
+    }
+
+    fn take_records(&mut self, out: &mut Vec<u8>) -> io::Result<()> {
+        while self.wants_write() {
+            self.write_tls(out)?;
+        }
+        Ok(())
+    }
+}
+
 /// A connection's TLS session, shared by the relay's two threads.
 struct Session {
-    tls: Mutex<ServerConnection>,
+    tls: Mutex<Box<dyn ServerSession>>,
     /// The socket's write side. Whoever seals records takes it before letting go of `tls`, so
     /// records leave in the order they were sealed.
     socket_out: Mutex<Stream>,
@@ -154,13 +264,11 @@ struct Session {
 impl Session {
     /// Run `f` on the session, then send the records it left to send (handshake messages, alerts,
     /// sealed data). An error is the socket's.
-    fn with_tls<T>(&self, f: impl FnOnce(&mut ServerConnection) -> T) -> io::Result<T> {
+    fn with_tls<T>(&self, f: impl FnOnce(&mut dyn ServerSession) -> T) -> io::Result<T> {
         let mut tls = self.tls.lock().unwrap_or_else(PoisonError::into_inner);
-        let out = f(&mut tls);
+        let out = f(tls.as_mut());
         let mut records = Vec::new();
-        while tls.wants_write() {
-            tls.write_tls(&mut records)?;
-        }
+        tls.take_records(&mut records)?;
         if !records.is_empty() {
             let mut socket = self
                 .socket_out
@@ -194,30 +302,55 @@ pub(crate) fn start(
     tls: &Tls,
     deadline: Duration,
 ) -> io::Result<(Stream, Relay)> {
-    let started = handshake(&mut socket, tls, deadline)
-        .and_then(|session| relay(socket.try_clone()?, session));
+    let started = tls.session().and_then(|mut session| {
+        let early = handshake(&mut socket, session.as_mut(), deadline)?;
+        relay(socket.try_clone()?, session, early)
+    });
     if started.is_err() {
         socket.shutdown();
     }
     started
 }
 
-fn handshake(socket: &mut Stream, tls: &Tls, deadline: Duration) -> io::Result<ServerConnection> {
-    let mut session = ServerConnection::new(Arc::clone(&tls.config)).map_err(io::Error::other)?;
+/// Run the handshake to its end; the plaintext that came in with its last records.
+fn handshake(
+    socket: &mut Stream,
+    session: &mut dyn ServerSession,
+    deadline: Duration,
+) -> io::Result<Vec<u8>> {
     // The socket's read timeout bounds each read; this bounds a client that trickles bytes.
     let end = Instant::now() + deadline;
-    while session.is_handshaking() {
+    let mut records = vec![0u8; TLS_RECORD];
+    let mut early = Vec::new();
+    let mut n = 0;
+    loop {
+        let received = session.receive(&records[..n], &mut early);
+        let mut out = Vec::new();
+        session.take_records(&mut out)?;
+        socket.write_all(&out)?;
+        if received? {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        if !session.handshaking() {
+            return Ok(early);
+        }
         if Instant::now() > end {
             return Err(io::ErrorKind::TimedOut.into());
         }
-        session.complete_io(socket)?;
+        n = match socket.read(&mut records) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
+            Err(e) => return Err(e),
+        };
     }
-    // Replies are sealed a chunk at a time and sent at once, so the buffers stay one chunk large.
-    session.set_buffer_limit(None);
-    Ok(session)
 }
 
-fn relay(socket: Stream, session: ServerConnection) -> io::Result<(Stream, Relay)> {
+fn relay(
+    socket: Stream,
+    session: Box<dyn ServerSession>,
+    early: Vec<u8>,
+) -> io::Result<(Stream, Relay)> {
     // From here the plaintext side carries the handshake's timeouts; the client may idle between
     // requests as long as it likes.
     socket.set_read_timeout(None)?;
@@ -234,7 +367,7 @@ fn relay(socket: Stream, session: ServerConnection) -> io::Result<(Stream, Relay
         );
         thread::Builder::new()
             .name("nbd-tls-in".into())
-            .spawn(move || inbound(&session, socket, to_plain))?
+            .spawn(move || inbound(&session, socket, to_plain, early))?
     };
     // Should this fail, the inbound thread ends once the caller shuts the socket down.
     let outbound = thread::Builder::new()
@@ -248,21 +381,24 @@ fn relay(socket: Stream, session: ServerConnection) -> io::Result<(Stream, Relay
     ))
 }
 
-/// Client to server: open the records read from the socket and pass their plaintext on. Ends
-/// at the client's close_notify or hang-up, at a TLS error (once the alert is out), or when the
-/// plaintext side is gone; the plaintext side then reads the end of the stream.
-fn inbound(session: &Session, mut socket: Stream, mut to_plain: UnixStream) {
+/// Client to server: open the records read from the socket and pass their plaintext on, after
+/// `early`, what came with the handshake. Ends at the client's close_notify or hang-up, at a TLS
+/// error (once the alert is out), or when the plaintext side is gone; the plaintext side then
+/// reads the end of the stream.
+fn inbound(session: &Session, mut socket: Stream, mut to_plain: UnixStream, early: Vec<u8>) {
     let mut records = vec![0u8; RELAY_CHUNK];
-    // A client's first records can arrive with its last handshake message: open those first.
+    let mut data = early;
+    // The session may hold records that came with the handshake's last ones: open those first.
     let mut n = 0;
     loop {
-        let opened = session.with_tls(|tls| open(tls, &records[..n]));
-        let Ok(Ok((data, closed))) = opened else {
+        let opened = session.with_tls(|tls| tls.receive(&records[..n], &mut data));
+        let Ok(Ok(closed)) = opened else {
             break;
         };
         if to_plain.write_all(&data).is_err() || closed {
             break;
         }
+        data.clear();
         let Some(read) = read_some(&mut socket, &mut records) else {
             break;
         };
@@ -283,38 +419,18 @@ fn read_some(from: &mut impl Read, buf: &mut [u8]) -> Option<usize> {
     }
 }
 
-/// Feed `records` to the session: the plaintext they carried (and any it held already), and
-/// whether the client has closed the session.
-fn open(tls: &mut ServerConnection, mut records: &[u8]) -> io::Result<(Vec<u8>, bool)> {
-    let mut data = Vec::new();
-    loop {
-        let state = tls
-            .process_new_packets()
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        let at = data.len();
-        data.resize(at + state.plaintext_bytes_to_read(), 0);
-        tls.reader().read_exact(&mut data[at..])?;
-        if state.peer_has_closed() {
-            return Ok((data, true));
-        }
-        if records.is_empty() || tls.read_tls(&mut records)? == 0 {
-            return Ok((data, false));
-        }
-    }
-}
-
 /// Server to client: seal what the plaintext side writes and send it. Ends when the plaintext
 /// side closes (close_notify then goes out) or the socket fails; either way the socket is then
 /// shut down, which ends [`inbound`] too.
 fn outbound(session: &Session, mut from_plain: UnixStream, socket: Stream) {
     let mut data = vec![0u8; RELAY_CHUNK];
     while let Some(n) = read_some(&mut from_plain, &mut data) {
-        match session.with_tls(|tls| tls.writer().write_all(&data[..n])) {
+        match session.with_tls(|tls| tls.send(&data[..n])) {
             Ok(Ok(())) => {}
             _ => break,
         }
     }
-    let _ = session.with_tls(|tls| tls.send_close_notify());
+    let _ = session.with_tls(|tls| tls.close());
     socket.shutdown();
     // A writer on the plaintext side gets an error now rather than a full buffer later.
     let _ = from_plain.shutdown(Shutdown::Both);

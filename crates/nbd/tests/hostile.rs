@@ -1,7 +1,8 @@
 //! Malformed and hostile NBD input against an in-process server: every exchange gets an error
 //! reply or a closed connection, and afterwards a well-behaved client still reads back exactly
 //! the data written before. The same goes for TLS: options before STARTTLS, garbage in and
-//! around the TLS handshake and inside the session, clients the server must not trust.
+//! around the TLS handshake and inside the session, clients the server must not trust, with
+//! certificates and with pre-shared keys.
 
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use openssl::ssl::{Ssl, SslContextBuilder, SslMethod, SslStream};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
@@ -30,13 +32,30 @@ impl<T: Read + Write> Duplex for T {}
 /// A client's TLS session over the Unix socket.
 type TlsSession = StreamOwned<ClientConnection, UnixStream>;
 
+/// The user and key of the pre-shared key servers.
+const PSK_USER: &str = "alice";
+const PSK: [u8; 32] = [0x5c; 32];
+
+/// A harness's TLS: the server's mode and credentials, which well-behaved clients use.
+enum Credentials {
+    Certificates(TlsMode),
+    /// `PSK_USER` with `PSK`.
+    PreSharedKey(TlsMode),
+}
+
+/// What well-behaved clients of a TLS harness use.
+enum ClientCredentials {
+    Certificates(Pki),
+    PreSharedKey,
+}
+
 struct Harness {
     socket: PathBuf,
     stop: StopHandle,
     thread: Option<JoinHandle<()>>,
     storage: Arc<MemStorage>,
-    /// With TLS, the certificates: well-behaved clients start TLS.
-    tls: Option<Pki>,
+    /// With TLS, the clients' credentials: well-behaved clients start TLS.
+    tls: Option<ClientCredentials>,
 }
 
 impl Harness {
@@ -47,10 +66,14 @@ impl Harness {
     /// A server with TLS (`--tls on` or `require`), clients asked for certificates signed by the
     /// test CA. Well-behaved clients start TLS.
     fn start_tls(name: &str, mode: TlsMode) -> Harness {
-        Harness::start_with(name, VolumeOptions::default(), Some(mode))
+        Harness::start_with(
+            name,
+            VolumeOptions::default(),
+            Some(Credentials::Certificates(mode)),
+        )
     }
 
-    fn start_with(name: &str, opts: VolumeOptions, tls: Option<TlsMode>) -> Harness {
+    fn start_with(name: &str, opts: VolumeOptions, tls: Option<Credentials>) -> Harness {
         let storage = Arc::new(MemStorage::new(vec![0; SIZE as usize + 4096]));
         let volume = Volume::with_layout(storage.clone(), layout(), &[3; 64], &opts).unwrap();
         Harness::serve(name, Arc::new(volume).into(), storage, tls)
@@ -60,26 +83,36 @@ impl Harness {
         name: &str,
         exports: Exports,
         storage: Arc<MemStorage>,
-        tls: Option<TlsMode>,
+        tls: Option<Credentials>,
     ) -> Harness {
         let dir =
             std::env::temp_dir().join(format!("sectorcrypt-nbd-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let socket = dir.join("nbd.sock");
-        let pki = tls.map(|mode| {
-            let root = dir.join("pki");
-            std::fs::create_dir_all(&root).unwrap();
-            (Pki::create(&root), mode)
+        let tls = tls.map(|credentials| match credentials {
+            Credentials::Certificates(mode) => {
+                let root = dir.join("pki");
+                std::fs::create_dir_all(&root).unwrap();
+                let pki = Pki::create(&root);
+                let tls = Tls::load(mode, &pki.server).unwrap();
+                (tls, ClientCredentials::Certificates(pki))
+            }
+            Credentials::PreSharedKey(mode) => {
+                let file = dir.join("keys.psk");
+                let line = format!("carol:00ff\n{PSK_USER}:{}\n", hex::encode(PSK));
+                std::fs::write(&file, line).unwrap();
+                let tls = Tls::load_psk(mode, &file).unwrap();
+                (tls, ClientCredentials::PreSharedKey)
+            }
         });
+        let (tls, clients) = tls.unzip();
         let server = Server::bind(
             &Listen::Unix(socket.clone()),
             exports,
             ServerOptions {
                 export_name: "vol".into(),
-                tls: pki
-                    .as_ref()
-                    .map(|(pki, mode)| Tls::load(*mode, &pki.server).unwrap()),
+                tls,
                 ..Default::default()
             },
         )
@@ -91,12 +124,15 @@ impl Harness {
             stop,
             thread: Some(thread),
             storage,
-            tls: pki.map(|(pki, _)| pki),
+            tls: clients,
         }
     }
 
     fn pki(&self) -> &Pki {
-        self.tls.as_ref().expect("a TLS harness")
+        match &self.tls {
+            Some(ClientCredentials::Certificates(pki)) => pki,
+            _ => panic!("a harness with certificates"),
+        }
     }
 
     fn connect(&self) -> UnixStream {
@@ -125,7 +161,12 @@ impl Harness {
     /// harness has TLS.
     fn negotiating(&self) -> Box<dyn Duplex> {
         match &self.tls {
-            Some(pki) => Box::new(start_tls(self.greeted(), &pki.client).unwrap()),
+            Some(ClientCredentials::Certificates(pki)) => {
+                Box::new(start_tls(self.greeted(), &pki.client).unwrap())
+            }
+            Some(ClientCredentials::PreSharedKey) => {
+                Box::new(start_tls_psk(self.greeted(), PSK_USER, &PSK).unwrap())
+            }
             None => Box::new(self.greeted()),
         }
     }
@@ -668,6 +709,24 @@ fn start_tls(mut s: UnixStream, dir: &Path) -> io::Result<TlsSession> {
     Ok(StreamOwned::new(tls, s))
 }
 
+/// STARTTLS on a greeted connection (acknowledged), then the TLS handshake with `user`'s
+/// pre-shared `key`, as OpenSSL's client does it.
+fn start_tls_psk(mut s: UnixStream, user: &str, key: &[u8]) -> io::Result<SslStream<UnixStream>> {
+    send_option(&mut s, OPT_STARTTLS, &[]);
+    assert_eq!(read_option_reply(&mut s), (OPT_STARTTLS, REP_ACK, vec![]));
+    let mut context = SslContextBuilder::new(SslMethod::tls_client()).unwrap();
+    let (user, key) = (user.as_bytes().to_vec(), key.to_vec());
+    context.set_psk_client_callback(move |_, _, identity, psk| {
+        // The identity is NUL-terminated.
+        identity[..user.len()].copy_from_slice(&user);
+        identity[user.len()] = 0;
+        psk[..key.len()].copy_from_slice(&key);
+        Ok(key.len())
+    });
+    let ssl = Ssl::new(&context.build()).unwrap();
+    ssl.connect(s).map_err(io::Error::other)
+}
+
 /// A client whose TLS session the server refused: the handshake fails, or the first option
 /// cannot be sent or gets no reply, only the end of the connection.
 fn assert_refused(session: io::Result<TlsSession>) {
@@ -867,6 +926,48 @@ fn hostile_bytes_around_and_inside_tls_hurt_nobody() {
     // The first connection still works, and so do new ones; the data is intact.
     assert_eq!(c.read(0, data.len() as u32).unwrap(), data);
     h.check_data(0, &data);
+}
+
+#[test]
+fn hostile_bytes_and_wrong_keys_against_pre_shared_keys_hurt_nobody() {
+    let h = Harness::start_with(
+        "tls-psk-hostile",
+        VolumeOptions::default(),
+        Some(Credentials::PreSharedKey(TlsMode::Require)),
+    );
+    let data = pattern(96 * 1024, 35);
+    let mut c = h.client(true);
+    assert_eq!(c.write(8192, &data, CMD_FLAG_FUA), 0);
+
+    // Garbage where the ClientHello belongs, and a record header claiming too much.
+    for junk in [
+        b"GET / HTTP/1.0\r\n\r\n".to_vec(),
+        vec![0; 64],
+        [&[22, 3, 1, 0xff, 0xff][..], &[1; 512]].concat(),
+    ] {
+        let mut s = h.greeted();
+        send_option(&mut s, OPT_STARTTLS, &[]);
+        assert_eq!(read_option_reply(&mut s).1, REP_ACK);
+        s.write_all(&junk).unwrap();
+        assert_alert_then_closed(&mut s);
+    }
+    // A wrong key, an unknown user: no session.
+    assert!(start_tls_psk(h.greeted(), PSK_USER, &[0x5d; 32]).is_err());
+    assert!(start_tls_psk(h.greeted(), "mallory", &PSK).is_err());
+    // A good session, then a record whose authentication fails: that connection only is
+    // dropped.
+    let mut s = start_tls_psk(h.greeted(), PSK_USER, &PSK).unwrap();
+    send_option(&mut s, OPT_LIST, &[]);
+    assert_eq!(read_option_reply(&mut s).1, REP_SERVER);
+    assert_eq!(read_option_reply(&mut s).1, REP_ACK);
+    s.get_mut()
+        .write_all(&[&[23, 3, 3, 0, 40][..], &[0x5a; 40]].concat())
+        .unwrap();
+    let mut b = [0u8; 1];
+    assert!(matches!(s.read(&mut b), Ok(0) | Err(_)), "still served");
+
+    assert_eq!(c.read(8192, data.len() as u32).unwrap(), data);
+    h.check_data(8192, &data);
 }
 
 #[test]

@@ -48,7 +48,8 @@ pub(crate) struct TlsArgs {
     /// ca-cert.pem if clients must present a certificate it signed.
     #[arg(long = "tls-certificates", value_name = "DIR")]
     tls_certificates: Option<PathBuf>,
-    /// nbdkit's pre-shared key file (username:hexkey lines): refused, rustls has no TLS-PSK.
+    /// For --tls on|require, instead of certificates: nbdkit's pre-shared key file
+    /// (username:hexkey lines, as psktool writes them); clients prove they hold their user's key.
     #[arg(long = "tls-psk", value_name = "FILE")]
     tls_psk: Option<PathBuf>,
 }
@@ -57,26 +58,32 @@ impl TlsArgs {
     /// The server's TLS, loaded before anything is unlocked (a bad certificate costs no
     /// passphrase). Plain TCP (`tcp`: the address listened on) is served with a warning.
     pub(crate) fn load(&self, tcp: Option<&str>) -> Result<Option<Tls>, CliError> {
-        if self.tls_psk.is_some() {
-            return Err(CliError::usage(
-                "--tls-psk: TLS with pre-shared keys is not supported (rustls, the TLS library, \
-                 has no external PSK); use --tls-certificates DIR",
-            ));
-        }
         let mode = match self.tls {
             TlsChoice::Off => None,
             TlsChoice::On => Some(TlsMode::On),
             TlsChoice::Require => Some(TlsMode::Require),
         };
-        match (mode, &self.tls_certificates) {
-            (None, Some(_)) => Err(CliError::usage(
+        match (mode, &self.tls_certificates, &self.tls_psk) {
+            // As in nbdkit, pre-shared keys are an alternative to certificates.
+            (_, Some(_), Some(_)) => Err(CliError::usage(
+                "--tls-certificates and --tls-psk exclude each other: give one",
+            )),
+            (None, Some(_), None) => Err(CliError::usage(
                 "--tls-certificates needs --tls on or --tls require",
             )),
-            (Some(_), None) => Err(CliError::usage(
-                "--tls on and --tls require need --tls-certificates DIR",
+            (None, None, Some(_)) => {
+                Err(CliError::usage("--tls-psk needs --tls on or --tls require"))
+            }
+            (Some(_), None, None) => Err(CliError::usage(
+                "--tls on and --tls require need --tls-certificates DIR or --tls-psk FILE",
             )),
-            (Some(mode), Some(dir)) => Ok(Some(Tls::load(mode, dir).map_err(CliError::usage)?)),
-            (None, None) => {
+            (Some(mode), Some(dir), None) => {
+                Ok(Some(Tls::load(mode, dir).map_err(CliError::usage)?))
+            }
+            (Some(mode), None, Some(file)) => {
+                Ok(Some(Tls::load_psk(mode, file).map_err(CliError::usage)?))
+            }
+            (None, None, None) => {
                 if let Some(address) = tcp {
                     eprintln!(
                         "sectorcrypt: warning: serving TCP without TLS: whoever reaches \

@@ -324,7 +324,7 @@ fn key_per_io_refusals_and_benchmark() {
 }
 
 /// `kpio serve --tls require` over its Unix socket: a tag's export written and read back by
-/// nbdcopy over TLS (`nbds+unix://`); without TLS nothing is served; `--tls-psk` is refused.
+/// nbdcopy over TLS (`nbds+unix://`); without TLS nothing is served.
 #[test]
 fn key_per_io_serves_over_tls() {
     use crate::tls::{pki, refused, with_certificates};
@@ -342,16 +342,6 @@ fn key_per_io_serves_over_tls() {
             .map(|s| s.to_string())
             .collect()
     };
-    let psk = dir.join("keys.psk");
-    write_file(&psk, b"alice:00112233445566778899aabbccddeeff\n");
-    let args = serve(&["--tls", "require", "--tls-psk", p(&psk)]);
-    let out = run_within(
-        Command::new(BIN).args(["kpio", "serve"]).args(&args),
-        TOOL_DEADLINE,
-    );
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("pre-shared keys"));
-
     let args = serve(&["--tls", "require", "--tls-certificates", p(&pki.server)]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let server = Served::start_command(&dir, &["kpio", "serve"], &args);

@@ -2,8 +2,10 @@
 //! with `tls-certificates=DIR`: nbdcopy, nbdinfo) and by qemu-img (`tls-creds-x509`); a client
 //! without TLS, without a certificate the server trusts, or that does not trust the server, and
 //! one that sends options before STARTTLS, is refused and gets no data. `--tls on` serves both
-//! kinds of client. `--tls-psk` is refused in one line (rustls has no TLS-PSK), as are TLS
-//! options that do not fit together and unusable certificates; plain TCP warns once.
+//! kinds of client. `--tls-psk` (nbdkit's key file) read and written by libnbd
+//! (`tls-psk-file=FILE`) and qemu-img (`tls-creds-psk`); a wrong key or an unknown user gets no
+//! data. TLS options that do not fit together, unusable certificates and malformed key files are
+//! refused in one line; plain TCP warns once.
 //! (`kpio serve` and `flash attach` over TLS: in their own modules.)
 
 use std::io::{Read, Write};
@@ -276,6 +278,157 @@ fn serve_tls_on_a_unix_socket_serves_tls_and_plain_clients() {
     server.stop();
 }
 
+/// nbdkit's PSK file for `user`, with a 32-byte key as psktool makes them, and another user's
+/// line.
+fn psk_file(path: &Path, user: &str, seed: u64) {
+    let key: String = pattern(32, seed)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    write_file(path, format!("nobody:00ff\n{user}:{key}\n").as_bytes());
+}
+
+/// qemu's PSK client credentials: `dir/keys.psk`, as `user`.
+fn qemu_psk(dir: &Path, user: &str) -> String {
+    format!(
+        "tls-creds-psk,id=tls0,endpoint=client,dir={},username={user}",
+        dir.display()
+    )
+}
+
+#[test]
+fn serve_tls_psk_reads_and_writes_with_libnbd_and_qemu_and_refuses_wrong_keys() {
+    let dir = Scratch::new("tls-psk");
+    let key = key_file(&dir);
+    let img = format(&dir, "v", 32, &key, &[]);
+    let psk = dir.join("keys.psk");
+    psk_file(&psk, "alice", 61);
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let server = Served::start(
+        &dir,
+        &[
+            p(&img),
+            "--key-file",
+            p(&key),
+            "--listen",
+            &addr,
+            "--tls",
+            "require",
+            "--tls-psk",
+            p(&psk),
+        ],
+    );
+    assert_eq!(server.uri, format!("nbds://{addr}/"));
+    let with_psk =
+        |user: &str, file: &Path| format!("nbds://{user}@{addr}/?tls-psk-file={}", file.display());
+    let alice = with_psk("alice", &psk);
+
+    // nbdcopy writes and reads back; nbdinfo says TLS.
+    let data = pattern((4 * MIB) as usize, 62);
+    let src = dir.join("in.raw");
+    write_file(&src, &data);
+    tool("nbdcopy", &[p(&src), &alice]);
+    let out = dir.join("out.raw");
+    tool("nbdcopy", &[&alice, p(&out)]);
+    assert_same(
+        &read_file(&out)[..data.len()],
+        &data,
+        "nbdcopy over TLS-PSK",
+    );
+    let info: Value = serde_json::from_slice(&tool("nbdinfo", &["--json", &alice]).stdout).unwrap();
+    assert_eq!(info["TLS"], true);
+    assert_eq!(
+        info["exports"][0]["export-size"].as_u64(),
+        Some(server.size)
+    );
+
+    // qemu-img (GnuTLS, keys.psk in a directory) reads it, and writes its first MiB.
+    let qemu_dir = dir.join("qemu");
+    std::fs::create_dir_all(&qemu_dir).unwrap();
+    std::fs::copy(&psk, qemu_dir.join("keys.psk")).unwrap();
+    let creds = qemu_psk(&qemu_dir, "alice");
+    let via_qemu = dir.join("qemu.raw");
+    tool(
+        "qemu-img",
+        &[
+            "convert",
+            "--object",
+            &creds,
+            "--image-opts",
+            &format!("driver=nbd,host=127.0.0.1,port={port},tls-creds=tls0"),
+            "-O",
+            "raw",
+            p(&via_qemu),
+        ],
+    );
+    assert_same(&read_file(&via_qemu)[..data.len()], &data, "qemu-img read");
+    let first = pattern(MIB as usize, 63);
+    let first_src = dir.join("first.raw");
+    write_file(&first_src, &first);
+    tool(
+        "qemu-img",
+        &[
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            p(&first_src),
+            "--object",
+            &creds,
+            "--target-image-opts",
+            &format!("driver=raw,file.driver=nbd,file.host=127.0.0.1,file.port={port},file.tls-creds=tls0"),
+        ],
+    );
+
+    // Refused, and given nothing: a wrong key (libnbd and qemu), an unknown user, no TLS.
+    let wrong = dir.join("wrong.psk");
+    psk_file(&wrong, "alice", 64);
+    let strangers = dir.join("strangers.psk");
+    psk_file(&strangers, "mallory", 61);
+    for uri in [
+        with_psk("alice", &wrong),
+        with_psk("mallory", &strangers),
+        format!("nbd://{addr}/"),
+    ] {
+        let out = refused("nbdinfo", &["--json", &uri]);
+        // (Without TLS, nbdinfo prints the protocol it got before it gives up.)
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(!said.contains("export-size"), "{uri}: {said}");
+        let copied = dir.join("refused.raw");
+        refused("nbdcopy", &[&uri, p(&copied)]);
+        assert!(
+            std::fs::read(&copied).unwrap_or_default().is_empty(),
+            "{uri}"
+        );
+    }
+    let wrong_dir = dir.join("qemu-wrong");
+    std::fs::create_dir_all(&wrong_dir).unwrap();
+    std::fs::copy(&wrong, wrong_dir.join("keys.psk")).unwrap();
+    refused(
+        "qemu-img",
+        &[
+            "info",
+            "--object",
+            &qemu_psk(&wrong_dir, "alice"),
+            "--image-opts",
+            &format!("driver=nbd,host=127.0.0.1,port={port},tls-creds=tls0"),
+        ],
+    );
+
+    // The data is what the good clients wrote: qemu-img's MiB, then nbdcopy's.
+    std::fs::remove_file(&out).unwrap();
+    tool("nbdcopy", &[&alice, p(&out)]);
+    let back = read_file(&out);
+    assert_same(&back[..first.len()], &first, "qemu-img write");
+    assert_same(
+        &back[first.len()..data.len()],
+        &data[first.len()..],
+        "around qemu-img's write",
+    );
+    server.stop();
+}
+
 #[test]
 fn tls_option_refusals_and_the_plain_tcp_warning() {
     let dir = Scratch::new("tls-refusals");
@@ -283,16 +436,53 @@ fn tls_option_refusals_and_the_plain_tcp_warning() {
     let img = format(&dir, "v", 32, &key, &[]);
     let pki = pki(&dir);
     let sock = dir.join("r.sock");
-    // nbdkit's PSK file: refused, whatever the mode, before the volume is touched.
     let psk = dir.join("keys.psk");
     write_file(&psk, b"alice:0123456789abcdef0123456789abcdef\n");
+    // Malformed PSK files: the file and the line are named.
+    let bad_psk = |name: &str, text: &[u8]| {
+        let path = dir.join(name);
+        write_file(&path, text);
+        path
+    };
+    let no_colon = bad_psk("no-colon.psk", b"alice:00ff\nbob 00ff\n");
+    let odd_hex = bad_psk("odd.psk", b"alice:0ff\n");
+    let not_hex = bad_psk("not-hex.psk", b"\nalice:00ff\nbob:zz\n");
+    let empty = bad_psk("empty.psk", b"");
+    let missing = dir.join("none.psk");
     let base = [p(&img), "--key-file", p(&key), "--socket", p(&sock)];
     let refusals: Vec<(Vec<&str>, &str)> = vec![
         (
-            vec!["--tls", "require", "--tls-psk", p(&psk)],
-            "pre-shared keys",
+            vec![
+                "--tls",
+                "require",
+                "--tls-psk",
+                p(&psk),
+                "--tls-certificates",
+                p(&pki.server),
+            ],
+            "--tls-certificates and --tls-psk exclude each other",
         ),
-        (vec!["--tls-psk", p(&psk)], "pre-shared keys"),
+        (vec!["--tls-psk", p(&psk)], "--tls-psk needs --tls on"),
+        (
+            vec!["--tls", "require", "--tls-psk", p(&no_colon)],
+            "no-colon.psk: line 2: not username:hexkey",
+        ),
+        (
+            vec!["--tls", "on", "--tls-psk", p(&odd_hex)],
+            "odd.psk: line 1: the key is not an even number of hex digits",
+        ),
+        (
+            vec!["--tls", "require", "--tls-psk", p(&not_hex)],
+            "not-hex.psk: line 3: the key is not hex",
+        ),
+        (
+            vec!["--tls", "require", "--tls-psk", p(&empty)],
+            "empty.psk: holds no username:hexkey line",
+        ),
+        (
+            vec!["--tls", "require", "--tls-psk", p(&missing)],
+            "none.psk: ",
+        ),
         (vec!["--tls", "require"], "--tls-certificates DIR"),
         (vec!["--tls", "on"], "--tls-certificates DIR"),
         (
