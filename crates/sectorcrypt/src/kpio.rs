@@ -7,7 +7,7 @@
 //! ones replaced, and keys whose entry is gone or zeroed are destroyed (zeroized once the requests
 //! using them end, before the reload is reported).
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -15,9 +15,8 @@ use sectorcrypt_bench::kpio::{self as bench, KpioCase};
 use sectorcrypt_cipher::CipherSpec;
 use sectorcrypt_nbd::{Server, ServerOptions};
 use sectorcrypt_storage::{FileStorage, Storage};
-use sectorcrypt_volume::kpio::KeyTable;
-use sectorcrypt_volume::kpio::{Mirror, Reload};
-use sectorcrypt_volume::{Layout, VolumeOptions};
+use sectorcrypt_volume::kpio::{self, KeyTable, Mirror, Reload};
+use sectorcrypt_volume::{Error as VolumeError, Layout, VolumeOptions};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use zeroize::Zeroizing;
@@ -140,28 +139,15 @@ fn read_key_table(
     max: usize,
 ) -> Result<Zeroizing<Vec<u8>>, CliError> {
     let name = path.display();
-    let limit = (max * key_bytes) as u64;
-    let mut file = std::fs::File::open(path).map_err(|e| CliError {
+    let file = std::fs::File::open(path).map_err(|e| CliError {
         code: Code::Device,
         message: format!("cannot read the key table {name}: {e}"),
     })?;
-    let mut bytes = Zeroizing::new(Vec::new());
-    (&mut file)
-        .take(limit + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| CliError::io(format!("cannot read the key table {name}"), e))?;
-    if bytes.is_empty() || bytes.len() % key_bytes != 0 {
-        return Err(CliError::usage(format!(
-            "the key table {name} holds {} bytes, not a whole number of {key_bytes}-byte keys",
-            bytes.len()
-        )));
-    }
-    if bytes.len() as u64 > limit {
-        return Err(CliError::usage(format!(
-            "the key table {name} holds more than --max-keys {max} keys"
-        )));
-    }
-    Ok(bytes)
+    kpio::read_key_table(file, key_bytes, max).map_err(|e| match e {
+        VolumeError::Io(e) => CliError::io(format!("cannot read the key table {name}"), e),
+        VolumeError::Refused(why) => CliError::usage(format!("the key table {name} {why}")),
+        other => CliError::usage(format!("the key table {name}: {}", chain(&other))),
+    })
 }
 
 /// What a reload did, as one line (`failed`: the first entry that could not be changed).

@@ -22,7 +22,6 @@ mod open;
 mod pbkdf_args;
 mod progress;
 mod serve;
-mod units;
 
 use std::process::ExitCode;
 
