@@ -25,6 +25,60 @@ pub enum Layout {
     WithOob,
 }
 
+/// A dump named on the command line as `nanddump:FILE[?peb=SIZE&page=SIZE&subpage=SIZE&oob=SIZE&layout=data|oob]`
+/// (a dump does not say its geometry), split into its parts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceName<'a> {
+    /// The dump file.
+    pub file: &'a str,
+    /// The chip it was taken from, as given (the defaults are [`Geometry::default`]'s; the
+    /// block count is the dump's length and is set by [`DumpFlash::open`]); NOP is page /
+    /// sub-page. Not validated: [`DumpFlash::open`] does that.
+    pub geometry: Geometry,
+    /// Whether its pages carry their spare areas.
+    pub layout: Layout,
+}
+
+impl DeviceName<'_> {
+    /// Split `spec`, the part after `nanddump:`. Sizes take cryptsetup's units (`16K`).
+    ///
+    /// Errors: a sentence naming the first `KEY=VALUE` pair that is not one of the keys above
+    /// with a size that fits 32 bits (or `data`/`oob` for `layout`).
+    pub fn parse(spec: &str) -> Result<DeviceName<'_>, String> {
+        let (file, query) = spec.split_once('?').unwrap_or((spec, ""));
+        let (mut g, mut layout) = (Geometry::default(), Layout::DataOnly);
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let bad = || {
+                format!(
+                    "nanddump:{spec}: '{pair}' is not KEY=VALUE (peb, page, subpage, oob, layout)"
+                )
+            };
+            let (key, value) = pair.split_once('=').ok_or_else(bad)?;
+            let size = || -> Result<u32, String> {
+                sectorcrypt_storage::units::parse_size(value)
+                    .ok()
+                    .and_then(|v| u32::try_from(v).ok())
+                    .ok_or_else(bad)
+            };
+            match key {
+                "peb" => g.peb_size = size()?,
+                "page" => g.page_size = size()?,
+                "subpage" => g.sub_page_size = size()?,
+                "oob" => g.oob_size = size()?,
+                "layout" if value == "data" => layout = Layout::DataOnly,
+                "layout" if value == "oob" => layout = Layout::WithOob,
+                _ => return Err(bad()),
+            }
+        }
+        g.nop = (g.page_size / g.sub_page_size.max(1)).clamp(1, 255) as u8;
+        Ok(DeviceName {
+            file,
+            geometry: g,
+            layout,
+        })
+    }
+}
+
 /// A `nanddump`-layout dump in a [`Storage`], as a [`Flash`].
 pub struct DumpFlash {
     storage: Box<dyn Storage>,
@@ -47,6 +101,13 @@ impl DumpFlash {
         shape: Geometry,
         layout: Layout,
     ) -> Result<DumpFlash, Error> {
+        // The shape is checked before any size is computed from it: a page size of 0 (say, from
+        // a `nanddump:FILE?page=0` device name) would divide by zero below.
+        Geometry {
+            peb_count: 1,
+            ..shape
+        }
+        .validate()?;
         let len = storage.len().map_err(io)?;
         let block = Self::block_bytes(&shape, layout);
         if len == 0 || !len.is_multiple_of(block) {

@@ -111,7 +111,7 @@ impl Trace {
     /// Parse the text of a trace.
     ///
     /// Errors: [`Error::Format`] for a line that is neither a comment nor an operation, a missing
-    /// geometry line, or an operation outside the geometry.
+    /// or second geometry line, or an operation outside the geometry.
     pub fn parse(text: &str) -> Result<Trace, Error> {
         let mut geometry = None;
         let mut ops = Vec::new();
@@ -121,6 +121,12 @@ impl Trace {
             if let Some(comment) = line.strip_prefix('#') {
                 let words: Vec<&str> = comment.split_whitespace().collect();
                 if words.first() == Some(&"peb_size") {
+                    // One chip per trace: the operations before a second geometry line were
+                    // checked against the first, and could lie outside the second (found by
+                    // fuzzing).
+                    if geometry.is_some() {
+                        return Err(bad(n, "a second geometry line"));
+                    }
                     geometry = Some(parse_geometry(&words, n)?);
                 } else if words == ["workload", "starts"] {
                     workload_start = ops.len();
@@ -170,19 +176,28 @@ impl Trace {
     ///
     /// Errors: [`Error::Io`] for a file that cannot be read or decompressed; as [`Trace::parse`].
     pub fn read(path: &Path) -> Result<Trace, Error> {
-        let bytes = std::fs::read(path)?;
+        Trace::from_bytes(&std::fs::read(path)?, &path.display().to_string())
+    }
+
+    /// Parse the contents of a trace file, xz-compressed or not; `name` says where they came
+    /// from, for errors.
+    ///
+    /// Errors: [`Error::Format`] for bytes that do not decompress or are not text; as
+    /// [`Trace::parse`].
+    pub fn from_bytes(bytes: &[u8], name: &str) -> Result<Trace, Error> {
+        let decompressed;
         let text = if bytes.starts_with(b"\xFD7zXZ\x00") {
             let mut out = Vec::new();
-            lzma_rs::xz_decompress(&mut &bytes[..], &mut out).map_err(|e| {
-                Error::Format(format!("{}: not a readable xz file: {e}", path.display()))
-            })?;
-            out
+            lzma_rs::xz_decompress(&mut &bytes[..], &mut out)
+                .map_err(|e| Error::Format(format!("{name}: not a readable xz file: {e}")))?;
+            decompressed = out;
+            &decompressed[..]
         } else {
             bytes
         };
-        let text = String::from_utf8(text)
-            .map_err(|_| Error::Format(format!("{}: a trace is text", path.display())))?;
-        Trace::parse(&text)
+        let text = std::str::from_utf8(text)
+            .map_err(|_| Error::Format(format!("{name}: a trace is text")))?;
+        Trace::parse(text)
     }
 
     /// Bytes the workload wrote into UBI's data areas (the user's data and UBIFS's own).
@@ -301,6 +316,8 @@ mod tests {
             &format!("{GEOMETRY}S 1\n"),
             "# peb_size 131072 leb_size 129024 peb_count 8 page 2048 subpage 512 data_offset 2048\n",
             &GEOMETRY.replace("\n", " nop 300\n"),
+            // A second chip after an operation that only fits the first.
+            &format!("{GEOMETRY}W 6 0 512\n{}", GEOMETRY.replace("count 8", "count 4")),
         ] {
             assert!(
                 matches!(

@@ -169,12 +169,29 @@ impl FlashParams {
                     .ok_or_else(|| bad("names no known conversion"))?,
             ),
         };
+        let header_blocks = num("header_blocks")?;
+        let data_first = num("data_first_block")?;
+        // The block journal (2), the header area and the rewrite journal lie before UBI's first
+        // block (further with bad blocks among them), which lies on the chip: a token that says
+        // otherwise would put the rewrite journal before block 0 (an underflow, found by
+        // fuzzing) or on the header.
+        let before_ubi = u64::from(FIRST_BLOCK)
+            + 2
+            + u64::from(header_blocks)
+            + u64::from(rewrite_journal_blocks);
+        if before_ubi > u64::from(data_first) || data_first >= chip.peb_count {
+            return Err(bad(&format!(
+                "puts UBI at eraseblock {data_first}, which is not after its {header_blocks} \
+                 header blocks and {rewrite_journal_blocks} journal blocks on a chip of {}",
+                chip.peb_count
+            )));
+        }
         Ok(FlashParams {
             policy,
             conversion,
-            header_blocks: num("header_blocks")?,
+            header_blocks,
             rewrite_journal_blocks,
-            data_first: num("data_first_block")?,
+            data_first,
             geometry: chip,
         })
     }

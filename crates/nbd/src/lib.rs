@@ -33,7 +33,7 @@ mod transmission;
 
 pub use exports::Exports;
 pub use handshake::ExportInfo;
-pub use server::{Listen, Server, ServerOptions, StopHandle, MAX_PAYLOAD};
+pub use server::{serve_connection, Listen, Server, ServerOptions, StopHandle, MAX_PAYLOAD};
 pub use tls::{Tls, TlsMode};
 
 use std::fmt;

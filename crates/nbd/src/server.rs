@@ -136,27 +136,7 @@ impl Server {
                 Listener::Tcp(l)
             }
         };
-        let mut flags = FLAG_HAS_FLAGS
-            | FLAG_SEND_FLUSH
-            | FLAG_SEND_FUA
-            | FLAG_SEND_WRITE_ZEROES
-            | FLAG_CAN_MULTI_CONN;
-        if exports.is_read_only() {
-            flags |= FLAG_READ_ONLY;
-        }
-        if exports.allows_discards() {
-            flags |= FLAG_SEND_TRIM;
-        }
-        let sector = exports.sector_size() as u32;
-        let export = ExportInfo {
-            name: options.export_name.clone(),
-            description: options.description.clone(),
-            size: exports.size(),
-            flags,
-            min_block: sector,
-            preferred_block: sector.max(4096),
-            max_payload: MAX_PAYLOAD,
-        };
+        let export = export_info(&exports, &options);
         Ok(Server {
             listener,
             exports,
@@ -286,6 +266,51 @@ impl Server {
         }
         flushed.map_err(Error::Volume)
     }
+}
+
+/// What the handshake tells clients about `exports`.
+fn export_info(exports: &Exports, options: &ServerOptions) -> ExportInfo {
+    let mut flags = FLAG_HAS_FLAGS
+        | FLAG_SEND_FLUSH
+        | FLAG_SEND_FUA
+        | FLAG_SEND_WRITE_ZEROES
+        | FLAG_CAN_MULTI_CONN;
+    if exports.is_read_only() {
+        flags |= FLAG_READ_ONLY;
+    }
+    if exports.allows_discards() {
+        flags |= FLAG_SEND_TRIM;
+    }
+    let sector = exports.sector_size() as u32;
+    ExportInfo {
+        name: options.export_name.clone(),
+        description: options.description.clone(),
+        size: exports.size(),
+        flags,
+        min_block: sector,
+        preferred_block: sector.max(4096),
+        max_payload: MAX_PAYLOAD,
+    }
+}
+
+/// Serve one client already connected on `stream`, from greeting to goodbye, exactly as a
+/// [`Server`] serves an accepted connection (handshake, then requests), without listening: for
+/// a socket pair whose other end is a test or a fuzz target. Returns when the client leaves or
+/// breaks the protocol; the volume is not flushed (a server flushes when it stops).
+pub fn serve_connection(
+    stream: UnixStream,
+    exports: impl Into<Exports>,
+    options: &ServerOptions,
+) -> io::Result<()> {
+    let exports = exports.into();
+    let client = Client {
+        template: export_info(&exports, options),
+        exports,
+        workers: options.workers,
+        on_storage_error: options.on_storage_error,
+        tls: options.tls.clone(),
+    };
+    client.serve(Stream::Unix(stream))
 }
 
 /// Percent-encode `raw` for a URI path or query value: everything but unreserved characters (and

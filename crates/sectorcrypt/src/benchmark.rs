@@ -244,7 +244,8 @@ fn run_io(
     emit: &mut impl FnMut(String) -> Result<(), CliError>,
 ) -> Result<(), CliError> {
     let size = |what: &str, text: &str| {
-        crate::units::parse_size(text).map_err(|e| CliError::usage(format!("{what}: {e}")))
+        sectorcrypt_storage::units::parse_size(text)
+            .map_err(|e| CliError::usage(format!("{what}: {e}")))
     };
     let io_type = if args.io_type == "write" {
         IoType::Write

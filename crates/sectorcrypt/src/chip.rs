@@ -9,10 +9,10 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 use std::sync::Arc;
 
-use sectorcrypt_flash::dump::{DumpFlash, Layout};
+use sectorcrypt_flash::dump::{DeviceName, DumpFlash};
 use sectorcrypt_flash::mtd::MtdFlash;
 use sectorcrypt_flash::sim::SimNand;
-use sectorcrypt_flash::{Flash, Geometry};
+use sectorcrypt_flash::Flash;
 use sectorcrypt_flashvol::Error as FlashVolError;
 use sectorcrypt_storage::{Access, FileStorage, Storage};
 
@@ -118,36 +118,11 @@ pub(crate) fn exists(path: &Path) -> bool {
 
 /// A dump named `FILE[?key=value&...]` (see the module docs).
 fn open_dump(spec: &str, how: Use) -> Result<Chip, CliError> {
-    let (file, query) = spec.split_once('?').unwrap_or((spec, ""));
-    let d = Geometry::default();
-    let (mut g, mut layout) = (d, Layout::DataOnly);
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let bad = || {
-            CliError::usage(format!(
-                "nanddump:{spec}: '{pair}' is not KEY=VALUE (peb, page, subpage, oob, layout)"
-            ))
-        };
-        let (key, value) = pair.split_once('=').ok_or_else(bad)?;
-        let size = || -> Result<u32, CliError> {
-            crate::units::parse_size(value)
-                .ok()
-                .and_then(|v| u32::try_from(v).ok())
-                .ok_or_else(bad)
-        };
-        match key {
-            "peb" => g.peb_size = size()?,
-            "page" => g.page_size = size()?,
-            "subpage" => g.sub_page_size = size()?,
-            "oob" => g.oob_size = size()?,
-            "layout" if value == "data" => layout = Layout::DataOnly,
-            "layout" if value == "oob" => layout = Layout::WithOob,
-            _ => return Err(bad()),
-        }
-    }
-    g.nop = (g.page_size / g.sub_page_size.max(1)).clamp(1, 255) as u8;
-    let path = Path::new(file);
+    let name = DeviceName::parse(spec).map_err(CliError::usage)?;
+    let path = Path::new(name.file);
     let storage = open_file(path, how)?;
-    let dump = DumpFlash::open(Box::new(storage), g, layout).map_err(|e| chip_error(path, e))?;
+    let dump = DumpFlash::open(Box::new(storage), name.geometry, name.layout)
+        .map_err(|e| chip_error(path, e))?;
     Ok(Chip::Dump(Arc::new(dump)))
 }
 

@@ -16,9 +16,8 @@ use sectorcrypt_cipher::CipherSpec;
 use sectorcrypt_nbd::{Server, ServerOptions};
 use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_storage::{FileStorage, Storage};
-use sectorcrypt_volume::kpio::KeyTable;
-use sectorcrypt_volume::kpio::{Mirror, Reload};
-use sectorcrypt_volume::{Layout, VolumeOptions};
+use sectorcrypt_volume::kpio::{self, KeyTable, Mirror, Reload};
+use sectorcrypt_volume::{Error as VolumeError, Layout, VolumeOptions};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -139,25 +138,15 @@ pub(crate) fn run(command: Command) -> Result<(), CliError> {
 /// The key table file, checked: a whole number of entries, at most `max` of them.
 fn read_key_table(path: &Path, key_bytes: usize, max: usize) -> Result<SecretBytes, CliError> {
     let name = path.display();
-    let limit = (max * key_bytes) as u64;
     let file = std::fs::File::open(path).map_err(|e| CliError {
         code: Code::Device,
         message: format!("cannot read the key table {name}: {e}"),
     })?;
-    let bytes = SecretBytes::read_from(file, limit as usize + 1)
-        .map_err(|e| CliError::io(format!("cannot read the key table {name}"), e))?;
-    if bytes.is_empty() || bytes.len() % key_bytes != 0 {
-        return Err(CliError::usage(format!(
-            "the key table {name} holds {} bytes, not a whole number of {key_bytes}-byte keys",
-            bytes.len()
-        )));
-    }
-    if bytes.len() as u64 > limit {
-        return Err(CliError::usage(format!(
-            "the key table {name} holds more than --max-keys {max} keys"
-        )));
-    }
-    Ok(bytes)
+    kpio::read_key_table(file, key_bytes, max).map_err(|e| match e {
+        VolumeError::Io(e) => CliError::io(format!("cannot read the key table {name}"), e),
+        VolumeError::Refused(why) => CliError::usage(format!("the key table {name} {why}")),
+        other => CliError::usage(format!("the key table {name}: {}", chain(&other))),
+    })
 }
 
 /// What a reload did, as one line (`failed`: the first entry that could not be changed).

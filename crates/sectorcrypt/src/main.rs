@@ -23,7 +23,6 @@ mod pbkdf_args;
 mod progress;
 mod secrets;
 mod serve;
-mod units;
 
 use std::process::ExitCode;
 

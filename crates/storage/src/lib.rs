@@ -22,6 +22,7 @@ pub mod lock;
 #[cfg(feature = "rbd")]
 #[allow(unsafe_code)]
 pub mod rbd;
+pub mod units;
 pub use crash::{CrashingDirectory, CrashingStorage, Outcome, Power};
 pub use dir::{install_file, rename_durably, Directory, FsDirectory};
 pub use lock::{Access, DeviceLock};

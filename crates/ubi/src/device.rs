@@ -76,8 +76,10 @@ pub(crate) struct Device {
     /// Every volume, the layout volume included, by ID.
     pub(crate) vols: BTreeMap<u32, Vol>,
     pub(crate) table: Table,
-    /// The next sequence number.
-    pub(crate) sqnum: u64,
+    /// The next sequence number; `None` once every one is used, which only a forged VID header
+    /// (sqnum 2^64 - 1) brings about: writes are then refused, since nothing written could be
+    /// newer than what is on flash and the next attach would prefer the old copies.
+    pub(crate) sqnum: Option<u64>,
     /// Which LEB each used PEB holds.
     pub(crate) owner: Vec<Option<(u32, u32)>>,
     /// PEBs whose reads needed the ECC: their LEBs move at the next chance.
@@ -178,7 +180,7 @@ impl Device {
             io,
             vols: BTreeMap::new(),
             table: Vec::new(),
-            sqnum: scan.max_sqnum + 1,
+            sqnum: scan.max_sqnum.checked_add(1),
             owner: vec![None; peb_count],
             scrub: Vec::new(),
             corrupted_pebs: scan.count(Kind::Corrupt),
@@ -402,10 +404,13 @@ impl Device {
     }
 
     /// The next sequence number.
-    pub(crate) fn next_sqnum(&mut self) -> u64 {
-        let n = self.sqnum;
-        self.sqnum += 1;
-        n
+    ///
+    /// Errors: [`Error::ReadOnly`] once every sequence number is used (see `sqnum`; found by
+    /// fuzzing: an overflow before).
+    pub(crate) fn next_sqnum(&mut self) -> Result<u64, Error> {
+        let n = self.sqnum.ok_or(Error::ReadOnly)?;
+        self.sqnum = n.checked_add(1);
+        Ok(n)
     }
 
     /// Give back the PEB `peb` (erased at once); `torture` after a failed write.

@@ -40,7 +40,7 @@ impl Device {
         if vol_id == LAYOUT_VOLUME_ID {
             vid.compat = COMPAT_REJECT;
         }
-        vid.sqnum = self.next_sqnum();
+        vid.sqnum = self.next_sqnum()?;
         Ok(vid)
     }
 
@@ -249,7 +249,7 @@ impl Device {
         vid.copy_flag = true;
         vid.data_size = size as u32;
         vid.data_crc = crc(&data[..size]);
-        vid.sqnum = self.next_sqnum();
+        vid.sqnum = self.next_sqnum()?;
         let written = self
             .io
             .write_vid(to, &vid)

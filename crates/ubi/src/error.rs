@@ -19,7 +19,7 @@ pub enum Error {
     OutOfRange(String),
     /// A static volume's data fails its CRC, or a volume is marked as being updated.
     Corrupt(String),
-    /// UBI went read-only (no PEB left to replace a bad one).
+    /// UBI went read-only (no PEB left to replace a bad one, or no sequence number left).
     ReadOnly,
 }
 

@@ -176,7 +176,7 @@ impl Ubi {
             corrupted_pebs: dev.corrupted_pebs,
             available_pebs: dev.pool.avail,
             reserved_for_bad: dev.pool.beb_rsvd,
-            max_sqnum: dev.sqnum - 1,
+            max_sqnum: dev.sqnum.map_or(u64::MAX, |next| next - 1),
             erase_counters: dev.pool.ec_stats(),
             read_only: dev.pool.read_only,
             volumes,

@@ -19,10 +19,10 @@ use sectorcrypt_ubi::{AttachOptions, Info, Ubi, VolumeInfo};
 use crate::chip::{require_chip, Chip};
 use crate::exit::CliError;
 use crate::keyfile::KeyArgs;
-use crate::units::parse_size;
 use format::{convert, format, ConvertArgs, FormatArgs};
 use images::{export, import, ExportArgs, ImportArgs};
 use info::{info, InfoArgs};
+use sectorcrypt_storage::units::parse_size;
 use study::{benchmark, study, BenchArgs, StudyArgs};
 use volumes::{mkvol, read, rsvol, update, MkvolArgs, ReadArgs, RsvolArgs, UpdateArgs};
 

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::exit::{CliError, Code};
 use crate::progress::Steps;
-use crate::units::parse_size;
+use sectorcrypt_storage::units::parse_size;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct BenchArgs {

@@ -9,7 +9,7 @@ use sectorcrypt_storage::{FileStorage, Storage};
 use sectorcrypt_volume::convert::{self, read_luks2, Placement, ShiftedPlan};
 use sectorcrypt_volume::resilience::{self};
 
-use crate::units::parse_size;
+use sectorcrypt_storage::units::parse_size;
 
 use super::{
     check_in_progress, device_len, directory_of, init_options, resume_hint, run_conversion,

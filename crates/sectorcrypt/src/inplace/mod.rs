@@ -31,7 +31,7 @@ use sectorcrypt_volume::Error as VolumeError;
 use signal_hook::consts::{SIGINT, SIGTERM};
 
 use crate::progress::Reporter;
-use crate::units::parse_size;
+use sectorcrypt_storage::units::parse_size;
 
 use crate::exit::CliError;
 use crate::keyfile::KeyArgs;

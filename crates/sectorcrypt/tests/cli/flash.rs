@@ -869,6 +869,11 @@ fn raw_dumps_come_out_and_go_back_in_as_devices() {
         &["flash", "info", &format!("nanddump:{}?peb=banana", p(&raw))],
         1,
     );
+    // A geometry that is no chip is refused as one (a page size of 0 divided by zero before).
+    sc_exits(
+        &["flash", "info", &format!("nanddump:{}?page=0", p(&raw))],
+        4,
+    );
     sc_exits(
         &[
             "flash",

@@ -21,7 +21,7 @@
 //!   KPIO requests are many and small, so each runs on its caller's thread.
 
 mod reload;
-pub use reload::{Mirror, Reload};
+pub use reload::{read_key_table, Mirror, Reload};
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};

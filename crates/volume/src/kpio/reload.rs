@@ -7,6 +7,8 @@
 //! tried again at the next reload, and an entry that did not change is left alone. Keys are
 //! compared in constant time, and the mirror is zeroized on drop.
 
+use std::io::Read;
+
 use sectorcrypt_secret::SecretBytes;
 use subtle::ConstantTimeEq;
 
@@ -55,6 +57,38 @@ impl Mirror {
         let key = table.get(tag * key_bytes..(tag + 1) * key_bytes)?;
         (key.iter().fold(0u8, |acc, b| acc | b) != 0).then_some(key)
     }
+}
+
+/// Read a key table file from `source`: a whole number of `key_bytes`-byte entries, at least
+/// one and at most `max`. Reading stops one byte past `max` entries, so a huge or endless file
+/// (a FIFO, `/dev/zero`) costs nothing. The bytes are zeroized on drop.
+///
+/// Errors: [`Error::Io`] if reading fails; [`Error::Refused`] saying what is wrong with the
+/// contents ("holds ...", to follow the file's name).
+pub fn read_key_table(
+    source: impl Read,
+    key_bytes: usize,
+    max: usize,
+) -> Result<SecretBytes, Error> {
+    if key_bytes == 0 {
+        return Err(Error::Refused("keys of 0 bytes".into()));
+    }
+    // Saturating: a key size and count from the command line must not overflow into a small
+    // limit (at usize::MAX the file's own end is the limit).
+    let limit = max.saturating_mul(key_bytes);
+    let bytes = SecretBytes::read_from(source, limit.saturating_add(1)).map_err(Error::Io)?;
+    if bytes.is_empty() || bytes.len() % key_bytes != 0 {
+        return Err(Error::Refused(format!(
+            "holds {} bytes, not a whole number of {key_bytes}-byte keys",
+            bytes.len()
+        )));
+    }
+    if bytes.len() > limit {
+        return Err(Error::Refused(format!(
+            "holds more than the {max} keys allowed"
+        )));
+    }
+    Ok(bytes)
 }
 
 impl KeyTable {

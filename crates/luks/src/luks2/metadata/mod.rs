@@ -707,8 +707,12 @@ impl Metadata {
 type Fields = Map<String, Value>;
 
 /// Take `key` out of `obj`.
+///
+/// Every field is taken with `shift_remove`: `remove` (a swap-remove, with the order-keeping
+/// map) moves the last field into the hole, so the unknown fields kept in `extra` would be
+/// written back in another order, and in yet another at the next rewrite (found by fuzzing).
 fn take(obj: &mut Fields, key: &str, what: &str) -> Result<Value, String> {
-    obj.remove(key)
+    obj.shift_remove(key)
         .ok_or_else(|| format!("{what} has no \"{key}\""))
 }
 
@@ -815,12 +819,12 @@ fn keyslot(n: u32, v: Value) -> Result<Keyslot, String> {
     }
     let what = format!("keyslot {n}");
     let mut obj = into_object(v, &what)?;
-    obj.remove("type");
+    obj.shift_remove("type");
     let key_size = take_u32(&mut obj, "key_size", &what)?;
 
     let af_what = format!("the af of keyslot {n}");
     let mut af = take_object(&mut obj, "af", &what)?;
-    af.remove("type");
+    af.shift_remove("type");
     let af = Af {
         stripes: take_u32(&mut af, "stripes", &af_what)?,
         hash: take_string(&mut af, "hash", &af_what)?,
@@ -829,7 +833,7 @@ fn keyslot(n: u32, v: Value) -> Result<Keyslot, String> {
 
     let area_what = format!("the area of keyslot {n}");
     let mut area = take_object(&mut obj, "area", &what)?;
-    area.remove("type");
+    area.shift_remove("type");
     let area = Area {
         offset: take_decimal(&mut area, "offset", &area_what)?,
         size: take_decimal(&mut area, "size", &area_what)?,
@@ -858,7 +862,7 @@ fn keyslot(n: u32, v: Value) -> Result<Keyslot, String> {
             salt: take_base64(&mut kdf, "salt", &kdf_what)?,
         },
     };
-    let priority = obj.remove("priority");
+    let priority = obj.shift_remove("priority");
     Ok(Keyslot::Luks2(Box::new(Luks2Keyslot {
         key_size,
         af,
@@ -877,7 +881,7 @@ fn segment(n: u32, v: Value) -> Result<SegmentEntry, String> {
     let linear = kind == Some("linear");
     let what = format!("segment {n}");
     let mut obj = into_object(v, &what)?;
-    obj.remove("type");
+    obj.shift_remove("type");
     let offset = take_decimal(&mut obj, "offset", &what)?;
     let size = match take_string(&mut obj, "size", &what)?.as_str() {
         "dynamic" => None,
@@ -897,7 +901,7 @@ fn segment(n: u32, v: Value) -> Result<SegmentEntry, String> {
         iv_tweak: take_decimal(&mut obj, "iv_tweak", &what)?,
         encryption: take_string(&mut obj, "encryption", &what)?,
         sector_size: take_u32(&mut obj, "sector_size", &what)?,
-        integrity: obj.remove("integrity"),
+        integrity: obj.shift_remove("integrity"),
         flags: take_optional_list(&mut obj, "flags", &what)?,
         extra: obj,
     }))
@@ -909,7 +913,7 @@ fn digest(n: u32, v: Value) -> Result<Digest, String> {
     }
     let what = format!("digest {n}");
     let mut obj = into_object(v, &what)?;
-    obj.remove("type");
+    obj.shift_remove("type");
     Ok(Digest::Pbkdf2(Pbkdf2Digest {
         keyslots: take_string_list(&mut obj, "keyslots", &what)?,
         segments: take_string_list(&mut obj, "segments", &what)?,
@@ -926,7 +930,7 @@ fn config(mut obj: Fields) -> Result<Config, String> {
     let json_size = take_decimal(&mut obj, "json_size", what)?;
     let keyslots_size = take_decimal(&mut obj, "keyslots_size", what)?;
     let flags = take_optional_list(&mut obj, "flags", what)?;
-    let requirements = match obj.remove("requirements") {
+    let requirements = match obj.shift_remove("requirements") {
         None => None,
         Some(v) => {
             let mut req = into_object(v, "config.requirements")?;
@@ -999,6 +1003,22 @@ mod tests {
         assert_eq!(k7.area.offset, 290816);
         assert_eq!(m.digest_of_keyslot(7).unwrap().0, 0);
         assert!(m.digest_of_keyslot(1).is_none());
+    }
+
+    /// Fields this model does not know are written back where they were, between and after the
+    /// known ones (a swap-remove used to move the last one forward at every rewrite).
+    #[test]
+    fn unknown_fields_keep_their_order() {
+        let text = r#"{"keyslots":{},"tokens":{},"segments":{"0":{"type":"crypt","offset":"0","size":"dynamic","iv_tweak":"0","encryption":"aes-xts-plain64","x_first":1,"x_second":2,"sector_size":512,"x_last":3}},"digests":{},"config":{"json_size":"12288","keyslots_size":"16384","x_config":true}}"#;
+        let m = Metadata::from_json(serde_json::from_str(text).unwrap()).unwrap();
+        let written = m.to_json_text();
+        let again = Metadata::from_json(serde_json::from_str(&written).unwrap()).unwrap();
+        assert_eq!(again.to_json_text(), written);
+        let order: Vec<usize> = ["x_first", "x_second", "x_last"]
+            .iter()
+            .map(|k| written.find(k).unwrap())
+            .collect();
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{written}");
     }
 
     /// Reencryption metadata as cryptsetup 2.6 wrote it (`reencrypt --encrypt --init-only`, with

@@ -1,8 +1,9 @@
-//! Sizes on the command line, with cryptsetup's units.
+//! Sizes as users write them (command-line options, `nanddump:` device names), with cryptsetup's
+//! units.
 
 /// A size in bytes with an optional unit, as cryptsetup takes them: `S` (512-byte sectors),
 /// `K`/`KiB`, `M`/`MiB`, `G`/`GiB`, `T`/`TiB` (powers of 1024), `KB`, `MB`, `GB`, `TB` (of 1000).
-pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
+pub fn parse_size(text: &str) -> Result<u64, String> {
     let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
     let unit = &text[digits.len()..];
     let n: u64 = digits
