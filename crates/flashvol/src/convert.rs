@@ -311,6 +311,7 @@ pub fn encrypt(
     let (mut header, volume_key) = match read_header(Arc::clone(&flash)) {
         Ok(h) => match h.params.conversion {
             Some(Stage::Encrypting) => {
+                h.header.metadata().check_requirements_known()?;
                 let vk = h.header.unlock(&h.area, passphrase, None)?.volume_key;
                 (h, vk)
             }
@@ -380,7 +381,9 @@ fn holds_ubi(flash: &dyn Flash) -> Result<bool, Error> {
 /// for: `passphrase` is then not used); a flash that holds plain UBI already is left as it is.
 ///
 /// Errors: [`Error::NotEncrypted`] for a flash with no header; [`Error::Luks`] for a wrong
-/// passphrase (nothing written then); [`Error::Converting`] while an encryption is unfinished.
+/// passphrase (nothing written then); [`Error::Converting`] while an encryption is unfinished;
+/// [`Error::Luks`] with [`UnmetRequirements`](sectorcrypt_luks::Error::UnmetRequirements) for
+/// a header with a mandatory requirement this tool does not know (nothing written then).
 pub fn decrypt(
     flash: Arc<dyn Flash>,
     passphrase: &[u8],
@@ -392,6 +395,9 @@ pub fn decrypt(
         Err(Error::NotEncrypted(_)) if holds_ubi(&*flash)? => return Ok(()),
         Err(e) => return Err(e),
     };
+    // Every stage writes (data, then the header's erasure): a header from a newer tool is left
+    // alone, as cryptsetup leaves it.
+    header.header.metadata().check_requirements_known()?;
     match header.params.conversion {
         Some(Stage::Encrypting) => return Err(Error::Converting(Stage::Encrypting)),
         Some(Stage::ErasingHeader) => {}

@@ -48,6 +48,19 @@ pub fn edit_json(bytes: &mut [u8], edit: impl Fn(&mut Value)) {
     }
 }
 
+/// Add `name` to the mandatory requirements of both copies (after any already there): a
+/// header from a newer tool, which every write, conversion and activation must refuse.
+pub fn require_unknown(bytes: &mut [u8], name: &str) {
+    edit_json(bytes, |v| {
+        let mut reqs: Vec<Value> = v["config"]["requirements"]["mandatory"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        reqs.push(Value::from(name));
+        v["config"]["requirements"] = serde_json::json!({ "mandatory": reqs });
+    });
+}
+
 /// The id of the reencrypt keyslot in JSON metadata `v` (it must have one).
 pub fn reencrypt_keyslot(v: &Value) -> String {
     v["keyslots"]

@@ -3,15 +3,18 @@
 //! and the header's data segment, a `ubinize` image imported and read back by ubi_reader from the
 //! decrypted export, and the key commands on the header area.
 
+use std::panic::AssertUnwindSafe;
 use std::process::Command;
 use std::sync::Arc;
 
 use sectorcrypt_flash::crypt::Policy;
 use sectorcrypt_flash::sim::SimNand;
 use sectorcrypt_flash::{Flash, Geometry};
+use sectorcrypt_flashvol::convert::{decrypt, encrypt};
 use sectorcrypt_flashvol::{format, read_header, unlock, Error};
 use sectorcrypt_luks::FormatOptions;
-use sectorcrypt_storage::MemStorage;
+use sectorcrypt_storage::{MemStorage, Storage};
+use sectorcrypt_testkit::luks2_json::require_unknown;
 use sectorcrypt_testkit::tools::ubi_reader_volumes;
 use sectorcrypt_testkit::{
     cryptsetup, cryptsetup_volume_key, ok, openssl, output, p, pattern, scratch,
@@ -303,4 +306,75 @@ fn a_plain_chip_or_a_luks_volume_is_not_an_encrypted_flash() {
         unlock(flash, PASS, None),
         Err(Error::NotEncrypted(_))
     ));
+}
+
+/// Give the header on `flash` the mandatory requirement `x-future-feature`.
+fn add_requirement(flash: &Arc<dyn Flash>) {
+    let h = read_header(Arc::clone(flash)).unwrap();
+    let mut bytes = vec![0; h.area.len().unwrap() as usize];
+    h.area.read_at(&mut bytes, 0).unwrap();
+    require_unknown(&mut bytes, "x-future-feature");
+    h.area.write_at(&bytes, 0).unwrap();
+    h.area.sync().unwrap();
+}
+
+#[test]
+fn a_header_with_an_unknown_mandatory_requirement_is_read_but_never_attached_or_written() {
+    let flash = chip() as Arc<dyn Flash>;
+    let new = new_flash(Policy::Thesis, "aes-xts-plain64", None);
+    format(Arc::clone(&flash), &new, PASS).unwrap();
+    add_requirement(&flash);
+    let before = blocks(&*flash, 0..64);
+    // Refused, naming the requirement (as UnmetRequirements, or as a header edit refused).
+    let unmet = |r: Result<(), Error>, what: &str| match r {
+        Err(e) => {
+            let why = e.to_string();
+            assert!(
+                why.contains("requirements") && why.contains("(x-future-feature)"),
+                "{what}: {why}"
+            );
+        }
+        Ok(()) => panic!("{what} went ahead"),
+    };
+    // Reading it works (dump does), with the requirement shown.
+    let h = read_header(Arc::clone(&flash)).unwrap();
+    assert_eq!(
+        h.header.metadata().unknown_requirements(),
+        ["x-future-feature"]
+    );
+    unmet(unlock(Arc::clone(&flash), PASS, None).map(drop), "attach");
+    let pbkdf =
+        sectorcrypt_luks::luks2::Pbkdf::pbkdf2_forced(sectorcrypt_luks::hash::Hash::Sha256, 1000);
+    let vk = sectorcrypt_flashvol::volume_key(&h, PASS, None).unwrap();
+    let mut header = h.header;
+    unmet(
+        header
+            .add_keyslot(&h.area, &vk, b"second", None, &pbkdf)
+            .map(drop)
+            .map_err(Error::Luks),
+        "add a keyslot",
+    );
+    unmet(decrypt(Arc::clone(&flash), PASS, &mut |_, _| {}), "decrypt");
+    unmet(
+        encrypt(Arc::clone(&flash), &new, PASS, &mut |_, _| {}).map(drop),
+        "encrypt",
+    );
+    assert!(blocks(&*flash, 0..64) == before, "nothing was written");
+
+    // A decryption cut short, then given the requirement: resuming it writes nothing either.
+    let flash = chip() as Arc<dyn Flash>;
+    format(Arc::clone(&flash), &new, PASS).unwrap();
+    let cut = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        decrypt(Arc::clone(&flash), PASS, &mut |done, _| {
+            assert!(done < 2, "cut");
+        })
+    }));
+    assert!(cut.is_err(), "the decryption was cut");
+    add_requirement(&flash);
+    let before = blocks(&*flash, 0..64);
+    unmet(
+        decrypt(Arc::clone(&flash), PASS, &mut |_, _| {}),
+        "resume a decryption",
+    );
+    assert!(blocks(&*flash, 0..64) == before, "the resume wrote nothing");
 }

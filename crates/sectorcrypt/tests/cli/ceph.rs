@@ -7,10 +7,11 @@
 use std::path::Path;
 use std::process::Command;
 
+use sectorcrypt_testkit::luks2_json::require_unknown;
 use sectorcrypt_testkit::pattern;
 
 use crate::common::{ok, p, run, sc, scratch};
-use crate::nbd::{tool, write_file, Served, MIB};
+use crate::nbd::{serve_refused, tool, write_file, Served, MIB};
 
 pub(crate) fn script() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-cluster.sh")
@@ -366,6 +367,49 @@ fn every_header_command_and_reencryption_work_on_rbd_images() {
     );
     assert_eq!(sc_rbd(&["dump", "rbd:rbd/none"]).status.code(), Some(4));
     assert_eq!(sc_rbd(&["dump", "rbd:nonsense"]).status.code(), Some(1));
+
+    // A copy whose header names a mandatory requirement this tool does not know: dumped, but
+    // neither written nor served, as cryptsetup treats it.
+    let copy = dir.join("requirement.raw");
+    cluster.rbd(&["export", "--no-progress", "rbd/cmd", p(&copy)]);
+    let mut bytes = std::fs::read(&copy).unwrap();
+    require_unknown(&mut bytes, "x-future-feature");
+    write_file(&copy, &bytes);
+    cluster.rbd(&["import", "--no-progress", p(&copy), "rbd/req"]);
+    let dump = ok(
+        sc_rbd(&["dump", "rbd:rbd/req"]),
+        "dump rbd: with a requirement",
+    );
+    assert!(String::from_utf8_lossy(&dump.stdout).contains("x-future-feature"));
+    let writers: [&[&str]; 3] = [
+        &["add-key", "--key-file", p(&key), "rbd:rbd/req", p(&key2)],
+        &["config", "--label", "x", "rbd:rbd/req"],
+        &["reencrypt", "-q", "--key-file", p(&key), "rbd:rbd/req"],
+    ];
+    for args in writers {
+        let out = sc_rbd(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("requirement"), "{args:?}: {err}");
+    }
+    let (code, err) = serve_refused(&[
+        "rbd:rbd/req",
+        "--readonly",
+        "--key-file",
+        p(&key),
+        "--socket",
+        p(&dir.join("req.sock")),
+        "--ceph-conf",
+        &conf,
+    ]);
+    assert_eq!(code, Some(1), "serve: {err}");
+    assert!(err.contains("requirement"), "serve: {err}");
+    let after = dir.join("requirement-after.raw");
+    cluster.rbd(&["export", "--no-progress", "rbd/req", p(&after)]);
+    assert!(
+        std::fs::read(&after).unwrap() == bytes,
+        "nothing was written"
+    );
 
     // Data written through serve, then the volume key rotated in place: librbd reads the data
     // with the new key.

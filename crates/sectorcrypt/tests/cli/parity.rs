@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use crate::common::{cs, cs_fast, key, ok, p, sc, sc_exits, scratch, with_fast_pbkdf};
 use crate::nbd::serve_refused;
-use sectorcrypt_testkit::luks2_json::{edit_json, json_at, reencrypt_keyslot};
+use sectorcrypt_testkit::luks2_json::{edit_json, json_at, reencrypt_keyslot, require_unknown};
 
 /// `cryptsetup open --test-passphrase` and `sectorcrypt test-passphrase` with `extra` options and
 /// the passphrase in `key`, on `device`: their exit codes.
@@ -686,14 +686,7 @@ fn unknown_mandatory_requirements_block_every_write_and_conversion() {
             );
         }
         let mut bytes = std::fs::read(&img).unwrap();
-        edit_json(&mut bytes, |v: &mut Value| {
-            let mut reqs: Vec<Value> = v["config"]["requirements"]["mandatory"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            reqs.push(json!("x-future-feature"));
-            v["config"]["requirements"] = json!({ "mandatory": reqs });
-        });
+        require_unknown(&mut bytes, "x-future-feature");
         std::fs::write(&img, &bytes).unwrap();
         // cryptsetup's own verdict on the same header.
         let theirs = cs(&reencrypt("--resume-only"));
