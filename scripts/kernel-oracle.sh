@@ -17,7 +17,10 @@
 #       boots the kernel prepared in DIR and runs `SCRIPT ARG...` inside as root, its working
 #       folder WORK; prints its output and exits with its status. If the guest does not get that
 #       far, exits 125 with one line saying why (the kernel's panic message, or a timeout) and
-#       leaves the console log in WORK/kernel-oracle/console.log.
+#       leaves the console log in WORK/kernel-oracle/console.log. A script may end the guest
+#       like a power cut (`echo b >/proc/sysrq-trigger`: no sync, no orderly shutdown) once it
+#       has written its exit status to the file $ORACLE_STATUS_FILE (set in the guest): run then
+#       reports that status and the output so far as usual.
 #
 # Environment: SECTORCRYPT_ORACLE_TIMEOUT (seconds, default 900: only a hang's limit, TCG speed
 # follows the host's), SECTORCRYPT_ORACLE_MEMORY (MiB, default 1024), SECTORCRYPT_ORACLE_APPEND

@@ -19,6 +19,7 @@ mod luks_read;
 mod luks_write;
 mod manual;
 mod nbd;
+mod online_reencrypt;
 mod parity;
 mod secrets;
 mod study;
