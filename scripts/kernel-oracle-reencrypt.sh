@@ -6,8 +6,10 @@
 #
 #   kernel-oracle-reencrypt.sh interrupt MODE DIR KEY OPTIONS SEED...
 #       MODE is reencrypt (new volume key), encrypt (header put on the device, data shifted by
-#       --reduce-device-size 4M) or decrypt (detached header). DIR holds run-0 ... run-N (N the
-#       number of SEEDs), each an `.img` and, for decrypt, an `.hdr`: copies of the same volume.
+#       --reduce-device-size 4M), decrypt (detached header) or decrypt-exported (header on the
+#       device, exported to the file /hdr of the ext4 image BASE.fs, the data moved to the
+#       start). DIR holds run-0 ... run-N (N the number of SEEDs), each an `.img` (and an `.hdr`
+#       for decrypt, an `.fs` for decrypt-exported): copies of the same volume.
 #       Run 0 goes to its end, its writes counted (TOTAL); run I is killed by strace on entry to
 #       its write 1 + SEED_I % TOTAL. Then the guest's power is cut (sysrq b: no sync, no
 #       teardown, the guest's page cache lost), so run-I.* hold what a crash at that write
@@ -41,12 +43,17 @@ prepare() {
   header=
   if [ -f "$2.hdr" ]; then header="--header $(attach "$2.hdr")"; fi
   case $1 in
-    reencrypt | decrypt) cryptsetup open -q --key-file "$key" $header "$dev" "$3" || exit 22 ;;
+    reencrypt | decrypt*) cryptsetup open -q --key-file "$key" $header "$dev" "$3" || exit 22 ;;
   esac
   case $1 in
     reencrypt) cmd="cryptsetup reencrypt -q $fast --key-file $key --hotzone-size 512K $options $dev" ;;
     encrypt) cmd="cryptsetup reencrypt -q --encrypt --type luks2 --reduce-device-size 4M $fast --key-file $key $options $dev $3" ;;
     decrypt) cmd="cryptsetup reencrypt -q --decrypt $header --key-file $key --hotzone-size 512K $options $dev" ;;
+    decrypt-exported)
+      # The exported header must outlive the power cut: on BASE.fs (ext4), mounted synchronously.
+      mkdir -p "/mnt/$3" && mount -o sync "$(attach "$2.fs")" "/mnt/$3" || exit 22
+      cmd="cryptsetup reencrypt -q --decrypt --header /mnt/$3/hdr --key-file $key --hotzone-size 512K $options $dev"
+      ;;
     *) echo "unknown mode $1" >&2; exit 2 ;;
   esac
 }

@@ -33,7 +33,10 @@
 //! random bytes (the plaintext copy a shifted encryption made, the stale tail a shifted
 //! decryption leaves), and the header drops the backup segments, the reencrypt keyslot, its
 //! digest and the requirement, and (after a decryption or a new key) the old keyslots, whose
-//! areas are then wiped.
+//! areas are then wiped. cryptsetup removes those keyslots one header write at a time before the
+//! rest, so a crash in its end leaves an old key that no longer opens: with everything
+//! converted, that end is written here without the old key (no data is touched; a new key must
+//! still open with the passphrase).
 
 use std::io;
 
@@ -148,7 +151,8 @@ struct Checksums {
 ///
 /// Errors: [`Error::Unsupported`] for conversions this code does not run (see the module docs);
 /// [`Error::Luks`] for a wrong passphrase or metadata whose digest does not verify (nothing is
-/// written then); [`Error::Io`].
+/// written then; but a decryption with every chunk converted ends without any key, see the
+/// module docs); [`Error::Io`].
 pub fn run(
     header_dev: &dyn Storage,
     data_dev: &dyn Storage,
@@ -165,7 +169,13 @@ pub fn run(
         .ok_or_else(|| Error::Unsupported("the header has no reencryption in progress".into()))?;
     let plan = plan_of(&r)?;
     let (checksums, guard) = guard_of(plan, &r)?;
-    let (old_key, new_key) = volume_keys(plan, &header, header_dev, passphrase)?;
+    let (old_key, new_key) = match volume_keys(plan, &header, header_dev, passphrase) {
+        Ok(keys) => keys,
+        Err(e) if reencrypt::all_converted(header.metadata(), &r) => {
+            return end_without_the_old_key(header_dev, &header, &r, passphrase, e);
+        }
+        Err(e) => return Err(e),
+    };
     let (old, new) = (old_key.as_deref(), new_key.as_deref());
     let block = checksums.as_ref().map(|c| c.block);
     // What a hotzone goes through: decrypt with the old layout's key, encrypt with the new one's.
@@ -856,8 +866,7 @@ impl Engine<'_> {
         reencrypt::write_metadata(self.header_dev, header, &md).map_err(luks)
     }
 
-    /// Everything is converted: overwrite what is no longer needed, then the final header, then
-    /// wipe the keyslot areas it no longer has.
+    /// Everything is converted: overwrite what is no longer needed, then the final header.
     fn finish(&self, header: &Luks2Header, r: &Reencryption) -> Result<(), Error> {
         match self.plan {
             // The plaintext copy of the first chunk.
@@ -866,17 +875,47 @@ impl Engine<'_> {
             Plan::DecryptShift => wipe_random(self.data_dev, self.total, self.shift)?,
             _ => {}
         }
-        let md = reencrypt::finished(header.metadata(), r).map_err(luks)?;
-        let wipe = reencrypt::removed_keyslot_areas(header.metadata(), &md);
-        reencrypt::write_metadata(self.header_dev, header, &md).map_err(luks)?;
-        // Keys and hashes of the finished conversion are of no use to anyone now.
-        for (offset, size) in wipe {
-            self.header_dev
-                .write_at(&vec![0u8; size as usize], offset)
-                .map_err(|e| io_at(self.header_dev, "wiping a keyslot area", e))?;
-        }
-        self.header_dev
-            .sync()
-            .map_err(|e| io_at(self.header_dev, "wiping keyslot areas", e))
+        write_the_end(self.header_dev, header, r)
     }
+}
+
+/// The final header, then the keyslot areas it no longer has wiped.
+fn write_the_end(
+    header_dev: &dyn Storage,
+    header: &Luks2Header,
+    r: &Reencryption,
+) -> Result<(), Error> {
+    let md = reencrypt::finished(header.metadata(), r).map_err(luks)?;
+    let wipe = reencrypt::removed_keyslot_areas(header.metadata(), &md);
+    reencrypt::write_metadata(header_dev, header, &md).map_err(luks)?;
+    // Keys and hashes of the finished conversion are of no use to anyone now.
+    for (offset, size) in wipe {
+        header_dev
+            .write_at(&vec![0u8; size as usize], offset)
+            .map_err(|e| io_at(header_dev, "wiping a keyslot area", e))?;
+    }
+    header_dev
+        .sync()
+        .map_err(|e| io_at(header_dev, "wiping keyslot areas", e))
+}
+
+/// The end of a conversion cryptsetup cut short while ending it ([`reencrypt::all_converted`]):
+/// the data is all converted and the old key's keyslots are wiped or gone, so the keys do not
+/// open (`unopened`, returned if the new key does not open either). The reencryption digest
+/// needs the old key and cannot be checked; nothing it guards runs: no data is written (cryptsetup
+/// overwrote what was no longer needed before it destroyed a keyslot), only the final header,
+/// which keeps the new key's keyslots, whose key the passphrase must open.
+fn end_without_the_old_key(
+    header_dev: &dyn Storage,
+    header: &Luks2Header,
+    r: &Reencryption,
+    passphrase: &[u8],
+    unopened: Error,
+) -> Result<Outcome, Error> {
+    if r.digest_new.is_some() && reencrypt::unlock_new_key(header, header_dev, passphrase).is_err()
+    {
+        return Err(unopened);
+    }
+    write_the_end(header_dev, header, r)?;
+    Ok(Outcome::Finished)
 }

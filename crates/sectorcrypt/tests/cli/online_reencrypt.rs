@@ -13,8 +13,11 @@
 //!   active device), and the mapping must read the data written before. (One state is left
 //!   out there: see [`left_for_cryptsetup`].)
 //!
-//! cryptsetup 2.6.1 cannot decrypt online a volume whose header it must export (`--decrypt
-//! --header NEWFILE` wants no active mapping), so that conversion is not among these.
+//! - Decryption exporting the header (`--decrypt --header NEWFILE`, the data moved to the start,
+//!   `online-reencrypt-v3`) killed the same way, the exported header kept on an ext4 image in the
+//!   guest; finished here.
+//! - cryptsetup's end cut short write by write (on the host: the same code as online): states
+//!   whose old key no longer opens, which cryptsetup cannot finish, are finished here.
 //!
 //! A kill lands at a count of writes, not at a time, and the verdicts hold for every moment: the
 //! states reached are printed (`--nocapture`), not asserted one by one.
@@ -51,19 +54,32 @@ enum Mode {
     Encrypt,
     /// Decryption of a volume with a detached header.
     Decrypt,
+    /// Decryption of a volume whose header is on the device: the header exported to a new file,
+    /// the data moved to the device's start (`online-reencrypt-v3`).
+    DecryptExported,
 }
 
 impl Mode {
+    /// The sectorcrypt command.
     fn verb(self) -> &'static str {
         match self {
             Mode::Reencrypt => "reencrypt",
             Mode::Encrypt => "encrypt",
-            Mode::Decrypt => "decrypt",
+            Mode::Decrypt | Mode::DecryptExported => "decrypt",
+        }
+    }
+
+    /// The guest script's name for it.
+    fn name(self) -> &'static str {
+        match self {
+            Mode::DecryptExported => "decrypt-exported",
+            _ => self.verb(),
         }
     }
 }
 
-/// One volume's files: `BASE.img` (the device) and, with a detached header, `BASE.hdr`.
+/// One volume's files: `BASE.img` (the device) and, with a detached or exported header,
+/// `BASE.hdr`.
 struct Volume {
     img: PathBuf,
     hdr: Option<PathBuf>,
@@ -238,7 +254,7 @@ fn guest(out: std::process::Output, what: &str) -> String {
 /// at [`KILLS`] seeded writes, the power cut; each state is finished here and must hold the
 /// data. At least one state must be mid-conversion (the requirement set), or nothing was tested.
 fn killed_in_the_kernel_resumed_here(mode: Mode, options: &str, seed: u64) {
-    let dir = scratch(&format!("online-reencrypt-{}", mode.verb()));
+    let dir = scratch(&format!("online-reencrypt-{}", mode.name()));
     let key = dir.join("pass");
     std::fs::write(&key, "passphrase").unwrap();
     let plain = pattern(PAYLOAD, seed);
@@ -247,12 +263,25 @@ fn killed_in_the_kernel_resumed_here(mode: Mode, options: &str, seed: u64) {
         .map(|i| Volume::at(&dir, &format!("run-{i}"), detached))
         .collect();
     new_volume(mode, &runs[0], &key, &plain);
-    for run in &runs[1..] {
+    // The file system the guest exports a header to: ext4 without a journal, which the guest
+    // mounts synchronously and debugfs reads here after the power cut.
+    let fs = |i: usize| dir.join(format!("run-{i}.fs"));
+    if mode == Mode::DecryptExported {
+        let mkfs = Command::new("mkfs.ext4")
+            .args(["-F", "-q", "-O", "^has_journal", p(&fs(0)), "24M"])
+            .output()
+            .unwrap();
+        ok(mkfs, "mkfs.ext4");
+    }
+    for (i, run) in runs.iter().enumerate().skip(1) {
         runs[0].copy_to(run);
+        if mode == Mode::DecryptExported {
+            std::fs::copy(fs(0), fs(i)).unwrap();
+        }
     }
     let mut rng = StdRng::seed_from_u64(seed);
     let seeds: Vec<String> = (0..KILLS).map(|_| rng.gen::<u32>().to_string()).collect();
-    let mut args = vec!["interrupt", mode.verb(), p(&dir), p(&key), options];
+    let mut args = vec!["interrupt", mode.name(), p(&dir), p(&key), options];
     args.extend(seeds.iter().map(String::as_str));
     let text = guest(
         kernel_oracle::run(
@@ -263,6 +292,10 @@ fn killed_in_the_kernel_resumed_here(mode: Mode, options: &str, seed: u64) {
         "the guest's online reencryption",
     );
     eprintln!("{text}");
+    let runs: Vec<Volume> = match mode {
+        Mode::DecryptExported => (0..=KILLS).map(|i| exported(&runs[i], &fs(i))).collect(),
+        _ => runs,
+    };
     // The uninterrupted run finished in the kernel.
     assert_holds(&runs[0], &key, &plain, "the uninterrupted online run");
     let mut mid = 0;
@@ -274,7 +307,7 @@ fn killed_in_the_kernel_resumed_here(mode: Mode, options: &str, seed: u64) {
         let json = luks_json(run.header());
         eprintln!(
             "{} {}: {}",
-            mode.verb(),
+            mode.name(),
             killed.unwrap(),
             describe(json.as_ref())
         );
@@ -303,6 +336,27 @@ fn kernel_online_encryption_with_data_shift_killed_at_random_writes_resumes_here
     killed_in_the_kernel_resumed_here(Mode::Encrypt, "", 302);
 }
 
+/// `run` with the header the guest exported to the file system image `fs`, if that holds a
+/// LUKS header (a kill before it was written leaves the header on the device).
+fn exported(run: &Volume, fs: &Path) -> Volume {
+    let hdr = run.img.with_extension("hdr");
+    let request = format!("dump /hdr {}", p(&hdr));
+    let dump = Command::new("debugfs")
+        .args(["-R", &request, p(fs)])
+        .output();
+    ok(dump.unwrap(), "debugfs dump");
+    let hdr = (hdr.exists() && luks_json(&hdr).is_some()).then_some(hdr);
+    Volume {
+        img: run.img.clone(),
+        hdr,
+    }
+}
+
+#[test]
+fn kernel_online_decryption_exporting_the_header_killed_at_random_writes_resumes_here() {
+    killed_in_the_kernel_resumed_here(Mode::DecryptExported, "", 305);
+}
+
 #[test]
 fn kernel_online_decryption_killed_at_random_writes_resumes_here() {
     killed_in_the_kernel_resumed_here(Mode::Decrypt, "--resilience journal", 303);
@@ -323,7 +377,9 @@ fn conversion_here(mode: Mode, vol: &Volume, key: &Path) -> Command {
     match mode {
         Mode::Reencrypt => cmd.args(FAST_PBKDF).args(["--resilience", "journal"]),
         Mode::Encrypt => cmd.args(FAST_PBKDF).args(["--reduce-device-size", REDUCE]),
-        Mode::Decrypt => cmd.args(["--header", p(vol.hdr.as_ref().unwrap())]),
+        Mode::Decrypt | Mode::DecryptExported => {
+            cmd.args(["--header", p(vol.hdr.as_ref().unwrap())])
+        }
     };
     cmd.arg(&vol.img);
     cmd
@@ -348,7 +404,7 @@ fn left_for_cryptsetup(mode: Mode, json: &Value) -> bool {
 fn interrupted_here(mode: Mode, vol: &Volume, key: &Path, plain: &[u8], rng: &mut StdRng) {
     let pristine = Volume::at(
         vol.img.parent().unwrap(),
-        &format!("{}-pristine", mode.verb()),
+        &format!("{}-pristine", mode.name()),
         vol.hdr.is_some(),
     );
     new_volume(mode, &pristine, key, plain);
@@ -366,7 +422,7 @@ fn interrupted_here(mode: Mode, vol: &Volume, key: &Path, plain: &[u8], rng: &mu
         let json = luks_json(vol.header());
         eprintln!(
             "sectorcrypt {} killed at write {at} of {writes}: {}",
-            mode.verb(),
+            mode.name(),
             describe(json.as_ref())
         );
         if json.is_some_and(|j| left_for_cryptsetup(mode, &j)) {
@@ -377,8 +433,12 @@ fn interrupted_here(mode: Mode, vol: &Volume, key: &Path, plain: &[u8], rng: &mu
 }
 
 /// The reverse: sectorcrypt's interrupted conversions (new key under journal resilience,
-/// encryption with data shift, decryption with a detached header under checksums) finished online by cryptsetup in the guest; the mapping
-/// reads the data written before, and the header is then a finished volume.
+/// encryption with data shift, decryption with a detached header under checksums) finished
+/// online by cryptsetup in the guest; the mapping (or, once a decryption has removed it, the
+/// device) reads the data written before, and the header is then a finished volume. Not the
+/// decryption that exports the header: cryptsetup 2.6.1 resuming one, its own states included,
+/// fails and leaves the first chunk damaged, or, once every chunk is converted, reports success
+/// having overwritten all the data.
 #[test]
 fn interrupted_here_resumes_online_in_the_kernel() {
     let dir = scratch("online-reencrypt-reverse");
@@ -390,9 +450,9 @@ fn interrupted_here_resumes_online_in_the_kernel() {
     let mut volumes = Vec::new();
     for (i, mode) in modes.into_iter().enumerate() {
         let plain = pattern(PAYLOAD, 310 + i as u64);
-        let vol = Volume::at(&dir, mode.verb(), mode == Mode::Decrypt);
+        let vol = Volume::at(&dir, mode.name(), mode == Mode::Decrypt);
         interrupted_here(mode, &vol, &key, &plain, &mut rng);
-        jobs.push(format!("{}:{}", mode.verb(), mode.verb()));
+        jobs.push(format!("{}:{}", mode.name(), mode.name()));
         volumes.push((mode, vol, plain));
     }
     let mut args = vec!["resume", p(&dir), p(&key)];
@@ -407,7 +467,7 @@ fn interrupted_here_resumes_online_in_the_kernel() {
     );
     eprintln!("{text}");
     for (mode, vol, plain) in &volumes {
-        let name = mode.verb();
+        let name = mode.name();
         assert!(
             text.lines()
                 .any(|l| l == format!("{name}: resumed ({name})")
@@ -422,5 +482,76 @@ fn interrupted_here_resumes_online_in_the_kernel() {
         );
         assert_holds(vol, &key, plain, &format!("{name} finished by the kernel"));
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// cryptsetup's end of a new key or a decryption (the same code online and offline) destroys
+/// the old key's keyslots one header write at a time, the area wiped first, before it drops the
+/// requirement: a crash there leaves all data converted and an old key that no longer opens,
+/// which cryptsetup 2.6.1 then cannot open, resume or repair. sectorcrypt ends those
+/// conversions with the keys that still open (the kernel runs above reach such states only by
+/// chance; here the end is cut write by write, offline, on the host).
+#[test]
+fn cryptsetup_cut_short_while_ending_is_finished_here() {
+    let dir = scratch("online-reencrypt-ending");
+    let key = dir.join("pass");
+    std::fs::write(&key, "passphrase").unwrap();
+    let mut keyless = 0;
+    for mode in [Mode::Reencrypt, Mode::Decrypt] {
+        let plain = pattern(PAYLOAD, 320);
+        let pristine = Volume::at(
+            &dir,
+            &format!("{}-pristine", mode.name()),
+            mode == Mode::Decrypt,
+        );
+        new_volume(mode, &pristine, &key, &plain);
+        let vol = Volume::at(&dir, mode.name(), mode == Mode::Decrypt);
+        let mut cmd = Command::new("cryptsetup");
+        cmd.args([
+            "reencrypt",
+            "-q",
+            "--force-offline-reencrypt",
+            "--key-file",
+            p(&key),
+        ]);
+        cmd.args(["--hotzone-size", "512K"]).args(FAST_PBKDF);
+        if mode == Mode::Decrypt {
+            cmd.args(["--decrypt", "--header", p(vol.header())]);
+        }
+        cmd.arg(&vol.img);
+        pristine.copy_to(&vol);
+        let (out, writes) = fault::count_calls(&cmd, "write");
+        ok(out, "cryptsetup reencrypt");
+        // The end's writes are the last ones (13 with cryptsetup 2.6.1 here: the old keyslot's
+        // area, its removal, the requirement's): cut at every other one of the last 14.
+        for at in (writes.saturating_sub(14).max(1)..=writes).step_by(2) {
+            pristine.copy_to(&vol);
+            let out = fault::signal_at(&cmd, "write", at, "KILL");
+            assert!(!out.status.success(), "cryptsetup not killed at write {at}");
+            let json = luks_json(vol.header());
+            if json.as_ref().is_some_and(|j| !requirements(j).is_empty()) {
+                let mut test = vec!["open", "--test-passphrase", "--key-file", p(&key)];
+                if let Some(hdr) = &vol.hdr {
+                    test.extend_from_slice(&["--header", p(hdr)]);
+                }
+                test.push(p(&vol.img));
+                if !cs(&test).status.success() {
+                    keyless += 1;
+                }
+                let resumed = resume_here(mode, &vol, &key);
+                ok(
+                    resumed,
+                    &format!("{} --resume-only after write {at}", mode.name()),
+                );
+            }
+            assert_holds(
+                &vol,
+                &key,
+                &plain,
+                &format!("{} cut at write {at}", mode.name()),
+            );
+        }
+    }
+    assert!(keyless > 0, "no cut left keys that cryptsetup cannot open");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -54,6 +54,23 @@ pub fn unlock_volume_keys_in(
     Ok(VolumeKeys { old, new })
 }
 
+/// Open only the new volume key (`None` when the reencryption has none: a decryption), for the
+/// end of a conversion whose old key no longer opens (see [`all_converted`]).
+///
+/// Errors: [`Error::Corrupt`] if there is no reencryption; otherwise those of [`Header::unlock`].
+pub fn unlock_new_key(
+    header: &Header,
+    dev: &dyn Storage,
+    passphrase: &[u8],
+) -> Result<Option<Unlocked>, Error> {
+    let md = header.metadata();
+    let r =
+        parse(md)?.ok_or_else(|| Error::Corrupt("there is no reencryption in progress".into()))?;
+    r.digest_new
+        .map(|d| open_by_digest(md, dev, passphrase, None, d))
+        .transpose()
+}
+
 /// Open the key of digest `digest` (`LUKS2_keyslot_open_by_digest`): keyslot `slot`, or every
 /// keyslot in priority order, where the slots of other digests count as "not usable" for the
 /// verdict, as in cryptsetup.

@@ -220,6 +220,41 @@ impl Reencryption {
     }
 }
 
+/// Whether only the end of the conversion is left: no step in flight, the old and new keys
+/// differ, and every regular segment already has the final layout (plaintext after a
+/// decryption; the new key's digest, cipher and sector size otherwise). The end needs no old
+/// key, and may have to do without one: cryptsetup's end destroys the old key's keyslots one
+/// header write at a time (the area wiped first) before it drops the requirement, so a crash
+/// there leaves this state with an old key that no longer opens, which cryptsetup itself then
+/// cannot open, resume or repair.
+pub fn all_converted(md: &Metadata, r: &Reencryption) -> bool {
+    let final_layout = |s: &ReencryptSegment| match (&s.kind, &r.backup_final.kind, r.digest_new) {
+        (SegmentKind::Linear, SegmentKind::Linear, None) => true,
+        (
+            SegmentKind::Crypt {
+                encryption,
+                sector_size,
+                ..
+            },
+            SegmentKind::Crypt {
+                encryption: final_encryption,
+                sector_size: final_sector_size,
+                ..
+            },
+            Some(new),
+        ) => {
+            encryption == final_encryption
+                && sector_size == final_sector_size
+                && md.digest_of_segment(s.id).map(|(n, _)| n) == Some(new)
+        }
+        _ => false,
+    };
+    r.state() == State::Clean
+        && r.digest_old != r.digest_new
+        && !r.segments.is_empty()
+        && r.segments.iter().all(final_layout)
+}
+
 pub(super) fn is_backup(entry: &SegmentEntry) -> bool {
     entry.flags().iter().any(|f| f.starts_with("backup-"))
 }
