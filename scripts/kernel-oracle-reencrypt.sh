@@ -1,8 +1,9 @@
 #!/bin/sh
 # Inside the kernel oracle's guest (scripts/kernel-oracle.sh): cryptsetup's *online* LUKS2
 # reencryption, the kernel path (the mapping stays active; cryptsetup stacks hotzone and overlay
-# devices under it and records the `online-reencrypt-v2` requirement), on loop devices over image
-# files in DIR (direct I/O, so what a write completed is in the host's file).
+# devices under it and records the `online-reencrypt-v2` requirement, `-v3` when it exports the
+# header), on loop devices over image files in DIR (direct I/O, so what a write completed is in
+# the host's file).
 #
 #   kernel-oracle-reencrypt.sh interrupt MODE DIR KEY OPTIONS SEED...
 #       MODE is reencrypt (new volume key), encrypt (header put on the device, data shifted by

@@ -3,19 +3,17 @@
 //! the `online-reencrypt-v2` requirement), run in the kernel oracle's guest
 //! (`scripts/kernel-oracle-reencrypt.sh`).
 //!
-//! - New volume key (checksum resilience), encryption with `--reduce-device-size` (datashift)
-//!   and decryption with a detached header (journal): each run is killed on entry to a seeded
-//!   write and the guest's power then cut; every state left on the disk is finished here
+//! - New volume key (checksum resilience), encryption with `--reduce-device-size` (datashift),
+//!   decryption with a detached header (journal) and decryption exporting the header
+//!   (`--decrypt --header NEWFILE`: the data moved to the start, `online-reencrypt-v3`; the
+//!   exported header kept on an ext4 image in the guest): each run is killed on entry to a
+//!   seeded write and the guest's power then cut; every state left on the disk is finished here
 //!   (`--resume-only`) and the data must be what was written before, the header a finished
 //!   volume (or the device plain data).
 //! - The other way round: sectorcrypt's own conversions killed at seeded writes are finished
 //!   online in the guest (`cryptsetup open`, then `cryptsetup reencrypt --resume-only` on the
-//!   active device), and the mapping must read the data written before. (One state is left
-//!   out there: see [`left_for_cryptsetup`].)
-//!
-//! - Decryption exporting the header (`--decrypt --header NEWFILE`, the data moved to the start,
-//!   `online-reencrypt-v3`) killed the same way, the exported header kept on an ext4 image in the
-//!   guest; finished here.
+//!   active device), and the mapping must read the data written before (what is left out and
+//!   why: [`left_for_cryptsetup`], [`interrupted_here_resumes_online_in_the_kernel`]).
 //! - cryptsetup's end cut short write by write (on the host: the same code as online): states
 //!   whose old key no longer opens, which cryptsetup cannot finish, are finished here.
 //!
@@ -437,8 +435,8 @@ fn interrupted_here(mode: Mode, vol: &Volume, key: &Path, plain: &[u8], rng: &mu
 /// online by cryptsetup in the guest; the mapping (or, once a decryption has removed it, the
 /// device) reads the data written before, and the header is then a finished volume. Not the
 /// decryption that exports the header: cryptsetup 2.6.1 resuming one, its own states included,
-/// fails and leaves the first chunk damaged, or, once every chunk is converted, reports success
-/// having overwritten all the data.
+/// fails with the first chunk no longer the plaintext, or, once every chunk is converted, reports
+/// success with none of the data the plaintext any more.
 #[test]
 fn interrupted_here_resumes_online_in_the_kernel() {
     let dir = scratch("online-reencrypt-reverse");
