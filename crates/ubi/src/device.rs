@@ -121,7 +121,10 @@ impl Device {
         // attach erases or formats is replaced from it, instead of turning the device
         // read-only. It is counted again once the volumes are known.
         dev.reserve(opts.max_beb_per1024)?;
-        dev.erase_scanned(&scan)?;
+        // Read-only, what a power cut left to erase stays as it is (and out of use).
+        if !opts.read_only {
+            dev.erase_scanned(&scan)?;
+        }
         let user_lebs = scan.lebs.keys().any(|&(vol, _)| vol != LAYOUT_VOLUME_ID);
         if scan.is_empty {
             dev.format()?;

@@ -56,9 +56,9 @@ pub struct AttachOptions {
     /// Grow a volume marked for auto-resize (as the kernel does at attach; off: leave the mark
     /// for a later attach, e.g. while converting the flash).
     pub autoresize: bool,
-    /// Attach for reading only (the flash is open read-only): nothing is written, so PEBs read
-    /// with bit-flips are not scrubbed and a pending auto-resize waits; changes are refused
-    /// with [`Error::ReadOnly`].
+    /// Attach for reading only (the flash is open read-only): nothing is written, so PEBs left
+    /// to erase (by a power cut) or read with bit-flips stay as they are and a pending
+    /// auto-resize waits; changes are refused with [`Error::ReadOnly`].
     pub read_only: bool,
 }
 
