@@ -376,8 +376,13 @@ pub fn format(
     let crypt = layer(&flash, &header, &volume_key)?;
     let parts = crypt.geometry().peb_count;
     for peb in 0..parts {
-        if !crypt.is_bad(peb)? {
-            crypt.erase(peb)?;
+        if crypt.is_bad(peb)? {
+            continue;
+        }
+        // A block that fails its erase is worn out: marked bad, as ubiformat does.
+        match crypt.erase(peb) {
+            Err(sectorcrypt_flash::Error::EraseFailed(_)) => crypt.mark_bad(peb)?,
+            done => done?,
         }
     }
     let opened = EncryptedFlash {

@@ -117,7 +117,14 @@ impl Device {
             scan.image_seq
         };
         let mut dev = Device::from_scan(io, &scan, opts)?;
-        dev.erase_scanned(&scan)?;
+        // A first bad-block reserve, before anything is written: a PEB that fails while the
+        // attach erases or formats is replaced from it, instead of turning the device
+        // read-only. It is counted again once the volumes are known.
+        dev.reserve(opts.max_beb_per1024)?;
+        // Read-only, what a power cut left to erase stays as it is (and out of use).
+        if !opts.read_only {
+            dev.erase_scanned(&scan)?;
+        }
         let user_lebs = scan.lebs.keys().any(|&(vol, _)| vol != LAYOUT_VOLUME_ID);
         if scan.is_empty {
             dev.format()?;
@@ -131,10 +138,10 @@ impl Device {
             dev.format()?;
         }
         dev.reserve(opts.max_beb_per1024)?;
-        if opts.autoresize {
+        if opts.autoresize && !opts.read_only {
             dev.autoresize()?;
         }
-        dev.pool.read_only |= scan.read_only;
+        dev.pool.read_only |= scan.read_only || opts.read_only;
         dev.scrub.extend(scan.scrub.iter().copied());
         dev.background()?;
         Ok(dev)
@@ -452,6 +459,10 @@ impl Device {
     /// Work the kernel does in the background, done here after each operation: move the LEBs
     /// of PEBs read with bit-flips, then wear-level while a move is due.
     pub(crate) fn background(&mut self) -> Result<(), Error> {
+        // Moves write: a read-only device leaves its bit-flips for a later writable attach.
+        if self.pool.read_only {
+            return Ok(());
+        }
         while let Some(peb) = self.scrub.pop() {
             if self.owner[peb as usize].is_some() {
                 let to = self.pool.get(&self.io)?;

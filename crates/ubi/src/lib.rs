@@ -56,6 +56,10 @@ pub struct AttachOptions {
     /// Grow a volume marked for auto-resize (as the kernel does at attach; off: leave the mark
     /// for a later attach, e.g. while converting the flash).
     pub autoresize: bool,
+    /// Attach for reading only (the flash is open read-only): nothing is written, so PEBs left
+    /// to erase (by a power cut) or read with bit-flips stay as they are and a pending
+    /// auto-resize waits; changes are refused with [`Error::ReadOnly`].
+    pub read_only: bool,
 }
 
 impl Default for AttachOptions {
@@ -65,6 +69,7 @@ impl Default for AttachOptions {
             max_beb_per1024: 20,
             wl_threshold: 4096,
             autoresize: true,
+            read_only: false,
         }
     }
 }

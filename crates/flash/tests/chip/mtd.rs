@@ -1,6 +1,7 @@
 //! Linux MTD devices: what is not one is refused by name; a real one (named in
-//! `SECTORCRYPT_TEST_MTD`, read-only calls only) answers as a chip. The machine these tests were
-//! written on has no MTD subsystem, so there only the refusals run.
+//! `SECTORCRYPT_TEST_MTD`, read-only calls only) answers as a chip. The test machines have no
+//! MTD device of their own, so there only the refusals run here; the backend runs on the
+//! kernel's nandsim in the CLI's kernel-oracle test (`crates/sectorcrypt/tests/cli/mtd.rs`).
 
 use std::path::Path;
 

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use sectorcrypt_flash::crypt::Policy;
-use sectorcrypt_flash::sim::SimNand;
+use sectorcrypt_flash::sim::{Faults, SimNand};
 use sectorcrypt_flash::{Flash, Geometry};
 use sectorcrypt_flashvol::convert::{decrypt, encrypt};
 use sectorcrypt_flashvol::{format, read_header, unlock, Error};
@@ -49,6 +49,31 @@ fn dynamic_volume(name: &str, lebs: u32) -> sectorcrypt_ubi::NewVolume {
         alignment: 1,
         autoresize: false,
     }
+}
+
+/// Blocks that wear out while the flash is made, as nandsim's `weakblocks=` and `weakpages=`
+/// showed them to the format under the kernel: one failing its first erase, one failing the
+/// first program of its first page (the EC header UBI writes while it formats). Both are marked
+/// bad and the format goes on, as ubiformat does; the flash then attaches writable.
+#[test]
+fn format_marks_blocks_failing_their_first_erase_or_program_bad() {
+    let flash = chip();
+    flash.set_faults(Faults {
+        weak_blocks: vec![(40, 1)],
+        weak_pages: vec![(45, 0, 1)],
+        ..Faults::default()
+    });
+    let opened = format(
+        Arc::clone(&flash) as Arc<dyn Flash>,
+        &crate::small_key(Policy::AtRest),
+        PASS,
+    )
+    .unwrap();
+    assert!(flash.is_bad(40).unwrap(), "the block whose erase failed");
+    assert!(flash.is_bad(45).unwrap(), "the block whose program failed");
+    let ubi = opened.attach(&AttachOptions::default()).unwrap();
+    assert!(!ubi.info().read_only);
+    ubi.create_volume(&dynamic_volume("data", 2)).unwrap();
 }
 
 /// The data of eraseblocks `blocks`, concatenated.

@@ -111,7 +111,10 @@ pub(crate) struct ReadArgs {
 
 pub(super) fn read(args: ReadArgs) -> Result<(), CliError> {
     let (_, opened) = args.vol.open.unlock(true)?;
-    let ubi = opened.attach(&AttachOptions::default())?;
+    let ubi = opened.attach(&AttachOptions {
+        read_only: true,
+        ..AttachOptions::default()
+    })?;
     let v = args.vol.which.find(&ubi)?;
     let usable = v.usable_leb_size as usize;
     let mut data = vec![0u8; v.data_bytes as usize];

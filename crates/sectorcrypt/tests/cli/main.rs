@@ -18,6 +18,7 @@ mod luks_convert;
 mod luks_read;
 mod luks_write;
 mod manual;
+mod mtd;
 mod nbd;
 mod online_reencrypt;
 mod parity;

@@ -50,6 +50,44 @@ fn leb(ubi: &Ubi, id: u32, lnum: u32) -> Vec<u8> {
     buf
 }
 
+/// A read-only attach (of a flash opened read-only, as `flash read` opens it) after a cut
+/// anywhere in an atomic change: what the cut left to erase stays as it is, nothing is written,
+/// and the LEB reads old or new. (Under the kernel's nandsim, `flash read` after a killed
+/// `flash attach` is this case.)
+#[test]
+fn a_read_only_attach_after_a_cut_anywhere_writes_nothing() {
+    let read_only = AttachOptions {
+        read_only: true,
+        ..AttachOptions::default()
+    };
+    let (old, new) = (pattern(LEB, 3), pattern(LEB, 4));
+    let (base, flash) = MemChip::create(small(32), &[]).unwrap();
+    let ubi = Ubi::attach(flash, &AttachOptions::default()).unwrap();
+    let v = ubi.create_volume(&dynamic("v", 1)).unwrap();
+    ubi.write(v, 0, 0, &old).unwrap();
+    ubi.sync().unwrap();
+    drop(ubi);
+    for n in 1.. {
+        let run = base.copy();
+        let flash = run.power_on().unwrap();
+        let ubi = Ubi::attach(flash.clone(), &AttachOptions::default()).unwrap();
+        flash.cut_power_at(Some(n));
+        let result = ubi.change(v, 0, &new);
+        if !flash.is_off() {
+            result.unwrap();
+            assert!(n > 2, "only {} cut points", n - 1);
+            return;
+        }
+        drop(ubi);
+        let flash = run.power_on().unwrap();
+        let after = Ubi::attach(flash.clone(), &read_only)
+            .unwrap_or_else(|e| panic!("cut {n}: the read-only attach refused: {e}"));
+        let got = leb(&after, v, 0);
+        assert!(got == old || got == new, "cut {n}");
+        assert_eq!(flash.operations(), 0, "cut {n}: the read-only attach wrote");
+    }
+}
+
 #[test]
 fn an_atomic_change_is_old_or_new_after_a_cut_anywhere() {
     let old = pattern(LEB, 1);

@@ -1,5 +1,7 @@
 //! Attaching, volumes and LEBs on a simulated chip.
 
+use std::sync::Arc;
+
 use sectorcrypt_flash::sim::Faults;
 use sectorcrypt_flash::Flash;
 use sectorcrypt_testkit::pattern;
@@ -463,6 +465,40 @@ fn bit_flips_get_a_leb_scrubbed_and_lost_pages_are_reported() {
         ubi.read(a, 2, 0, &mut buf),
         Err(Error::Flash(sectorcrypt_flash::Error::Uncorrectable { .. }))
     ));
+}
+
+/// Attached read-only (the flash opened read-only, as `flash read` opens it), reads with
+/// bit-flips return the data and leave the LEB where it is: a scrub writes, so it waits for a
+/// writable attach instead of failing the read (as the kernel's nandsim showed it did).
+#[test]
+fn a_read_only_attach_reads_through_bit_flips_without_scrubbing() {
+    let (_chip, flash) = Chip::new(small(32));
+    let ubi = attach(&flash);
+    let a = ubi.create_volume(&dynamic("a", 1)).unwrap();
+    let data = pattern(LEB, 90);
+    ubi.write(a, 0, 0, &data).unwrap();
+    let sqnum = ubi.info().max_sqnum;
+    drop(ubi);
+    // The same faults and reads as the scrubbing test above, which do move a LEB.
+    flash.set_faults(Faults {
+        bitflips: 2,
+        ecc_strength: 4,
+        seed: 7,
+        ..Faults::default()
+    });
+    let read_only = sectorcrypt_ubi::AttachOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    let ubi =
+        sectorcrypt_ubi::Ubi::attach(Arc::clone(&flash) as Arc<dyn Flash>, &read_only).unwrap();
+    let mut buf = vec![0u8; LEB];
+    for _ in 0..800 {
+        ubi.read(a, 0, 0, &mut buf).unwrap();
+        assert!(buf == data, "LEB 0 read wrong");
+    }
+    assert_eq!(ubi.info().max_sqnum, sqnum, "a read-only attach wrote");
+    assert!(matches!(ubi.write(a, 0, 0, &data), Err(Error::ReadOnly)));
 }
 
 /// The kernel's attach rules: a PEB with a damaged VID header over data that is not erased is
