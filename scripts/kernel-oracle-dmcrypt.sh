@@ -3,8 +3,9 @@
 # run as root inside the kernel oracle's guest (scripts/kernel-oracle.sh), in the shared WORK
 # folder, which holds the passphrase file `key` and a CASES file, one case a line:
 #   ID TYPE CIPHER KEY_BITS SECTOR_SIZE LAYOUT ALGORITHMS
-# LAYOUT is attached, detached (header in its own file) or offset (data 20 MiB into the image);
-# ALGORITHMS are the kernel's names of the algorithms the case needs, comma separated.
+# LAYOUT is attached, detached (header in its own file) or offset (cryptsetup puts the data 20
+# MiB into the image); ALGORITHMS are the kernel's names of the algorithms the case needs, comma
+# separated.
 #
 #   kernel-oracle-dmcrypt.sh write CASES
 #       per case: whether the kernel has each algorithm (after asking modprobe for it); dm-crypt
