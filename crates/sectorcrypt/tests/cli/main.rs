@@ -10,6 +10,7 @@ mod ceph_faults;
 mod ciphers;
 mod common;
 mod convert;
+mod dmcrypt;
 mod flash;
 mod fuse;
 mod kpio;
