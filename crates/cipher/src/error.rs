@@ -27,6 +27,15 @@ pub enum Error {
     },
     /// Sector sizes are 512, 1024, 2048 or 4096 bytes.
     SectorSize(usize),
+    /// The IV generator works on one sector size only (`lmk`: 512 bytes).
+    IvSectorSize {
+        /// The cipher specification.
+        spec: String,
+        /// The sector size asked for.
+        sector_size: usize,
+        /// The one it takes.
+        required: usize,
+    },
     /// A buffer handed to a sector operation is not a whole number of sectors.
     NotWholeSectors {
         /// The buffer's length.
@@ -77,6 +86,14 @@ impl fmt::Display for Error {
             Error::SectorSize(s) => write!(
                 f,
                 "sector size {s} is not supported (use 512, 1024, 2048 or 4096)"
+            ),
+            Error::IvSectorSize {
+                spec,
+                sector_size,
+                required,
+            } => write!(
+                f,
+                "cipher '{spec}' works on {required}-byte sectors only, not {sector_size}"
             ),
             Error::NotWholeSectors { len, sector_size } => {
                 write!(

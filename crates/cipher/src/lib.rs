@@ -27,6 +27,7 @@ pub mod essiv;
 pub mod gf128;
 pub mod hash;
 mod lea;
+mod lmk;
 pub mod lrw;
 pub mod modes;
 mod portable;

@@ -26,8 +26,9 @@ use std::time::{Duration, Instant};
 use zeroize::Zeroize;
 
 use crate::backend::{Backend, BackendChoice};
-use crate::engine::{Block, BlockEngine, Direction, BLOCK};
+use crate::engine::{xor_into, Block, BlockEngine, Direction, BLOCK};
 use crate::error::Error;
+use crate::lmk;
 use crate::lrw::Lrw;
 use crate::modes::Xts;
 use crate::spec::{CipherName, CipherSpec, IvMode, Mode};
@@ -180,6 +181,13 @@ impl SectorCipher {
             return Err(Error::SectorSize(opts.sector_size));
         }
         spec.check_key_len(key.len())?;
+        if spec.iv == IvMode::Lmk && opts.sector_size != lmk::LMK_SECTOR {
+            return Err(Error::IvSectorSize {
+                spec: spec.to_string(),
+                sector_size: opts.sector_size,
+                required: lmk::LMK_SECTOR,
+            });
+        }
         let (kind, backend) = match spec.cipher {
             CipherName::Null => (Kind::Null, Backend::Null),
             CipherName::Block(alg) => {
@@ -381,9 +389,16 @@ impl SectorCipher {
         Ok(())
     }
 
-    /// The IV input block of sector `sector` (before ESSIV or EBOIV encryption).
+    /// dm-crypt's IV sector number of sector `sector`: in 512-byte units unless the IVs count
+    /// large sectors, plus the IV offset.
+    fn iv_sector(&self, sector: u64) -> u64 {
+        (sector << self.iv_shift) + self.iv_offset
+    }
+
+    /// The IV input block of sector `sector` (before ESSIV or EBOIV encryption; zero for `lmk`,
+    /// whose IV depends on the data).
     pub fn iv_block(&self, sector: u64) -> Block {
-        let n = (sector << self.iv_shift) + self.iv_offset;
+        let n = self.iv_sector(sector);
         let mut iv = [0u8; BLOCK];
         match self.spec.iv {
             IvMode::Plain => iv[..4].copy_from_slice(&(n as u32).to_le_bytes()),
@@ -398,7 +413,7 @@ impl SectorCipher {
                 let offset = n.wrapping_mul(self.sector_size as u64);
                 iv[..8].copy_from_slice(&offset.to_le_bytes());
             }
-            IvMode::Null | IvMode::None => {}
+            IvMode::Null | IvMode::Lmk | IvMode::None => {}
         }
         iv
     }
@@ -442,11 +457,25 @@ impl SectorCipher {
             if let Some(ivc) = iv_cipher {
                 ivc.encrypt_ecb(ivs[..n].as_flattened_mut());
             }
+            let lmk = self.spec.iv == IvMode::Lmk;
+            if lmk && dir == Direction::Encrypt {
+                for (k, (iv, sector)) in ivs.iter_mut().zip(piece.chunks_exact(ss)).enumerate() {
+                    *iv = lmk::iv(sector, self.iv_sector(first + k as u64));
+                }
+            }
             match (&self.kind, dir) {
                 (Kind::Xts(_), Direction::Encrypt) => data.xts_encrypt_units(piece, ss, &ivs[..n]),
                 (Kind::Xts(_), Direction::Decrypt) => data.xts_decrypt_units(piece, ss, &ivs[..n]),
                 (_, Direction::Encrypt) => data.cbc_encrypt_units(piece, ss, &ivs[..n]),
                 (_, Direction::Decrypt) => data.cbc_decrypt_units(piece, ss, &ivs[..n]),
+            }
+            // Decrypted from a zero IV: block 0 still lacks the IV, which its blocks 1 to 31
+            // now give.
+            if lmk && dir == Direction::Decrypt {
+                for (k, sector) in piece.chunks_exact_mut(ss).enumerate() {
+                    let iv = lmk::iv(sector, self.iv_sector(first + k as u64));
+                    xor_into(&mut sector[..BLOCK], &iv);
+                }
             }
         }
         // Encrypted tweaks are key-derived material.

@@ -4,7 +4,8 @@
 //!
 //! Ciphers: `aes`, `serpent`, `twofish`, `camellia`, `aria`, `sm4`, `cast6`, `lea` (and
 //! `cipher_null`); modes `xts`, `cbc`, `ecb`; IV generators `plain`, `plain64`, `plain64be`,
-//! `essiv:HASH` (CBC; [`EssivHash`] lists the hashes), `benbi`, `null` and `eboiv` (CBC).
+//! `essiv:HASH` (CBC; [`EssivHash`] lists the hashes), `benbi`, `null`, `eboiv` (CBC) and `lmk`
+//! (CBC, 512-byte sectors). Multi-key specs (`aes:64-cbc-lmk`) are not supported.
 
 use std::fmt;
 use std::str::FromStr;
@@ -58,6 +59,9 @@ pub enum IvMode {
     /// `benbi`: the 64-bit big-endian "narrow block count" (the count of 16-byte blocks before
     /// the sector, plus one) in the last eight bytes of the IV.
     Benbi,
+    /// `lmk`: loop-AES's IV, an MD5 compression of the sector's plaintext blocks 1 to 31 and
+    /// its number (CBC with 512-byte sectors only; see `crate::lmk`).
+    Lmk,
     /// No IV (ECB).
     None,
 }
@@ -91,6 +95,11 @@ impl CipherSpec {
         let cipher = match parts.next().unwrap_or("") {
             "cipher_null" => CipherName::Null,
             "" => return Err(bad("it is empty")),
+            name if name.contains(':') => {
+                return Err(bad(
+                    "multi-key specs (CIPHER:KEYCOUNT, e.g. loop-AES's aes:64-cbc-lmk) are not supported",
+                ))
+            }
             name => match Algorithm::from_name(name) {
                 Some(alg) => CipherName::Block(alg),
                 None => {
@@ -115,13 +124,14 @@ impl CipherSpec {
             Some("null") => IvMode::Null,
             Some("benbi") => IvMode::Benbi,
             Some("eboiv") => IvMode::Eboiv,
+            Some("lmk") => IvMode::Lmk,
             Some(iv) => match iv.strip_prefix("essiv:").map(EssivHash::from_name) {
                 Some(Some(hash)) => IvMode::Essiv(hash),
                 Some(None) => return Err(bad(
                     "unknown ESSIV hash (use sha1, sha224, sha256, sha384, sha512, sha3-224, sha3-256, sha3-384, sha3-512, rmd160, ripemd160, wp256, wp384, wp512, whirlpool, sm3, blake2s-256 or blake2b-512)",
                 )),
                 None => return Err(bad(
-                    "unknown IV generator (use plain, plain64, plain64be, essiv:HASH, benbi, null or eboiv)",
+                    "unknown IV generator (use plain, plain64, plain64be, essiv:HASH, benbi, null, eboiv or lmk)",
                 )),
             },
             None => IvMode::None,
@@ -146,6 +156,10 @@ impl CipherSpec {
             }
             (_, Mode::Xts, IvMode::Eboiv) => {
                 return Err(bad("EBOIV is for CBC; XTS uses plain64"));
+            }
+            // Decryption relies on CBC: only the first block's plaintext depends on the IV.
+            (_, Mode::Xts | Mode::Lrw, IvMode::Lmk) => {
+                return Err(bad("LMK is for CBC (loop-AES's aes-cbc-lmk)"));
             }
             (CipherName::Block(alg), _, IvMode::Essiv(hash))
                 if !alg.accepts_key_len(hash.digest_len()) =>
@@ -240,6 +254,7 @@ impl fmt::Display for CipherSpec {
             IvMode::Null => "null",
             IvMode::Benbi => "benbi",
             IvMode::Eboiv => "eboiv",
+            IvMode::Lmk => "lmk",
             IvMode::None => return Ok(()),
         };
         write!(f, "-{iv}")
@@ -264,6 +279,7 @@ mod tests {
             IvMode::Null,
             IvMode::Benbi,
             IvMode::Eboiv,
+            IvMode::Lmk,
             IvMode::None,
         ];
         ivs.extend(EssivHash::ALL.into_iter().map(IvMode::Essiv));
@@ -280,7 +296,7 @@ mod tests {
             }
         }
         // Per block cipher: XTS, CBC and LRW with plain, plain64, plain64be, null and benbi; CBC
-        // also with eboiv and each ESSIV hash whose digest keys the cipher; ECB. Plus
+        // also with eboiv, lmk and each ESSIV hash whose digest keys the cipher; ECB. Plus
         // cipher_null-ecb.
         let essiv = |alg: Algorithm| {
             EssivHash::ALL
@@ -290,7 +306,7 @@ mod tests {
         };
         let want: usize = Algorithm::ALL
             .into_iter()
-            .map(|alg| 3 * 5 + 1 + essiv(alg) + 1)
+            .map(|alg| 3 * 5 + 2 + essiv(alg) + 1)
             .sum::<usize>()
             + 1;
         assert_eq!(supported, want);
@@ -313,6 +329,9 @@ mod tests {
             "cipher_null-xts-plain64",
             "aes-xts-essiv:sha256",
             "aes-xts-eboiv",
+            "aes-xts-lmk",
+            "aes-lrw-lmk",
+            "aes:64-cbc-lmk",
             "aes-cbc-essiv:sha512",
             "aes-cbc-essiv:md5",
             "aes-cbc-essiv:",

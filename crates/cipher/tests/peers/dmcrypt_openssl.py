@@ -6,10 +6,12 @@ and prints the result as hex, one line per job. IVs follow dm-crypt for LUKS2: t
 512-byte units; plain64 = little-endian 64-bit, plain = low 32 bits, plain64be = big-endian in the
 last 8 bytes, benbi = (n * 32 + 1) big-endian in the last 8 bytes, null = zero, eboiv = the
 little-endian byte offset (n * sector size) encrypted with AES under the data key, essiv:HASH = the
-plain64 IV encrypted with AES keyed by HASH(key). Written from the dm-crypt documentation, sharing
-no code with sectorcrypt.
+plain64 IV encrypted with AES keyed by HASH(key), lmk = loop-AES's IV from the plaintext (see
+lmk_iv; 512-byte sectors). Written from the dm-crypt documentation, sharing no code with
+sectorcrypt.
 """
 import hashlib
+import math
 import struct
 import sys
 
@@ -41,6 +43,58 @@ def iv_for(ivgen, key, n, sector_size):
         salt = hashlib.new(ESSIV_HASHES[ivgen[6:]], key).digest()
         return aes_ecb(salt, struct.pack("<Q", n) + bytes(8))
     raise SystemExit(f"unsupported IV generator {ivgen}")
+
+
+MASK32 = 0xFFFFFFFF
+MD5_SHIFTS = [7, 12, 17, 22] * 4 + [5, 9, 14, 20] * 4 + [4, 11, 16, 23] * 4 + [6, 10, 15, 21] * 4
+MD5_SINES = [int(abs(math.sin(i + 1)) * 2**32) & MASK32 for i in range(64)]
+MD5_INITIAL_STATE = (0x67452301, 0xEFCDAB89, 0x98BADCFE, 0x10325476)
+
+
+def md5_compress(state, block):
+    """MD5's compression function on one 64-byte block (RFC 1321, section 3.4)."""
+    words = struct.unpack("<16I", block)
+    a, b, c, d = state
+    for i in range(64):
+        if i < 16:
+            f, g = (b & c) | (~b & d), i
+        elif i < 32:
+            f, g = (d & b) | (~d & c), (5 * i + 1) % 16
+        elif i < 48:
+            f, g = b ^ c ^ d, (3 * i + 5) % 16
+        else:
+            f, g = c ^ (b | ~d), (7 * i) % 16
+        f = (f + a + MD5_SINES[i] + words[g]) & MASK32
+        a, d, c = d, c, b
+        b = (b + ((f << MD5_SHIFTS[i]) | (f >> (32 - MD5_SHIFTS[i])))) & MASK32
+    return tuple((x + y) & MASK32 for x, y in zip(state, (a, b, c, d)))
+
+
+# The compression function checked against hashlib: MD5 of the empty message is one padding block.
+EMPTY_MESSAGE_BLOCK = b"\x80" + bytes(63)
+assert struct.pack("<4I", *md5_compress(MD5_INITIAL_STATE, EMPTY_MESSAGE_BLOCK)) == hashlib.md5().digest()
+
+
+def lmk_iv(plaintext, n):
+    """dm-crypt's lmk (no seed): MD5's state, unpadded, after plaintext blocks 1 to 31 and the
+    sector number (56 bits, tagged), its words little endian."""
+    trailer = struct.pack("<4I", n & MASK32, ((n >> 32) & 0xFFFFFF) | 0x80000000, 4024, 0)
+    message = plaintext[16:512] + trailer
+    state = MD5_INITIAL_STATE
+    for j in range(0, len(message), 64):
+        state = md5_compress(state, message[j : j + 64])
+    return struct.pack("<4I", *state)
+
+
+def lmk(key, n, sector, encrypt):
+    """CBC whose IV is lmk_iv of the plaintext; decryption recovers blocks 1 to 31 first."""
+    if encrypt:
+        enc = Cipher(algorithms.AES(key), modes.CBC(lmk_iv(sector, n))).encryptor()
+        return enc.update(sector) + enc.finalize()
+    dec = Cipher(algorithms.AES(key), modes.CBC(bytes(16))).decryptor()
+    plain = dec.update(sector) + dec.finalize()
+    first = bytes(p ^ q for p, q in zip(plain[:16], lmk_iv(plain, n)))
+    return first + plain[16:]
 
 
 def gf_mul(a, b):
@@ -76,6 +130,10 @@ def run(spec, key, sector_size, first, direction, data):
     for i in range(0, len(data), sector_size):
         sector = data[i : i + sector_size]
         n = (first + i // sector_size) * (sector_size // 512)
+        if ivgen == "lmk":
+            assert mode == "cbc" and sector_size == 512, spec
+            out += lmk(key, n, sector, direction == "encrypt")
+            continue
         if mode == "lrw":
             out += lrw(key, iv_for(ivgen, key, n, sector_size), sector, direction == "encrypt")
             continue

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use sectorcrypt_testkit::{kernel_oracle, pattern};
 
 use crate::common::{p, sc, scratch, FAST_PBKDF};
-use crate::nbd::{serve_refused, tool, Served, MIB};
+use crate::nbd::{tool, Served, MIB};
 
 /// Where the data lives relative to the header.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -53,9 +53,6 @@ enum Expect {
     /// The kernel has none of these algorithms (not in `/proc/crypto` after modprobe), so
     /// dm-crypt refuses the volume whoever made it.
     KernelLacks(&'static [&'static str]),
-    /// cryptsetup and dm-crypt take this IV generator, sectorcrypt refuses it with a clean
-    /// error: a gap of sectorcrypt.
-    SectorcryptLacks(&'static str),
 }
 
 struct Case {
@@ -97,10 +94,6 @@ impl Case {
                 let lacks = format!("kernel lacks {}", names.join(", "));
                 (lacks.clone(), lacks)
             }
-            Expect::SectorcryptLacks(iv) => (
-                format!("sectorcrypt refuses `{iv}` (gap)"),
-                format!("dm-crypt takes it; sectorcrypt refuses `{iv}` (gap)"),
-            ),
         }
     }
 }
@@ -108,7 +101,7 @@ impl Case {
 /// The matrix: every cipher the kernel has in XTS with each key size on both LUKS versions and
 /// each sector size; every IV generator with AES in CBC (and the counting ones in XTS and with
 /// other ciphers); ESSIV with every hash whose digest is a key of some cipher; LRW and ECB; the
-/// layouts; and the ciphers, hashes and IV generators one side lacks.
+/// layouts; and the ciphers and hashes the kernel lacks.
 fn matrix() -> Vec<Case> {
     use Expect::*;
     use Layout::*;
@@ -197,8 +190,7 @@ fn matrix() -> Vec<Case> {
     add(2, "aes-xts-plain64", 512, 4096, Offset, Agree);
     add(2, "twofish-xts-plain64", 256, 512, Offset, Agree);
     // loop-AES's IV generator: LUKS1 only (LUKS2 cannot encrypt a keyslot with it).
-    let gap = SectorcryptLacks("lmk");
-    add(1, "aes-cbc-lmk", 256, 512, Attached, gap);
+    add(1, "aes-cbc-lmk", 256, 512, Attached, Agree);
     cases
 }
 
@@ -429,8 +421,8 @@ fn data(id: usize, ours: bool) -> Vec<u8> {
     pattern(MIB as usize, if ours { id } else { 1000 + id } as u64)
 }
 
-/// Before the guest: sectorcrypt formats the case's volume (or refuses to, cleanly, if the
-/// case says it lacks the IV generator), and the data dm-crypt is to write goes to data-ID.bin.
+/// Before the guest: sectorcrypt formats the case's volume, and the data dm-crypt is to write
+/// goes to data-ID.bin.
 fn format_here(work: &Path, key: &Path, id: usize, case: &Case) -> Result<(), String> {
     std::fs::write(work.join(format!("data-{id}.bin")), data(id, true)).unwrap();
     let (image, header) = volume(work, "sc", id, case.layout);
@@ -459,23 +451,13 @@ fn format_here(work: &Path, key: &Path, id: usize, case: &Case) -> Result<(), St
     }
     args.extend(["--key-file", p(key), p(&image)]);
     let out = sc(&args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let made = out.status.success();
-    // No image: the guest then has nothing to open.
-    if !made {
+    if !out.status.success() {
+        // No image: the guest then has nothing to open.
         std::fs::remove_file(&image).unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        return Err(format!("sectorcrypt format failed: {stderr}"));
     }
-    match case.expect {
-        Expect::SectorcryptLacks(iv) if out.status.code() != Some(1) || !stderr.contains(iv) => {
-            Err(format!(
-                "format was not refused cleanly: {:?} {stderr}",
-                out.status.code()
-            ))
-        }
-        Expect::SectorcryptLacks(_) => Ok(()),
-        _ if !made => Err(format!("sectorcrypt format failed: {stderr}")),
-        _ => Ok(()),
-    }
+    Ok(())
 }
 
 /// After the guest wrote: the kernel lacks exactly the algorithms the case says; dm-crypt wrote
@@ -521,12 +503,11 @@ fn check_ours(
         Expect::KernelLacks(_) => Err(format!(
             "dm-crypt did not refuse sectorcrypt's volume: {write}"
         )),
-        Expect::SectorcryptLacks(_) => Ok(()),
     }
 }
 
 /// After the guest formatted: sectorcrypt writes into cryptsetup's volume (true: dm-crypt is to
-/// read it), or refuses it cleanly if the case says it lacks the IV generator.
+/// read it).
 fn write_theirs(
     work: &Path,
     key: &Path,
@@ -548,15 +529,6 @@ fn write_theirs(
             })
             .map_err(|why| format!("cannot write cryptsetup's volume here: {why}"))?;
             Ok(true)
-        }
-        Expect::SectorcryptLacks(iv) => {
-            let socket = work.join("s.sock");
-            let (code, stderr) =
-                serve_refused(&[p(&image), "--key-file", p(key), "--socket", p(&socket)]);
-            if code != Some(1) || !stderr.contains(iv) {
-                return Err(format!("serve was not refused cleanly: {code:?} {stderr}"));
-            }
-            Ok(false)
         }
     }
 }
