@@ -137,39 +137,7 @@ fn serve_tls_require_reads_and_writes_with_libnbd_and_qemu_and_refuses_the_rest(
 
     // qemu-img reads it, and writes its first MiB.
     let creds = qemu_credentials(&pki.client);
-    let nbd = format!("driver=nbd,host=localhost,port={port},tls-creds=tls0");
-    let via_qemu = dir.join("qemu.raw");
-    tool(
-        "qemu-img",
-        &[
-            "convert",
-            "--object",
-            &creds,
-            "--image-opts",
-            &nbd,
-            "-O",
-            "raw",
-            p(&via_qemu),
-        ],
-    );
-    assert_same(&read_file(&via_qemu)[..data.len()], &data, "qemu-img read");
-    let first = pattern(MIB as usize, 52);
-    let first_src = dir.join("first.raw");
-    write_file(&first_src, &first);
-    tool(
-        "qemu-img",
-        &[
-            "convert",
-            "-n",
-            "-f",
-            "raw",
-            p(&first_src),
-            "--object",
-            &creds,
-            "--target-image-opts",
-            &format!("driver=raw,file.driver=nbd,file.host=localhost,file.port={port},file.tls-creds=tls0"),
-        ],
-    );
+    let first = qemu_img_round_trip(&dir, &creds, "localhost", port, &data, 52);
     std::fs::remove_file(&out).unwrap();
     tool("nbdcopy", &[&by_name, p(&out)]);
     let back = read_file(&out);
@@ -206,7 +174,7 @@ fn serve_tls_require_reads_and_writes_with_libnbd_and_qemu_and_refuses_the_rest(
             "--object",
             &qemu_credentials(&pki.client_trusting_another_ca),
             "--image-opts",
-            &nbd,
+            &format!("driver=nbd,host=localhost,port={port},tls-creds=tls0"),
         ],
     );
     // Options before STARTTLS: NBD_REP_ERR_TLS_REQD; NBD_OPT_EXPORT_NAME ends the connection
@@ -348,37 +316,13 @@ fn serve_tls_psk_reads_and_writes_with_libnbd_and_qemu_and_refuses_wrong_keys() 
     std::fs::create_dir_all(&qemu_dir).unwrap();
     std::fs::copy(&psk, qemu_dir.join("keys.psk")).unwrap();
     let creds = qemu_psk(&qemu_dir, "alice");
-    let via_qemu = dir.join("qemu.raw");
-    tool(
-        "qemu-img",
-        &[
-            "convert",
-            "--object",
-            &creds,
-            "--image-opts",
-            &format!("driver=nbd,host=127.0.0.1,port={port},tls-creds=tls0"),
-            "-O",
-            "raw",
-            p(&via_qemu),
-        ],
-    );
-    assert_same(&read_file(&via_qemu)[..data.len()], &data, "qemu-img read");
-    let first = pattern(MIB as usize, 63);
-    let first_src = dir.join("first.raw");
-    write_file(&first_src, &first);
-    tool(
-        "qemu-img",
-        &[
-            "convert",
-            "-n",
-            "-f",
-            "raw",
-            p(&first_src),
-            "--object",
-            &creds,
-            "--target-image-opts",
-            &format!("driver=raw,file.driver=nbd,file.host=127.0.0.1,file.port={port},file.tls-creds=tls0"),
-        ],
+    let first = qemu_img_round_trip(&dir, &creds, "127.0.0.1", port, &data, 63);
+    std::fs::remove_file(&out).unwrap();
+    tool("nbdcopy", &[&alice, p(&out)]);
+    assert_same(
+        &read_file(&out)[..first.len()],
+        &first,
+        "qemu-img write over TLS-PSK",
     );
 
     // Refused, and given nothing: a wrong key (libnbd and qemu), an unknown user, no TLS.
@@ -517,4 +461,53 @@ fn tls_option_refusals_and_the_plain_tcp_warning() {
         "warning: serving TCP without TLS: whoever reaches {addr}"
     )));
     server.stop();
+}
+
+/// qemu-img, with the TLS credentials object `creds` (id `tls0`), reads the export at
+/// `host:port` (its first `data.len()` bytes must be `data`), then writes a MiB of
+/// `pattern(seed)` at its start; returns that MiB.
+fn qemu_img_round_trip(
+    dir: &Path,
+    creds: &str,
+    host: &str,
+    port: u16,
+    data: &[u8],
+    seed: u64,
+) -> Vec<u8> {
+    let via_qemu = dir.join("qemu.raw");
+    let source = format!("driver=nbd,host={host},port={port},tls-creds=tls0");
+    tool(
+        "qemu-img",
+        &[
+            "convert",
+            "--object",
+            creds,
+            "--image-opts",
+            &source,
+            "-O",
+            "raw",
+            p(&via_qemu),
+        ],
+    );
+    assert_same(&read_file(&via_qemu)[..data.len()], data, "qemu-img read");
+    let first = pattern(MIB as usize, seed);
+    let first_src = dir.join("first.raw");
+    write_file(&first_src, &first);
+    let target =
+        format!("driver=raw,file.driver=nbd,file.host={host},file.port={port},file.tls-creds=tls0");
+    tool(
+        "qemu-img",
+        &[
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            p(&first_src),
+            "--object",
+            creds,
+            "--target-image-opts",
+            &target,
+        ],
+    );
+    first
 }
