@@ -58,11 +58,38 @@ pub fn with_fast_pbkdf<'a>(args: &[&'a str]) -> Vec<&'a str> {
 }
 
 /// An empty folder for one test (`name` unique per test), under the system's temporary folder.
-pub fn scratch(name: &str) -> PathBuf {
+/// Removed when the test passes, kept for inspection when it fails: a test run leaves nothing
+/// behind (the suite writes gigabytes of images, and a full disk fails unrelated tests later).
+pub fn scratch(name: &str) -> Scratch {
     let dir = std::env::temp_dir().join(format!("sectorcrypt-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    Scratch(dir)
+}
+
+/// A test's scratch folder (see [`scratch`]); derefs to its path.
+#[derive(Debug)]
+pub struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
 
 /// `path` as UTF-8, for argument lists (test paths always are).

@@ -22,7 +22,7 @@ use sectorcrypt_luks::luks2::Header;
 use sectorcrypt_luks::Error;
 use sectorcrypt_storage::FileStorage;
 use sectorcrypt_testkit::fault;
-use sectorcrypt_testkit::pattern;
+use sectorcrypt_testkit::{pattern, Scratch};
 use serde_json::{json, Value};
 
 const MIB: u64 = 1 << 20;
@@ -31,7 +31,7 @@ const CIPHER: &str = "aes-xts-plain64";
 
 /// A scratch directory with a key file and two known volume keys.
 struct Fixture {
-    dir: PathBuf,
+    dir: Scratch,
     key: PathBuf,
     vk1: Vec<u8>,
     vk1_file: PathBuf,

@@ -4,7 +4,9 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-pub(crate) use sectorcrypt_testkit::{ok, p, python, scratch, with_fast_pbkdf, FAST_PBKDF};
+pub(crate) use sectorcrypt_testkit::{
+    ok, p, python, scratch, with_fast_pbkdf, Scratch, FAST_PBKDF,
+};
 
 /// Run with no standard input (so nothing can wait for a terminal).
 pub(crate) fn run(cmd: &mut Command) -> Output {

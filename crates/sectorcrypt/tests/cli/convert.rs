@@ -14,7 +14,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::common::{cs, ok, p, sc, scratch, FAST_PBKDF};
+use crate::common::{cs, ok, p, sc, scratch, Scratch, FAST_PBKDF};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 use sectorcrypt_testkit::fault;
@@ -36,7 +36,7 @@ const FAST: [&str; 5] = [
 ];
 
 /// A scratch directory, a passphrase file in it, and the path of a data image there.
-fn workspace(name: &str) -> (PathBuf, PathBuf, PathBuf) {
+fn workspace(name: &str) -> (Scratch, PathBuf, PathBuf) {
     let dir = scratch(name);
     let key = dir.join("pass");
     std::fs::write(&key, "passphrase").unwrap();

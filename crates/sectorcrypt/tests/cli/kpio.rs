@@ -12,8 +12,8 @@ use sectorcrypt_testkit::pattern;
 
 use crate::common::p;
 use crate::nbd::{
-    assert_same, python_decrypt, read_file, run_within, signal, tool, write_file, Scratch, Served,
-    BIN, MIB, TOOL_DEADLINE,
+    assert_same, nbd_scratch, python_decrypt, read_file, run_within, signal, tool, write_file,
+    Served, BIN, MIB, TOOL_DEADLINE,
 };
 
 /// Key table entries are 64 bytes (aes-xts-plain64, 512-bit keys).
@@ -111,7 +111,7 @@ fn reload(server: &Served, keys: &std::path::Path, table: &[u8], outcome: &str) 
 
 #[test]
 fn key_per_io_over_nbd_decrypts_with_each_tags_key_and_reloads() {
-    let dir = Scratch::new("kpio");
+    let dir = nbd_scratch("kpio");
     let store = dir.join("store.img");
     write_file(&store, &vec![0u8; 16 * MIB as usize]);
     let keys = dir.join("keys.bin");
@@ -216,7 +216,7 @@ fn key_per_io_over_nbd_decrypts_with_each_tags_key_and_reloads() {
 
 #[test]
 fn key_per_io_refusals_and_benchmark() {
-    let dir = Scratch::new("kpio-bad");
+    let dir = nbd_scratch("kpio-bad");
     let store = dir.join("store.img");
     write_file(&store, &vec![0u8; MIB as usize]);
     let keys = dir.join("keys.bin");
@@ -328,7 +328,7 @@ fn key_per_io_refusals_and_benchmark() {
 #[test]
 fn key_per_io_serves_over_tls() {
     use crate::tls::{pki, refused, with_certificates};
-    let dir = Scratch::new("kpio-tls");
+    let dir = nbd_scratch("kpio-tls");
     let store = dir.join("store.img");
     write_file(&store, &vec![0u8; 8 * MIB as usize]);
     let keys = dir.join("keys.bin");

@@ -8,7 +8,6 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::ops::Deref;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -20,7 +19,7 @@ use serde_json::Value;
 
 use sectorcrypt_testkit::pattern;
 
-use crate::common::{ok, p, python, sc};
+use crate::common::{ok, p, python, sc, Scratch};
 
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_sectorcrypt");
 
@@ -43,28 +42,9 @@ pub(crate) const MIB: u64 = 1 << 20;
 // Scratch space, data and volumes
 // ---------------------------------------------------------------------------------------------
 
-/// A test's scratch folder; removed when the test passes (kept for inspection when it fails).
-pub(crate) struct Scratch(PathBuf);
-
-impl Scratch {
-    pub(crate) fn new(name: &str) -> Scratch {
-        Scratch(crate::common::scratch(&format!("nbd-{name}")))
-    }
-}
-
-impl Deref for Scratch {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+/// A scratch folder for one test of this group (removed when it passes).
+pub(crate) fn nbd_scratch(name: &str) -> Scratch {
+    crate::common::scratch(&format!("nbd-{name}"))
 }
 
 /// Assert two byte strings are equal without printing megabytes: say where they first differ.
@@ -562,7 +542,7 @@ impl RawNbd {
 ///    reports the payload size.
 #[test]
 fn qemu_img_converts_in_and_out_and_reports_the_payload_size() {
-    let dir = Scratch::new("qemu-img");
+    let dir = nbd_scratch("qemu-img");
     let key = key_file(&dir);
     let img = format(&dir, "v", 64, &key, &["--sector-size", "4096"]);
     let size = payload_size(&img, &img);
@@ -611,7 +591,7 @@ fn qemu_img_converts_in_and_out_and_reports_the_payload_size() {
 ///    flags each option turns on.
 #[test]
 fn nbdinfo_reports_size_block_sizes_and_flags() {
-    let dir = Scratch::new("nbdinfo");
+    let dir = nbd_scratch("nbdinfo");
     let key = key_file(&dir);
     for sector in [512u64, 4096] {
         let img = format(
@@ -688,7 +668,7 @@ fn nbdinfo_reports_size_block_sizes_and_flags() {
 /// 3. nbdcopy with four connections in and out.
 #[test]
 fn nbdcopy_with_four_connections_copies_in_and_out() {
-    let dir = Scratch::new("nbdcopy");
+    let dir = nbd_scratch("nbdcopy");
     let key = key_file(&dir);
     let img = format(&dir, "v", 64, &key, &["--sector-size", "4096"]);
     let server = Served::unix(&dir, "s.sock", &img, &key, &[]);
@@ -742,7 +722,7 @@ fn check_fio(out: &Output, jobs: usize, what: &str) {
 ///    sends requests aligned to the advertised minimum, so the sizes start at the sector size.
 #[test]
 fn fio_randrw_with_crc32c_verify_passes() {
-    let dir = Scratch::new("fio");
+    let dir = nbd_scratch("fio");
     let key = key_file(&dir);
     for (sector, bsrange, threads) in [(512u64, "512-64k", "1"), (4096, "4k-128k", "2")] {
         let img = format(
@@ -837,7 +817,7 @@ with open(out, "wb") as f:
 ///    an independent AES-XTS implementation decrypts from the image with the volume key.
 #[test]
 fn data_written_over_nbd_decrypts_independently_with_python_aes_xts() {
-    let dir = Scratch::new("python-xts");
+    let dir = nbd_scratch("python-xts");
     let key = key_file(&dir);
     for (name, extra) in [
         ("l2-512", &["--sector-size", "512"][..]),
@@ -880,7 +860,7 @@ fn data_written_over_nbd_decrypts_independently_with_python_aes_xts() {
 ///    `cryptsetup reencrypt --decrypt` leaves in the data file (data offset 0).
 #[test]
 fn detached_header_volume_decrypts_with_cryptsetup_reencrypt() {
-    let dir = Scratch::new("detached");
+    let dir = nbd_scratch("detached");
     let key = key_file(&dir);
     let data_img = dir.join("data.img");
     File::create(&data_img).unwrap().set_len(32 * MIB).unwrap();
@@ -937,7 +917,7 @@ fn detached_header_volume_decrypts_with_cryptsetup_reencrypt() {
 ///    here, the first `size - 32 MiB` bytes are the original data.
 #[test]
 fn cryptsetup_in_place_encryption_serves_the_original_data() {
-    let dir = Scratch::new("encrypt");
+    let dir = nbd_scratch("encrypt");
     let key = key_file(&dir);
     let img = dir.join("plain.img");
     let original = pattern((64 * MIB) as usize, 7);
@@ -981,7 +961,7 @@ fn cryptsetup_in_place_encryption_serves_the_original_data() {
 ///     keeps serving. A stale socket left by a killed server is replaced.
 #[test]
 fn refused_starts_have_exit_codes_and_leave_everything_alone() {
-    let dir = Scratch::new("refused");
+    let dir = nbd_scratch("refused");
     let key = key_file(&dir);
     let wrong = dir.join("wrong.key");
     write_file(&wrong, b"not the passphrase");
@@ -1063,7 +1043,7 @@ fn refused_starts_have_exit_codes_and_leave_everything_alone() {
 ///     (and a trim EINVAL), and the image stays byte for byte the same.
 #[test]
 fn readonly_export_refuses_writes_and_leaves_the_image_intact() {
-    let dir = Scratch::new("readonly");
+    let dir = nbd_scratch("readonly");
     let key = key_file(&dir);
     let img = format(&dir, "v", 32, &key, &["--sector-size", "4096"]);
     // Some data first, so the read-only export has something to show.
@@ -1149,7 +1129,7 @@ fn readonly_export_refuses_writes_and_leaves_the_image_intact() {
 ///     before is there when served again (and SIGINT stops that second server the same way).
 #[test]
 fn sigterm_exits_zero_removes_the_socket_and_keeps_the_data() {
-    let dir = Scratch::new("sigterm");
+    let dir = nbd_scratch("sigterm");
     let key = key_file(&dir);
     let img = format(&dir, "v", 48, &key, &["--sector-size", "512"]);
     let server = Served::unix(&dir, "s.sock", &img, &key, &[]);
@@ -1172,7 +1152,7 @@ fn sigterm_exits_zero_removes_the_socket_and_keeps_the_data() {
 ///    export), then a third reads everything back.
 #[test]
 fn concurrent_clients_on_disjoint_halves_then_a_third_reads_all() {
-    let dir = Scratch::new("multiconn");
+    let dir = nbd_scratch("multiconn");
     let key = key_file(&dir);
     let img = format(&dir, "v", 64, &key, &["--sector-size", "4096"]);
     let server = Served::unix(&dir, "s.sock", &img, &key, &[]);
@@ -1212,7 +1192,7 @@ fn concurrent_clients_on_disjoint_halves_then_a_third_reads_all() {
 ///     and rewritten by the server, and no connection's 512 bytes may be lost to another's.
 #[test]
 fn sub_sector_writes_from_many_connections_are_all_kept() {
-    let dir = Scratch::new("subsector");
+    let dir = nbd_scratch("subsector");
     let key = key_file(&dir);
     let img = format(&dir, "v", 32, &key, &["--sector-size", "4096"]);
     let server = Served::unix(&dir, "s.sock", &img, &key, &[]);
@@ -1253,7 +1233,7 @@ fn sub_sector_writes_from_many_connections_are_all_kept() {
 ///     is refused as busy.
 #[test]
 fn tcp_listen_on_loopback_serves_and_refuses_a_busy_port() {
-    let dir = Scratch::new("tcp");
+    let dir = nbd_scratch("tcp");
     let key = key_file(&dir);
     let img = format(&dir, "v", 32, &key, &[]);
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -1293,7 +1273,7 @@ fn tcp_listen_on_loopback_serves_and_refuses_a_busy_port() {
 ///     changes the data, and after a bad magic the server drops only that connection.
 #[test]
 fn protocol_limits_get_errors_and_the_connection_stays_usable() {
-    let dir = Scratch::new("limits");
+    let dir = nbd_scratch("limits");
     let key = key_file(&dir);
     let img = format(&dir, "v", 64, &key, &["--sector-size", "4096"]);
     let server = Served::unix(&dir, "s.sock", &img, &key, &[]);
@@ -1399,7 +1379,7 @@ fn protocol_limits_get_errors_and_the_connection_stays_usable() {
 ///     the rest of partly covered sectors, are kept; zeroed bytes read back as zeros.
 #[test]
 fn zeroes_and_discards_keep_the_bytes_outside_their_range() {
-    let dir = Scratch::new("zero-trim");
+    let dir = nbd_scratch("zero-trim");
     let key = key_file(&dir);
     let img = format(&dir, "v", 32, &key, &["--sector-size", "4096"]);
     let server = Served::unix(&dir, "s.sock", &img, &key, &["--allow-discards"]);
@@ -1454,7 +1434,7 @@ fn zeroes_and_discards_keep_the_bytes_outside_their_range() {
 ///     SIGTERM must still stop the server with exit 0; it may not hang in accept() for ever.
 #[test]
 fn sigterm_stops_the_server_even_after_its_socket_file_was_removed() {
-    let dir = Scratch::new("rm-socket");
+    let dir = nbd_scratch("rm-socket");
     let key = key_file(&dir);
     let img = format(&dir, "v", 32, &key, &[]);
     let server = Served::unix(&dir, "s.sock", &img, &key, &[]);
@@ -1466,7 +1446,7 @@ fn sigterm_stops_the_server_even_after_its_socket_file_was_removed() {
 ///     path and the export name hold characters a URI must escape (here, spaces).
 #[test]
 fn the_serving_uri_works_with_spaces_in_the_socket_path_and_export_name() {
-    let dir = Scratch::new("uri");
+    let dir = nbd_scratch("uri");
     let key = key_file(&dir);
     let img = format(&dir, "v", 32, &key, &[]);
     let sub = dir.join("a b");
@@ -1506,7 +1486,7 @@ fn the_serving_uri_works_with_spaces_in_the_socket_path_and_export_name() {
 /// not whole encryption sectors within the data are refused.
 #[test]
 fn size_options_expose_a_prefix_of_the_data() {
-    let dir = Scratch::new("size-options");
+    let dir = nbd_scratch("size-options");
     let key = key_file(&dir);
     let img = format(&dir, "v", 32, &key, &["--sector-size", "4096"]);
     let full = payload_size(&img, &img);

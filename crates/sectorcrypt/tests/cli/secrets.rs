@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use sectorcrypt_testkit::{pattern, FAST_ARGON2ID, FAST_PBKDF};
 
-use crate::common::{p, run, sc};
+use crate::common::{p, run, sc, Scratch};
 use crate::nbd::{signal, write_file, BIN, MIB};
 
 /// A hang detector for a server to start or reload, not a speed check.
@@ -30,7 +30,7 @@ fn is_root() -> bool {
 }
 
 /// A scratch folder the unprivileged server can use.
-fn scratch(name: &str) -> PathBuf {
+fn scratch(name: &str) -> Scratch {
     let dir = sectorcrypt_testkit::scratch(&format!("secrets-{name}"));
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     dir

@@ -20,8 +20,8 @@ use sectorcrypt_testkit::pki::Pki;
 
 use crate::common::p;
 use crate::nbd::{
-    assert_same, format, key_file, read_file, run_within, serve_refused, tool, write_file, Scratch,
-    Served, MIB, TOOL_DEADLINE,
+    assert_same, format, key_file, nbd_scratch, read_file, run_within, serve_refused, tool,
+    write_file, Served, MIB, TOOL_DEADLINE,
 };
 
 /// The certificates of a test, under `dir/pki`.
@@ -93,7 +93,7 @@ fn send_option(s: &mut TcpStream, option: u32, data: &[u8]) {
 
 #[test]
 fn serve_tls_require_reads_and_writes_with_libnbd_and_qemu_and_refuses_the_rest() {
-    let dir = Scratch::new("tls-require");
+    let dir = nbd_scratch("tls-require");
     let key = key_file(&dir);
     let img = format(&dir, "v", 32, &key, &[]);
     let pki = pki(&dir);
@@ -203,7 +203,7 @@ fn serve_tls_require_reads_and_writes_with_libnbd_and_qemu_and_refuses_the_rest(
 
 #[test]
 fn serve_tls_on_a_unix_socket_serves_tls_and_plain_clients() {
-    let dir = Scratch::new("tls-on");
+    let dir = nbd_scratch("tls-on");
     let key = key_file(&dir);
     let img = format(&dir, "v", 32, &key, &[]);
     let pki = pki(&dir);
@@ -266,7 +266,7 @@ fn qemu_psk(dir: &Path, user: &str) -> String {
 
 #[test]
 fn serve_tls_psk_reads_and_writes_with_libnbd_and_qemu_and_refuses_wrong_keys() {
-    let dir = Scratch::new("tls-psk");
+    let dir = nbd_scratch("tls-psk");
     let key = key_file(&dir);
     let img = format(&dir, "v", 32, &key, &[]);
     let psk = dir.join("keys.psk");
@@ -375,7 +375,7 @@ fn serve_tls_psk_reads_and_writes_with_libnbd_and_qemu_and_refuses_wrong_keys() 
 
 #[test]
 fn tls_option_refusals_and_the_plain_tcp_warning() {
-    let dir = Scratch::new("tls-refusals");
+    let dir = nbd_scratch("tls-refusals");
     let key = key_file(&dir);
     let img = format(&dir, "v", 32, &key, &[]);
     let pki = pki(&dir);

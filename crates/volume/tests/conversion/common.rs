@@ -9,7 +9,7 @@ use sectorcrypt_luks::luks2::reencrypt::{self, InitOptions, ResilienceKind, Stat
 use sectorcrypt_luks::luks2::Header as Luks2Header;
 use sectorcrypt_luks::PbkdfOptions;
 use sectorcrypt_storage::{FileStorage, Storage};
-use sectorcrypt_testkit::{ok, scratch};
+use sectorcrypt_testkit::{ok, scratch, Scratch};
 use sectorcrypt_volume::reencrypt::{run, Options, Outcome};
 
 pub(crate) use sectorcrypt_testkit::{cryptsetup_format_with_volume_key, p, with_fast_pbkdf};
@@ -84,7 +84,7 @@ pub(crate) fn cryptsetup_reencrypt(extra: &[&str], hdr: Option<&Path>, key: &Pat
 }
 
 /// A scratch folder for an interop test and the key file holding [`PASS`] in it.
-pub(crate) fn interop_dir(name: &str) -> (PathBuf, PathBuf) {
+pub(crate) fn interop_dir(name: &str) -> (Scratch, PathBuf) {
     let dir = scratch(&format!("reenc-{name}"));
     let key_file = dir.join("pass");
     std::fs::write(&key_file, PASS).unwrap();
