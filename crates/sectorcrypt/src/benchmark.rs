@@ -263,8 +263,9 @@ fn run_io(
         threads: args.io_threads,
         total: size("--io-total", &args.io_total)?,
     };
-    // The header device is kept (unused) for its lock.
-    let (volume, _header) = crate::open::VolumeArgs {
+    // The devices are kept (unused) for their locks. A conversion recorded on the device is
+    // not gone on with: the benchmark measures the volume, not a conversion.
+    let opened = crate::open::VolumeArgs {
         device: device.to_path_buf(),
         header: args.header.clone(),
         key: args.key.clone(),
@@ -275,9 +276,11 @@ fn run_io(
         backend: args.backend.clone(),
         size: None,
         device_size: None,
+        no_resume: true,
     }
     .open()?;
-    sectorcrypt_bench::io::check(&case, &volume).map_err(CliError::usage)?;
+    let volume = &opened.volume;
+    sectorcrypt_bench::io::check(&case, volume).map_err(CliError::usage)?;
     if io_type == IoType::Write {
         crate::keyslots::confirm(
             args.batch,
@@ -293,7 +296,7 @@ fn run_io(
     if let Some(bar) = &bar {
         bar.set_length(case.total / case.io_size as u64 * case.io_size as u64);
     }
-    let results = sectorcrypt_bench::io::measure(&case, &volume, &|path, done| {
+    let results = sectorcrypt_bench::io::measure(&case, volume, &|path, done| {
         if let Some(bar) = &bar {
             if bar.message() != path {
                 bar.set_message(path);

@@ -18,6 +18,7 @@ mod keyfile;
 mod keyslots;
 mod kpio;
 mod mount;
+mod online;
 mod open;
 mod pbkdf_args;
 mod progress;

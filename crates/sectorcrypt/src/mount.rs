@@ -26,8 +26,9 @@ pub(crate) fn run(args: MountArgs) -> Result<(), CliError> {
     }
     // Before the passphrase: the KDF may take seconds, a wrong mount point is known at once.
     sectorcrypt_fuse::check_mountpoint(&args.mountpoint).map_err(fuse_error)?;
-    // The header device is kept (unused) for its lock.
-    let (volume, _header) = args.volume.open()?;
+    // The devices are kept for their locks and for conversions run online.
+    let mut opened = args.volume.open()?;
+    let volume = std::sync::Arc::clone(&opened.volume);
     let options = MountOptions {
         threads: args.volume.threads(),
     };
@@ -37,6 +38,7 @@ pub(crate) fn run(args: MountArgs) -> Result<(), CliError> {
     }];
     let mut session =
         sectorcrypt_fuse::mount(files, &args.mountpoint, &options).map_err(fuse_error)?;
+    let host = opened.host(&args.volume)?;
     loop {
         match session.wait() {
             Stop::Unmounted => break,
@@ -55,6 +57,7 @@ pub(crate) fn run(args: MountArgs) -> Result<(), CliError> {
             },
         }
     }
+    host.shutdown();
     session.close().map_err(fuse_error)
 }
 

@@ -1,18 +1,23 @@
 //! Unlocking a volume for the commands that serve it (`serve`, `mount`): the device (and a
-//! detached header), the passphrase, and how the volume is opened.
+//! detached header), the passphrase, and how the volume is opened. A device with a conversion
+//! in progress is served as it stands (each request by its segment: `sectorcrypt_volume::live`)
+//! and the conversion goes on in the background, as dm-crypt serves a device that
+//! `cryptsetup reencrypt` converts.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use sectorcrypt_luks::luks2::reencrypt::{self as metadata, State};
 use sectorcrypt_luks::Header;
+use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_storage::{FileStorage, Storage};
-use sectorcrypt_volume::convert::{self, AtOpen};
+use sectorcrypt_volume::reencrypt::{self, Options, DEFAULT_HOTZONE};
 use sectorcrypt_volume::{Error as VolumeError, Layout, Volume, VolumeOptions};
 
 use crate::device;
 use crate::exit::{open_failed, CliError};
-use crate::inplace::{finish_conversion, resume_hint};
 use crate::keyfile::KeyArgs;
+use crate::online::{Host, Served};
 
 /// The volume to open and how.
 #[derive(clap::Args, Debug)]
@@ -47,6 +52,38 @@ pub(crate) struct VolumeArgs {
     /// Expose only the first BYTES bytes of the data (cryptsetup open --device-size).
     #[arg(long = "device-size", value_name = "BYTES")]
     pub device_size: Option<u64>,
+    /// A conversion recorded on DEVICE (reencryption, encryption, decryption) is served as it
+    /// stands and goes on in the background; with this, it waits (`sectorcrypt reencrypt|encrypt|
+    /// decrypt DEVICE --resume-only` beside the server goes on with it, online).
+    #[arg(long = "no-resume")]
+    pub no_resume: bool,
+}
+
+/// An opened volume, the devices under it, and the conversion it has to go on with.
+pub(crate) struct Opened {
+    pub volume: Arc<Volume>,
+    pub data: Arc<dyn Storage>,
+    pub header_dev: Arc<dyn Storage>,
+    /// The passphrase of a conversion recorded on the device, to go on with in the background.
+    pub resume: Option<SecretBytes>,
+}
+
+impl Opened {
+    /// Listen for online conversions of the volume (and go on with one recorded on it).
+    pub(crate) fn host(&mut self, args: &VolumeArgs) -> Result<Host, CliError> {
+        Host::start(
+            Served {
+                volume: Arc::clone(&self.volume),
+                data: Arc::clone(&self.data),
+                header_dev: Arc::clone(&self.header_dev),
+                device: args.device.clone(),
+                header: args.header.clone(),
+                threads: args.threads(),
+                read_only: args.readonly,
+            },
+            self.resume.take(),
+        )
+    }
 }
 
 impl VolumeArgs {
@@ -62,7 +99,7 @@ impl VolumeArgs {
     /// a detached header are locked for as long as the volume and the returned header device
     /// are alive: exclusively when the volume is writable, shared when read-only (a writer
     /// beside would change what is served).
-    pub(crate) fn open(&self) -> Result<(Arc<Volume>, Arc<dyn Storage>), CliError> {
+    pub(crate) fn open(&self) -> Result<Opened, CliError> {
         let open = |path: &PathBuf, write: bool| -> Result<Arc<dyn Storage>, CliError> {
             if let Some(image) = device::rbd(path, write) {
                 return image.map(Arc::from);
@@ -79,79 +116,116 @@ impl VolumeArgs {
             Some(h) => open(h, !self.readonly)?,
             None => Arc::clone(&data),
         };
-        let mut header = Header::read(&*header_dev)?;
+        let header = Header::read(&*header_dev)?;
         let pass = self
             .key
             .read(&format!("Enter passphrase for {}: ", self.device.display()))?;
         // As `cryptsetup open` checks before activating: the passphrase, and during an in-place
         // conversion its metadata's digest, before anything is finished or written.
-        let mut unlocked = header.unlock_checked(&*header_dev, &pass, self.key_slot, false)?;
-        match convert::at_open(&header, &self.device.display().to_string(), self.readonly) {
-            Ok(AtOpen::Open) => {}
-            Ok(AtOpen::FinishFirst(mode)) => {
-                let verb = mode.as_str();
-                let hint = resume_hint(verb, &self.device, self.header.as_deref());
-                eprintln!(
-                    "{}: finishing the interrupted {verb} first (as {hint} would)",
-                    self.device.display()
-                );
-                let header_rw = match &self.header {
-                    Some(h) => open(h, true)?,
-                    None => Arc::clone(&data),
-                };
-                finish_conversion(&*header_rw, &*data, &pass, self.threads(), &hint)?;
-                header = Header::read(&*header_dev)?;
-                unlocked = header.unlock(&*header_dev, &pass, self.key_slot)?;
-            }
-            Err(VolumeError::InProgress { mode, .. }) => {
-                let verb = mode.as_str();
-                let hint = resume_hint(verb, &self.device, self.header.as_deref());
-                return Err(CliError::usage(format!(
-                    "{} is being converted in place ({verb}, interrupted); finish it first: \
-                     {hint}",
-                    self.device.display()
-                )));
-            }
-            Err(e) => return Err(e.into()),
+        let unlocked = header.unlock_checked(&*header_dev, &pass, self.key_slot, false)?;
+        let options = VolumeOptions {
+            read_only: self.readonly,
+            allow_discards: self.allow_discards,
+            threads: self.threads(),
+            backend: crate::benchmark::backend_choice(self.backend.as_deref())?,
+        };
+        let in_progress = match &header {
+            Header::Luks2(h) => metadata::parse(h.metadata())?.map(|r| (r.state(), r.keyslot.mode)),
+            Header::Luks1(_) => None,
+        };
+        if let Some((state, mode)) = in_progress {
+            drop(unlocked);
+            return self.open_converting(data, header_dev, pass, (state, mode.as_str()), &options);
         }
         let mut layout = Layout::from_header(&header, data.len().map_err(VolumeError::from)?)?;
-        let wanted = match (self.size, self.device_size) {
+        if let Some(bytes) = self.wanted_size()? {
+            layout
+                .limit_to(bytes)
+                .map_err(|e| CliError::usage(format!("{} for {}", e, self.device.display())))?;
+        }
+        let volume = Volume::with_layout(Arc::clone(&data), layout, &unlocked.volume_key, &options)
+            .map_err(|e| self.cannot_open(e))?;
+        drop((pass, unlocked));
+        crate::secrets::keys_ready();
+        Ok(Opened {
+            volume: Arc::new(volume),
+            data,
+            header_dev,
+            resume: None,
+        })
+    }
+
+    /// The size asked for with --size or --device-size, in bytes.
+    fn wanted_size(&self) -> Result<Option<u64>, CliError> {
+        Ok(match (self.size, self.device_size) {
             (Some(sectors), _) => Some(
                 sectors
                     .checked_mul(512)
                     .ok_or_else(|| CliError::usage(format!("--size {sectors}: too large")))?,
             ),
             (None, bytes) => bytes,
-        };
-        if let Some(bytes) = wanted {
-            layout
+        })
+    }
+
+    fn cannot_open(&self, e: VolumeError) -> CliError {
+        let inner = CliError::from(e);
+        CliError {
+            message: format!(
+                "cannot open the volume on {}: {}",
+                self.device.display(),
+                inner.message
+            ),
+            ..inner
+        }
+    }
+
+    /// Open a device whose header records a conversion (`state`, of `verb`): a step that a crash cut short
+    /// is recovered first (a write: not when read-only), then the volume is served by segment,
+    /// and the conversion goes on in the background unless --no-resume or read-only.
+    fn open_converting(
+        &self,
+        data: Arc<dyn Storage>,
+        header_dev: Arc<dyn Storage>,
+        pass: SecretBytes,
+        (state, verb): (State, &str),
+        options: &VolumeOptions,
+    ) -> Result<Opened, CliError> {
+        if state == State::Crash {
+            if self.readonly {
+                return Err(CliError::usage(format!(
+                    "a step of the conversion of {} was cut short; serve it writable once to \
+                     recover it (or resume it: {})",
+                    self.device.display(),
+                    crate::inplace::resume_hint(verb, &self.device, self.header.as_deref())
+                )));
+            }
+            eprintln!(
+                "sectorcrypt: {}: recovering the conversion step a crash cut short",
+                self.device.display()
+            );
+            let recovery = Options {
+                hotzone: DEFAULT_HOTZONE,
+                threads: self.threads(),
+            };
+            reencrypt::recover(&*header_dev, &*data, &pass, &recovery)?;
+        }
+        let mut converting = reencrypt::converting(&*header_dev, &*data, &pass)?;
+        if let Some(bytes) = self.wanted_size()? {
+            converting
+                .final_layout
                 .limit_to(bytes)
                 .map_err(|e| CliError::usage(format!("{} for {}", e, self.device.display())))?;
         }
-        let volume = Volume::with_layout(
-            data,
-            layout,
-            &unlocked.volume_key,
-            &VolumeOptions {
-                read_only: self.readonly,
-                allow_discards: self.allow_discards,
-                threads: self.threads(),
-                backend: crate::benchmark::backend_choice(self.backend.as_deref())?,
-            },
-        )
-        .map_err(|e| {
-            let inner = CliError::from(e);
-            CliError {
-                message: format!(
-                    "cannot open the volume on {}: {}",
-                    self.device.display(),
-                    inner.message
-                ),
-                ..inner
-            }
-        })?;
-        drop((pass, unlocked));
+        let header = sectorcrypt_luks::luks2::Header::read(&*header_dev)?;
+        let volume = Volume::open_converting(Arc::clone(&data), &header, &converting, options)
+            .map_err(|e| self.cannot_open(e))?;
+        drop(converting);
         crate::secrets::keys_ready();
-        Ok((Arc::new(volume), header_dev))
+        Ok(Opened {
+            volume: Arc::new(volume),
+            data,
+            header_dev,
+            resume: (!self.readonly && !self.no_resume).then_some(pass),
+        })
     }
 }

@@ -1,6 +1,7 @@
 //! `serve`: unlock a volume and export it over NBD until SIGINT/SIGTERM.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use sectorcrypt_nbd::{Error as NbdError, Listen, Server, ServerOptions, Tls, TlsMode};
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -148,8 +149,9 @@ pub(crate) fn run(args: ServeArgs) -> Result<(), CliError> {
     let mut signals = Signals::new([SIGINT, SIGTERM])
         .map_err(|e| CliError::io("cannot install signal handlers", e))?;
     let tls = args.tls.load(args.listen.as_deref())?;
-    // The header device is kept (unused) for its lock.
-    let (volume, _header) = args.volume.open()?;
+    // The devices are kept for their locks and for conversions run online.
+    let mut opened = args.volume.open()?;
+    let volume = Arc::clone(&opened.volume);
     let listen = listen_on(args.socket.as_deref(), args.listen.as_deref())?;
     let threads = args.volume.threads();
     let description = format!(
@@ -193,5 +195,8 @@ pub(crate) fn run(args: ServeArgs) -> Result<(), CliError> {
         args.volume.device.display(),
         server.uri()
     );
-    server.run().map_err(CliError::usage)
+    let host = opened.host(&args.volume)?;
+    let served = server.run().map_err(CliError::usage);
+    host.shutdown();
+    served
 }

@@ -55,7 +55,7 @@ pub struct Survivor {
 /// uninterrupted run is checked first.
 pub fn sweep<T, E: Debug>(
     images: &[Vec<u8>],
-    op: impl Fn(&[CrashingStorage]) -> Result<T, E>,
+    op: impl Fn(&[Arc<CrashingStorage>]) -> Result<T, E>,
     check: impl FnMut(&Survivor) -> Result<(), String>,
 ) -> Report {
     let atoms = vec![crash::SECTOR; images.len()];
@@ -67,19 +67,20 @@ pub fn sweep<T, E: Debug>(
 pub fn sweep_with_atoms<T, E: Debug>(
     images: &[Vec<u8>],
     atoms: &[u64],
-    op: impl Fn(&[CrashingStorage]) -> Result<T, E>,
+    op: impl Fn(&[Arc<CrashingStorage>]) -> Result<T, E>,
     mut check: impl FnMut(&Survivor) -> Result<(), String>,
 ) -> Report {
     let devices = |cut: Option<u64>| {
         let power = Power::new(cut);
-        let devs: Vec<CrashingStorage> = images
+        // Shared, so that an operation can hand a device to what keeps it (a served volume).
+        let devs: Vec<Arc<CrashingStorage>> = images
             .iter()
             .zip(atoms)
-            .map(|(i, &atom)| power.device_with_atom(i.clone(), atom))
+            .map(|(i, &atom)| Arc::new(power.device_with_atom(i.clone(), atom)))
             .collect();
         (power, devs)
     };
-    let back_on = |devs: &[CrashingStorage], o: &Outcome, complete: bool| Survivor {
+    let back_on = |devs: &[Arc<CrashingStorage>], o: &Outcome, complete: bool| Survivor {
         devices: devs
             .iter()
             .map(|d| Arc::new(MemStorage::new(d.image(o))))
@@ -119,7 +120,7 @@ pub fn sweep_with_atoms<T, E: Debug>(
                 "the operation failed without a power cut".to_string()
             }
         );
-        let refs: Vec<&CrashingStorage> = devs.iter().collect();
+        let refs: Vec<&CrashingStorage> = devs.iter().map(|d| &**d).collect();
         for o in crash::outcomes(&refs, cut) {
             let what = format!("cut after {cut} of {total}, {o:?}");
             record(what, back_on(&devs, &o, false), &mut report);

@@ -446,39 +446,6 @@ pub fn check_encrypted(h: &Luks2Header, device: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// What opening a volume (to serve or mount it) does about a conversion its header records.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AtOpen {
-    /// Nothing is in progress: open it.
-    Open,
-    /// An encryption or reencryption was interrupted: finish it first (as the next run of its
-    /// command would), then open the volume it leaves.
-    FinishFirst(reencrypt::Mode),
-}
-
-/// The policy for a conversion found in progress when a volume is opened: a volume half
-/// converted has two layouts, which one volume cannot serve. An interrupted encryption or
-/// reencryption is finished first; a decryption (it ends with no keys to open), or any
-/// conversion of a volume opened read-only (finishing writes), is refused.
-///
-/// Errors: [`Error::InProgress`] for a conversion that must be finished by its own command;
-/// [`Error::Luks`] for reencryption metadata that does not parse.
-pub fn at_open(h: &Header, device: &str, read_only: bool) -> Result<AtOpen, Error> {
-    let Header::Luks2(h) = h else {
-        return Ok(AtOpen::Open);
-    };
-    match reencrypt::parse(h.metadata())? {
-        None => Ok(AtOpen::Open),
-        Some(r) if read_only || r.keyslot.mode == reencrypt::Mode::Decrypt => {
-            Err(Error::InProgress {
-                device: device.to_string(),
-                mode: r.keyslot.mode,
-            })
-        }
-        Some(r) => Ok(AtOpen::FinishFirst(r.keyslot.mode)),
-    }
-}
-
 /// The new volume key's length for a reencryption to `cipher`: `key_bits` if given, else the old
 /// length if the cipher takes it, else the cipher's default. Refused, before anything is written,
 /// when the cipher does not run here, does not take that key, or is `cipher_null` (that would

@@ -30,7 +30,7 @@
 use std::fmt;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 
 use sectorcrypt_cipher::sector::PARALLEL_MIN;
 use sectorcrypt_cipher::{BackendChoice, CipherSpec, Direction, SectorCipher, SectorOptions};
@@ -289,6 +289,11 @@ pub struct Volume {
     in_progress: AtomicUsize,
     /// Requests servers have received and not yet finished ([`Volume::announce`]).
     announced: AtomicUsize,
+    /// Set while a conversion runs on the volume (or since one did): requests go by its segments
+    /// ([`live`]). Every request holds this for reading, so that switching drains them.
+    live: RwLock<Option<live::Live>>,
+    /// How it was opened (for the views of a conversion).
+    options: VolumeOptions,
 }
 
 /// A request a server has received and will run on the volume; see [`Volume::announce`].
@@ -370,7 +375,14 @@ impl Volume {
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             in_progress: AtomicUsize::new(0),
             announced: AtomicUsize::new(0),
+            live: RwLock::new(None),
+            options: opts.clone(),
         })
+    }
+
+    /// The routing of a served conversion, held for reading for one request.
+    fn route(&self) -> RwLockReadGuard<'_, Option<live::Live>> {
+        self.live.read().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Payload size in bytes.
@@ -513,6 +525,10 @@ impl Volume {
         if buf.is_empty() {
             return Ok(());
         }
+        let route = self.route();
+        if let Some(live) = route.as_ref() {
+            return live.read(buf, offset);
+        }
         let _busy = self.begin();
         let ss = self.layout.sector_size as u64;
         let len = buf.len() as u64;
@@ -541,6 +557,10 @@ impl Volume {
     pub fn write_in_place(&self, data: &mut [u8], offset: u64) -> Result<(), Error> {
         self.check_writable()?;
         self.check_range(offset, data.len() as u64)?;
+        let route = self.route();
+        if let Some(live) = route.as_ref() {
+            return live.write_in_place(data, offset);
+        }
         let _busy = self.begin();
         let ss = self.layout.sector_size;
         let ss64 = ss as u64;
@@ -607,6 +627,10 @@ impl Volume {
         if !self.allow_discards {
             return Err(Error::DiscardsNotAllowed);
         }
+        let route = self.route();
+        if let Some(live) = route.as_ref() {
+            return live.discard(offset, len);
+        }
         let ss = self.layout.sector_size as u64;
         let start = offset.div_ceil(ss) * ss;
         let end = (offset + len) / ss * ss;
@@ -624,9 +648,109 @@ impl Volume {
     }
 }
 
+impl Volume {
+    /// A volume served while a conversion recorded in `header` runs (a clean state: a crashed
+    /// step is recovered first, [`reencrypt::recover`]): requests go by the header's segments,
+    /// with the keys and over the data of `converting`.
+    pub fn open_converting(
+        storage: Arc<dyn Storage>,
+        header: &sectorcrypt_luks::luks2::Header,
+        converting: &reencrypt::Converting,
+        opts: &VolumeOptions,
+    ) -> Result<Self, Error> {
+        let volume = Volume::with_layout(
+            Arc::clone(&storage),
+            converting.final_layout.clone(),
+            converting.new_key.as_deref().unwrap_or_default(),
+            opts,
+        )?;
+        live::Serving::started(
+            &volume,
+            header,
+            converting.old_key.as_deref(),
+            converting.new_key.as_deref(),
+        )?;
+        Ok(volume)
+    }
+}
+
+impl Volume {
+    /// Change the device under the volume while no request is in flight (new ones wait), then
+    /// route requests by the conversion `change` recorded: the header it returns, with the old
+    /// and new volume keys. For a conversion whose start moves data that requests reach (a
+    /// decryption that exports the header first copies the first chunk).
+    pub fn reroute_after(
+        &self,
+        change: impl FnOnce() -> Result<
+            (
+                sectorcrypt_luks::luks2::Header,
+                Option<sectorcrypt_secret::SecretBytes>,
+                Option<sectorcrypt_secret::SecretBytes>,
+            ),
+            Error,
+        >,
+    ) -> Result<(), Error> {
+        let mut routing = self.live.write().unwrap_or_else(PoisonError::into_inner);
+        let (header, old_key, new_key) = change()?;
+        *routing = Some(live::Live::new(
+            Arc::clone(&self.storage),
+            self.options.clone(),
+            self.layout.size,
+            &header,
+            old_key.as_deref(),
+            new_key.as_deref(),
+        )?);
+        Ok(())
+    }
+}
+
+impl live::Serving for Volume {
+    fn started(
+        &self,
+        header: &sectorcrypt_luks::luks2::Header,
+        old_key: Option<&[u8]>,
+        new_key: Option<&[u8]>,
+    ) -> Result<(), Error> {
+        let routed = live::Live::new(
+            Arc::clone(&self.storage),
+            self.options.clone(),
+            self.layout.size,
+            header,
+            old_key,
+            new_key,
+        )?;
+        *self.live.write().unwrap_or_else(PoisonError::into_inner) = Some(routed);
+        Ok(())
+    }
+
+    fn hold(&self, at: u64, len: u64) {
+        if let Some(live) = self.route().as_ref() {
+            live.hold(at, len);
+        }
+    }
+
+    fn release(&self, header: &sectorcrypt_luks::luks2::Header) -> Result<(), Error> {
+        match self.route().as_ref() {
+            Some(live) => live.release(header),
+            None => Ok(()),
+        }
+    }
+
+    fn failed(&self, why: &Error) {
+        if let Some(live) = self.route().as_ref() {
+            live.failed(why);
+        }
+    }
+
+    fn is_live(&self) -> bool {
+        true
+    }
+}
+
 pub mod convert;
 pub mod datashift;
 pub mod kpio;
+pub mod live;
 pub mod reencrypt;
 pub mod resilience;
 

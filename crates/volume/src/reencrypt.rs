@@ -50,7 +50,8 @@ use sectorcrypt_luks::luks2::Header as Luks2Header;
 use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_storage::Storage;
 
-use crate::Error;
+use crate::live::{Offline, Serving};
+use crate::{Error, Layout};
 
 /// Default hotzone: large enough that the two header writes per step do not show, small enough
 /// for memory and for the time a step is exposed.
@@ -160,6 +161,137 @@ pub fn run(
     options: &Options,
     progress: &mut dyn FnMut(Progress) -> bool,
 ) -> Result<Outcome, Error> {
+    drive(
+        header_dev,
+        data_dev,
+        passphrase,
+        options,
+        progress,
+        &Offline,
+        Until::End,
+    )
+}
+
+/// [`run`] on a device that `serving` serves meanwhile: each step holds its hotzone's range in
+/// `serving` and reroutes it when the header records the step ([`crate::live`]). A step that
+/// fails leaves its range failed there.
+pub fn run_serving(
+    header_dev: &dyn Storage,
+    data_dev: &dyn Storage,
+    passphrase: &[u8],
+    options: &Options,
+    progress: &mut dyn FnMut(Progress) -> bool,
+    serving: &dyn Serving,
+) -> Result<Outcome, Error> {
+    drive(
+        header_dev,
+        data_dev,
+        passphrase,
+        options,
+        progress,
+        serving,
+        Until::End,
+    )
+}
+
+/// Recover the step a crash cut short, if the header records one, and stop there (a device must
+/// be in a clean state to be served while converted). Errors as [`run`].
+pub fn recover(
+    header_dev: &dyn Storage,
+    data_dev: &dyn Storage,
+    passphrase: &[u8],
+    options: &Options,
+) -> Result<(), Error> {
+    drive(
+        header_dev,
+        data_dev,
+        passphrase,
+        options,
+        &mut |_| true,
+        &Offline,
+        Until::Recovered,
+    )
+    .map(drop)
+}
+
+/// How far [`drive`] goes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Until {
+    /// To the end (or a pause).
+    End,
+    /// Only a crashed step's recovery.
+    Recovered,
+}
+
+/// What serving a device in the middle of a conversion needs.
+pub struct Converting {
+    /// The volume key of the layout before (`None`: plaintext).
+    pub old_key: Option<SecretBytes>,
+    /// The volume key of the layout after (`None`: plaintext).
+    pub new_key: Option<SecretBytes>,
+    /// The data when the conversion ends: where, how encrypted, and how many bytes (the size
+    /// served throughout).
+    pub final_layout: Layout,
+}
+
+/// The keys (checked against the reencryption digest, as a resumed run checks them) and the
+/// layouts of the conversion recorded in `header`, read from `header_dev`, over `data_dev`.
+///
+/// Errors: as [`run`]; [`Error::Refused`] for a crashed state (see [`recover`]).
+pub fn converting(
+    header_dev: &dyn Storage,
+    data_dev: &dyn Storage,
+    passphrase: &[u8],
+) -> Result<Converting, Error> {
+    let header = Luks2Header::read(header_dev).map_err(luks)?;
+    header.metadata().check_requirements_known().map_err(luks)?;
+    let r = in_progress(&header)?;
+    if r.state() == State::Crash {
+        return Err(Error::Refused(
+            "a step of the conversion was cut short: recover it first".into(),
+        ));
+    }
+    let plan = plan_of(&r)?;
+    let (_, guard) = guard_of(plan, &r)?;
+    let (old_key, new_key) = volume_keys(plan, &header, header_dev, passphrase)?;
+    let shift = r.keyslot.resilience.shift_size().unwrap_or(0);
+    let Extent { total, .. } = extent(plan, &r, data_dev, shift, &guard)?;
+    let final_layout = match &r.backup_final.kind {
+        SegmentKind::Crypt {
+            iv_tweak,
+            encryption,
+            sector_size,
+        } => Layout {
+            offset: r.backup_final.offset,
+            size: total,
+            cipher: encryption.clone(),
+            sector_size: *sector_size as usize,
+            iv_offset: *iv_tweak,
+        },
+        _ => Layout {
+            offset: r.backup_final.offset,
+            size: total,
+            cipher: "cipher_null-ecb".into(),
+            sector_size: 512,
+            iv_offset: 0,
+        },
+    };
+    Ok(Converting {
+        old_key,
+        new_key,
+        final_layout,
+    })
+}
+
+fn drive(
+    header_dev: &dyn Storage,
+    data_dev: &dyn Storage,
+    passphrase: &[u8],
+    options: &Options,
+    progress: &mut dyn FnMut(Progress) -> bool,
+    serving: &dyn Serving,
+    until: Until,
+) -> Result<Outcome, Error> {
     let mut header = Luks2Header::read(header_dev).map_err(luks)?;
     // A requirement of a newer cryptsetup beside the reencryption one: this conversion is not
     // ours to continue.
@@ -214,24 +346,29 @@ pub fn run(
         header = engine.commit(&header, &r, hz, false)?;
     }
     let mut r = in_progress(&header)?;
+    let total_done = engine.done(header.metadata(), &r);
+    if until == Until::Recovered {
+        return Ok(Outcome::Paused(Progress {
+            done: total_done,
+            total,
+        }));
+    }
+    serving.started(&header, old, new)?;
     loop {
         let Some(hz) = engine.next_hotzone(header.metadata(), &r) else {
             engine.finish(&header, &r)?;
             return Ok(Outcome::Finished);
         };
-        if hz.in_place() {
-            // Read once: nothing else writes the device while it is converted offline.
-            let mut buf = engine.read(hz.src, hz.len)?;
-            engine.protect(&buf)?;
-            header = engine.commit(&header, &r, hz, true)?;
-            engine.transform(&mut buf, hz.at)?;
-            engine.write(&buf, hz.dst, "writing the hotzone")?;
-            engine.sync_data("writing the hotzone")?;
-        } else {
-            header = engine.commit(&header, &r, hz, true)?;
-            engine.shift_copy(hz)?;
-        }
-        header = engine.commit(&header, &r, hz, false)?;
+        serving.hold(hz.at, hz.len);
+        let stepped = engine.step(&header, &r, hz, serving.is_live());
+        header = match stepped {
+            Ok(h) => h,
+            Err(e) => {
+                serving.failed(&e);
+                return Err(e);
+            }
+        };
+        serving.release(&header)?;
         r = in_progress(&header)?;
         let now = Progress {
             done: engine.done(header.metadata(), &r),
@@ -573,6 +710,37 @@ struct Engine<'a> {
 }
 
 impl Engine<'_> {
+    /// One step over `hz`, from the clean state `header` (whose reencryption is `r`) to the
+    /// header that records it converted. `live`: requests are served meanwhile (none in the
+    /// hotzone: it is held), so what they wrote there is made durable before it is hashed: a
+    /// recovery must find the bytes the hashes were taken of.
+    fn step(
+        &self,
+        header: &Luks2Header,
+        r: &Reencryption,
+        hz: Hotzone,
+        live: bool,
+    ) -> Result<Luks2Header, Error> {
+        let header = if hz.in_place() {
+            if live {
+                self.sync_data("making served writes durable")?;
+            }
+            // Read once: nothing else writes the hotzone while it is converted.
+            let mut buf = self.read(hz.src, hz.len)?;
+            self.protect(&buf)?;
+            let header = self.commit(header, r, hz, true)?;
+            self.transform(&mut buf, hz.at)?;
+            self.write(&buf, hz.dst, "writing the hotzone")?;
+            self.sync_data("writing the hotzone")?;
+            header
+        } else {
+            let header = self.commit(header, r, hz, true)?;
+            self.shift_copy(hz)?;
+            header
+        };
+        self.commit(&header, r, hz, false)
+    }
+
     /// Convert `buf`, the data at logical offset `at`, in memory.
     fn transform(&self, buf: &mut [u8], at: u64) -> Result<(), Error> {
         for (cipher, direction) in self.passes {

@@ -104,7 +104,7 @@ fn check(image: Vec<u8>, vk: &[u8], to: Format, complete: bool) -> Result<(), St
 fn sweep_conversion(what: &str, image: &[u8], vk: &[u8], to: Format) -> u64 {
     let report = sweep(
         &[image.to_vec()],
-        |devs: &[CrashingStorage]| convert(&devs[0], to, &mut |_, _| {}),
+        |devs: &[std::sync::Arc<CrashingStorage>]| convert(&devs[0], to, &mut |_, _| {}),
         |s| check(s.devices[0].contents(), vk, to, s.complete),
     );
     report.assert_no_loss(what);
@@ -186,7 +186,7 @@ fn a_resumed_conversion_survives_every_power_cut() {
         );
         let report = sweep(
             &[mid],
-            |devs: &[CrashingStorage]| convert(&devs[0], to, &mut |_, _| {}),
+            |devs: &[std::sync::Arc<CrashingStorage>]| convert(&devs[0], to, &mut |_, _| {}),
             |s| check(s.devices[0].contents(), &vk, to, s.complete),
         );
         report.assert_no_loss(&format!("resumed conversion to {to:?}"));
@@ -237,7 +237,7 @@ fn the_sweep_catches_a_conversion_that_forgets_a_sync() {
     // Forgetting the sync after a moved piece lets its record land first.
     let report = sweep(
         &[image],
-        |devs: &[CrashingStorage]| {
+        |devs: &[std::sync::Arc<CrashingStorage>]| {
             convert(
                 &ForgetsSync::new(&devs[0], 4),
                 Format::Luks2,

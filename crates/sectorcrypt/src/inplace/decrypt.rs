@@ -10,9 +10,11 @@ use sectorcrypt_volume::convert::{self, read_luks2, ExportPlan};
 use sectorcrypt_volume::reencrypt::DEFAULT_HOTZONE;
 use sectorcrypt_volume::resilience::{self};
 
+use sectorcrypt_luks::luks2::Header as Luks2Header;
+
 use super::{
-    device_len, directory_of, resume_hint, run_conversion, stop_on_signals, with_resume_hint,
-    RunArgs,
+    ask_server, device_len, directory_of, records_conversion, resume_hint, run_conversion,
+    stop_on_signals, with_resume_hint, RunArgs,
 };
 use crate::exit::CliError;
 use crate::keyslots::{confirm, open_rw};
@@ -21,13 +23,13 @@ use crate::keyslots::{confirm, open_rw};
 pub(crate) struct DecryptArgs {
     /// The encrypted device or image file to decrypt in place.
     #[arg(value_name = "DEVICE")]
-    device: PathBuf,
+    pub(super) device: PathBuf,
     /// The detached LUKS2 header of DEVICE; for a header on DEVICE, a new file to export it to
     /// (it holds the only copy of the keys until the decryption ends).
     #[arg(long, value_name = "FILE")]
-    header: Option<PathBuf>,
+    pub(super) header: Option<PathBuf>,
     #[command(flatten)]
-    run: RunArgs,
+    pub(super) run: RunArgs,
 }
 
 pub(crate) fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
@@ -44,6 +46,17 @@ pub(crate) fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
             "decrypting in place needs the detached header (--header FILE)".to_string()
         }));
     };
+    if let Some(server) = crate::online::server_of(&args.device) {
+        let warning = (!args.run.resume_only && !records_conversion(&header_path)).then(|| {
+            format!(
+                "WARNING!\n========\nThis will decrypt {} in place while it is served; \
+                 afterwards {} holds no keys.",
+                args.device.display(),
+                header_path.display()
+            )
+        });
+        return ask_server(server, &args.device, &args.run, warning);
+    }
     let data = open_rw(&args.device)?;
     convert::check_size(&data.name(), device_len(&data)?)?;
     let stop = stop_on_signals()?;
@@ -56,24 +69,42 @@ pub(crate) fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
     let in_progress = convert::resuming(&h, &name, Mode::Decrypt, args.run.resume_only)?;
     let pass = args.run.passphrase(&args.device)?;
     if !in_progress {
-        convert::check_detached_decryption(&h, &name, &args.device.display().to_string())?;
-        let unlocked = h.unlock(&header, &pass, None)?;
-        confirm(
-            args.run.batch,
-            &format!(
-                "WARNING!\n========\nThis will decrypt {} in place; afterwards {} holds no keys.",
-                args.device.display(),
-                header_path.display()
-            ),
-        )?;
-        let init = InitOptions {
-            resilience: resilience::in_place(args.run.resilience)?,
-            ..InitOptions::default()
-        };
-        convert::start_decryption(&header, &h, &unlocked.volume_key, &init)?;
+        start_detached(&args, &header, &h, &header_path, &pass, &|| {
+            confirm(
+                args.run.batch,
+                &format!(
+                    "WARNING!\n========\nThis will decrypt {} in place; afterwards {} holds no \
+                     keys.",
+                    args.device.display(),
+                    header_path.display()
+                ),
+            )
+        })?;
     }
     let resume = resume_hint("decrypt", &args.device, Some(&header_path));
     run_conversion(&resume, &header_path, &data, &pass, &args.run, &stop)
+}
+
+/// Record a decryption in place in the detached header `header` (read as `h`, from the file
+/// `header_path`), once the passphrase opens it and `confirm` agrees.
+pub(super) fn start_detached(
+    args: &DecryptArgs,
+    header: &dyn Storage,
+    h: &Luks2Header,
+    header_path: &Path,
+    pass: &[u8],
+    confirm: &dyn Fn() -> Result<(), CliError>,
+) -> Result<(), CliError> {
+    let name = header_path.display().to_string();
+    convert::check_detached_decryption(h, &name, &args.device.display().to_string())?;
+    let unlocked = h.unlock(header, pass, None)?;
+    confirm()?;
+    let init = InitOptions {
+        resilience: resilience::in_place(args.run.resilience)?,
+        ..InitOptions::default()
+    };
+    convert::start_decryption(header, h, &unlocked.volume_key, &init)?;
+    Ok(())
 }
 
 /// `decrypt --header NEWFILE` of a volume whose header is on the device: the header is exported

@@ -23,23 +23,37 @@ use crate::pbkdf_args::{CipherArgs, PbkdfArgs};
 pub(crate) struct EncryptArgs {
     /// The plaintext device or image file to encrypt in place.
     #[arg(value_name = "DEVICE")]
-    device: PathBuf,
+    pub(super) device: PathBuf,
     /// Put the LUKS2 header in this file (detached header); the data stays where it is.
     #[arg(long, value_name = "FILE")]
-    header: Option<PathBuf>,
+    pub(super) header: Option<PathBuf>,
     /// Put the header at the start of DEVICE, moving the data half of BYTES further on; the
     /// last BYTES of DEVICE must be unused (shrink the file system first). Units: K, M, G (KiB...).
     #[arg(long = "reduce-device-size", value_name = "BYTES", value_parser = parse_size)]
-    reduce_device_size: Option<u64>,
+    pub(super) reduce_device_size: Option<u64>,
     #[command(flatten)]
-    segment: CipherArgs,
+    pub(super) segment: CipherArgs,
     #[command(flatten)]
-    pbkdf: PbkdfArgs,
+    pub(super) pbkdf: PbkdfArgs,
     #[command(flatten)]
-    run: RunArgs,
+    pub(super) run: RunArgs,
 }
 
 pub(crate) fn encrypt(args: EncryptArgs) -> Result<(), CliError> {
+    if let Some(server) = crate::online::server_of(&args.device) {
+        // What a server serves is encrypted already: only a recorded encryption goes on there.
+        if !args.run.resume_only {
+            return Err(CliError {
+                code: crate::exit::Code::Busy,
+                message: format!(
+                    "{} is served, so it is encrypted already; an encryption recorded on it \
+                     (--init-only, or interrupted) goes on with --resume-only",
+                    args.device.display()
+                ),
+            });
+        }
+        return super::ask_server(server, &args.device, &args.run, None);
+    }
     match (&args.header, args.reduce_device_size) {
         (Some(_), Some(_)) => Err(CliError::usage(
             "--header and --reduce-device-size do not go together: with a detached header \

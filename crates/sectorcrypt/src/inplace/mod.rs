@@ -11,10 +11,12 @@
 
 mod decrypt;
 mod encrypt;
+mod online;
 mod reencrypt;
 
 pub(crate) use decrypt::{decrypt, DecryptArgs};
 pub(crate) use encrypt::{encrypt, EncryptArgs};
+pub(crate) use online::Asked;
 pub(crate) use reencrypt::{reencrypt, ReencryptArgs};
 
 use std::path::Path;
@@ -44,6 +46,10 @@ pub(crate) struct RunArgs {
     /// Only continue a conversion already in progress (started here or by cryptsetup).
     #[arg(long = "resume-only")]
     resume_only: bool,
+    /// Only record the conversion in the header and stop, without converting anything (serve or
+    /// mount the device to convert it online, or resume it later).
+    #[arg(long = "init-only", conflicts_with = "resume_only")]
+    init_only: bool,
     #[command(flatten)]
     key: KeyArgs,
     /// Do not ask for confirmation.
@@ -79,7 +85,7 @@ impl RunArgs {
 
 /// SIGINT and SIGTERM set the returned flag; the conversion stops at its next safe point.
 /// Installed before anything is written.
-pub(super) fn stop_on_signals() -> Result<Arc<AtomicBool>, CliError> {
+pub(crate) fn stop_on_signals() -> Result<Arc<AtomicBool>, CliError> {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [SIGINT, SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&stop))
@@ -98,6 +104,9 @@ pub(super) fn run_conversion(
     args: &RunArgs,
     stop: &AtomicBool,
 ) -> Result<(), CliError> {
+    if args.init_only {
+        return Ok(());
+    }
     let header = open_rw(header_path)?;
     let options = Options {
         hotzone: args.hotzone_size.unwrap_or(DEFAULT_HOTZONE),
@@ -107,24 +116,6 @@ pub(super) fn run_conversion(
         ),
     };
     run_reporting(&header, data, pass, &options, args.json, stop, resume)
-}
-
-/// Finish the conversion recorded in the header on `header` (for `serve` and `mount` of an
-/// interrupted one), with a progress bar on a terminal; a signal stops it at a safe point and
-/// says `resume`.
-pub(crate) fn finish_conversion(
-    header: &dyn Storage,
-    data: &dyn Storage,
-    pass: &[u8],
-    threads: usize,
-    resume: &str,
-) -> Result<(), CliError> {
-    let stop = stop_on_signals()?;
-    let options = Options {
-        hotzone: DEFAULT_HOTZONE,
-        threads,
-    };
-    run_reporting(header, data, pass, &options, false, &stop, resume)
 }
 
 /// Run the conversion to its end, reporting each step; a stop request pauses it at a safe point,
@@ -151,6 +142,33 @@ pub(super) fn run_reporting(
             p.done, p.total
         ))),
     }
+}
+
+/// Whether the LUKS2 header at `path` records a conversion (read without a lock, as `dump` reads:
+/// the device may be served).
+pub(super) fn records_conversion(path: &Path) -> bool {
+    sectorcrypt_storage::FileStorage::open_read_only(path)
+        .ok()
+        .and_then(|dev| read_luks2(&dev).ok())
+        .is_some_and(|h| {
+            sectorcrypt_luks::luks2::reencrypt::state(h.metadata())
+                != sectorcrypt_luks::luks2::reencrypt::State::None
+        })
+}
+
+/// `device` is served by a sectorcrypt process: ask it to run the conversion (see
+/// `crate::online`), after the passphrase and, for a new conversion, the `warning` confirmed.
+pub(super) fn ask_server(
+    server: std::os::unix::net::UnixStream,
+    device: &Path,
+    run: &RunArgs,
+    warning: Option<String>,
+) -> Result<(), CliError> {
+    let pass = run.passphrase(device)?;
+    if let Some(warning) = warning {
+        crate::keyslots::confirm(run.batch, &warning)?;
+    }
+    crate::online::ask(server, &pass, run.json)
 }
 
 /// The header at `path` must record a conversion in progress of `mode`.

@@ -6,7 +6,12 @@ use sectorcrypt_luks::luks2::reencrypt::Mode;
 use sectorcrypt_storage::Storage;
 use sectorcrypt_volume::convert::{self, read_luks2};
 
-use super::{device_len, init_options, resume_hint, run_conversion, stop_on_signals, RunArgs};
+use sectorcrypt_luks::luks2::Header as Luks2Header;
+
+use super::{
+    ask_server, device_len, init_options, records_conversion, resume_hint, run_conversion,
+    stop_on_signals, RunArgs,
+};
 use crate::exit::CliError;
 use crate::keyslots::{confirm, open_rw, pbkdf_options};
 use crate::pbkdf_args::PbkdfArgs;
@@ -15,30 +20,41 @@ use crate::pbkdf_args::PbkdfArgs;
 pub(crate) struct ReencryptArgs {
     /// The LUKS2 device or image file whose volume key to replace.
     #[arg(value_name = "DEVICE")]
-    device: PathBuf,
+    pub(super) device: PathBuf,
     /// Its detached header, if it has one.
     #[arg(long, value_name = "FILE")]
-    header: Option<PathBuf>,
+    pub(super) header: Option<PathBuf>,
     /// New cipher specification (default: the current one).
     #[arg(short = 'c', long, value_name = "SPEC")]
-    cipher: Option<String>,
+    pub(super) cipher: Option<String>,
     /// New whole key size in bits (default: the current one, or the new cipher's default).
     #[arg(short = 's', long = "key-size", value_name = "BITS")]
-    key_size: Option<usize>,
+    pub(super) key_size: Option<usize>,
     /// New encryption sector size (default: the current one).
     #[arg(long = "sector-size", value_name = "BYTES")]
-    sector_size: Option<u32>,
+    pub(super) sector_size: Option<u32>,
     #[command(flatten)]
-    pbkdf: PbkdfArgs,
+    pub(super) pbkdf: PbkdfArgs,
     #[command(flatten)]
-    run: RunArgs,
+    pub(super) run: RunArgs,
 }
 
 /// `reencrypt`: a new volume key for the data (key rotation), optionally a new cipher or sector
 /// size, in place, resumably. The data does not move, so a header on the device itself works
-/// too.
+/// too. A device that a sectorcrypt process serves is converted by that process, online.
 pub(crate) fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
     let header_path = args.header.clone().unwrap_or_else(|| args.device.clone());
+    if let Some(server) = crate::online::server_of(&args.device) {
+        let warning = (!args.run.resume_only && !records_conversion(&header_path)).then(|| {
+            format!(
+                "WARNING!\n========\nThis will re-encrypt {} with a new volume key while it \
+                 is served; the passphrase given keeps working, the other keyslots are removed \
+                 at the end.",
+                args.device.display()
+            )
+        });
+        return ask_server(server, &args.device, &args.run, warning);
+    }
     let data = open_rw(&args.device)?;
     let header = open_rw(&header_path)?;
     let stop = stop_on_signals()?;
@@ -47,38 +63,53 @@ pub(crate) fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
     let in_progress = convert::resuming(&h, &name, Mode::Reencrypt, args.run.resume_only)?;
     let pass = args.run.passphrase(&args.device)?;
     if !in_progress {
-        let data_len = device_len(&data)?;
-        let offset = h.data_segment()?.offset;
-        convert::check_size(&data.name(), data_len.saturating_sub(offset))?;
-        let old = h.unlock(&header, &pass, None)?;
-        let pbkdf = pbkdf_options(&args.pbkdf)?.luks2()?;
-        let new = convert::plan_reencryption(
-            &h,
-            args.cipher.as_deref(),
-            args.key_size,
-            args.sector_size,
-            old.volume_key.len(),
-        )?;
-        let others = h.metadata().keyslots.iter().count().saturating_sub(1);
-        confirm(
-            args.run.batch,
-            &format!(
-                "WARNING!\n========\nThis will re-encrypt {} with a new volume key; the \
-                 passphrase given keeps working, the {others} other keyslot(s) are removed at \
-                 the end.",
-                args.device.display()
-            ),
-        )?;
-        convert::start_reencryption(
-            &header,
-            &h,
-            &old.volume_key,
-            &pass,
-            &new,
-            &pbkdf,
-            &init_options(&args.pbkdf, &args.run)?,
-        )?;
+        start(&args, &header, &h, &data, &pass, &|others| {
+            confirm(
+                args.run.batch,
+                &format!(
+                    "WARNING!\n========\nThis will re-encrypt {} with a new volume key; the \
+                     passphrase given keeps working, the {others} other keyslot(s) are removed \
+                     at the end.",
+                    args.device.display()
+                ),
+            )
+        })?;
     }
     let resume = resume_hint("reencrypt", &args.device, args.header.as_deref());
     run_conversion(&resume, &header_path, &data, &pass, &args.run, &stop)
+}
+
+/// Record a new reencryption of `data` in `header` (read as `h`), once the passphrase opens it
+/// and `confirm` (told how many other keyslots go) agrees.
+pub(super) fn start(
+    args: &ReencryptArgs,
+    header: &dyn Storage,
+    h: &Luks2Header,
+    data: &dyn Storage,
+    pass: &[u8],
+    confirm: &dyn Fn(usize) -> Result<(), CliError>,
+) -> Result<(), CliError> {
+    let data_len = device_len(data)?;
+    let offset = h.data_segment()?.offset;
+    convert::check_size(&data.name(), data_len.saturating_sub(offset))?;
+    let old = h.unlock(header, pass, None)?;
+    let pbkdf = pbkdf_options(&args.pbkdf)?.luks2()?;
+    let new = convert::plan_reencryption(
+        h,
+        args.cipher.as_deref(),
+        args.key_size,
+        args.sector_size,
+        old.volume_key.len(),
+    )?;
+    confirm(h.metadata().keyslots.iter().count().saturating_sub(1))?;
+    convert::start_reencryption(
+        header,
+        h,
+        &old.volume_key,
+        pass,
+        &new,
+        &pbkdf,
+        &init_options(&args.pbkdf, &args.run)?,
+    )?;
+    Ok(())
 }

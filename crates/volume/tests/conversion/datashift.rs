@@ -19,14 +19,14 @@ use crate::common::*;
 
 /// The shift S (half of cryptsetup's `--reduce-device-size`): room for a header with one
 /// 512-bit keyslot.
-const SHIFT: u64 = 512 << 10;
+pub(crate) const SHIFT: u64 = 512 << 10;
 /// The first chunk a decryption moves to offset 0 (smaller than S, so the old keyslots area
 /// past it must be overwritten by the steps).
-const MOVED: u64 = 128 << 10;
+pub(crate) const MOVED: u64 = 128 << 10;
 
 /// The first S bytes of a `device_len`-byte device as a shifted encryption makes them: a LUKS2
 /// header with data offset S whose metadata records the start; and the volume key.
-fn encrypt_image(device_len: u64, sector_size: usize) -> (Vec<u8>, Vec<u8>) {
+pub(crate) fn encrypt_image(device_len: u64, sector_size: usize) -> (Vec<u8>, Vec<u8>) {
     encrypt_image_shifted(device_len, sector_size, SHIFT)
 }
 
@@ -66,7 +66,11 @@ fn encrypt_shifted(dev: &dyn Storage, image: &[u8], opts: &Options) -> Result<Ou
 
 /// An attached LUKS2 volume with data offset S on `device_len` bytes whose payload is
 /// `plain` encrypted; returns the image and the volume key.
-fn attached_volume(device_len: u64, plain: &[u8], sector_size: usize) -> (Vec<u8>, Vec<u8>) {
+pub(crate) fn attached_volume(
+    device_len: u64,
+    plain: &[u8],
+    sector_size: usize,
+) -> (Vec<u8>, Vec<u8>) {
     let mem = MemStorage::new(vec![0; device_len as usize]);
     let opts = FormatOptions {
         version: 2,

@@ -41,7 +41,11 @@ fn format_detached(
 
 /// A detached LUKS2 header for `data_len` bytes of plaintext, set up for encryption in place
 /// (what `cryptsetup reencrypt --encrypt --header H --init-only` writes); returns its volume key.
-fn init_detached(header_dev: &dyn Storage, data_len: u64, sector_size: usize) -> Vec<u8> {
+pub(crate) fn init_detached(
+    header_dev: &dyn Storage,
+    data_len: u64,
+    sector_size: usize,
+) -> Vec<u8> {
     init_detached_with(header_dev, data_len, sector_size, &fast_init())
 }
 
@@ -61,7 +65,11 @@ fn init_detached_with(
 /// A detached LUKS2 header whose data (`data_len` bytes, already encrypted with the returned key
 /// by the caller) is set up for decryption in place (what `cryptsetup reencrypt --decrypt
 /// --header H --init-only` writes).
-fn init_detached_decrypt(header_dev: &dyn Storage, data_len: u64, sector_size: usize) -> Vec<u8> {
+pub(crate) fn init_detached_decrypt(
+    header_dev: &dyn Storage,
+    data_len: u64,
+    sector_size: usize,
+) -> Vec<u8> {
     init_detached_decrypt_with(header_dev, data_len, sector_size, &fast_init())
 }
 
@@ -93,7 +101,7 @@ fn new_key(sector_size: u32) -> NewKey {
 /// returned key) is set up for a reencryption to the second returned key, new sectors of
 /// `new_sector_size` (what `cryptsetup reencrypt --header H --init-only` writes after adding a
 /// keyslot for the new key).
-fn init_detached_reencrypt(
+pub(crate) fn init_detached_reencrypt(
     header_dev: &dyn Storage,
     data_len: u64,
     new_sector_size: u32,
@@ -132,7 +140,7 @@ fn conversion_starts_survive_every_power_cut() {
         let (_, old_vk) = format_detached(&hdr, data_len, 512);
         let data = expected_ciphertext(&old_vk, 512, &plain);
         let pbkdf = fast_pbkdf().luks2().unwrap();
-        let start = |devs: &[CrashingStorage]| -> Result<Luks2Header, Error> {
+        let start = |devs: &[std::sync::Arc<CrashingStorage>]| -> Result<Luks2Header, Error> {
             let h = Luks2Header::read(&devs[0])?;
             match kind {
                 "reencryption" => convert::start_reencryption(
@@ -541,42 +549,6 @@ fn a_forgotten_data_sync_is_caught() {
         "{:?}",
         report.losses
     );
-}
-
-/// The policy at open: nothing in progress opens; an interrupted encryption or reencryption is
-/// finished first when opened read-write and refused read-only; a decryption is always refused.
-#[test]
-fn a_conversion_found_at_open_is_finished_or_refused() {
-    use sectorcrypt_luks::luks2::reencrypt::Mode;
-    use sectorcrypt_volume::convert::{at_open, AtOpen};
-    let data_len = 1 << 20;
-    let read = |dev: &MemStorage| Header::read(dev).unwrap();
-    let plain = MemStorage::new(vec![0; HEADER_LEN as usize]);
-    format_detached(&plain, data_len, 512);
-    assert_eq!(at_open(&read(&plain), "d", false).unwrap(), AtOpen::Open);
-    let enc = MemStorage::new(vec![0; HEADER_LEN as usize]);
-    init_detached(&enc, data_len, 512);
-    let re = MemStorage::new(vec![0; HEADER_LEN as usize]);
-    init_detached_reencrypt(&re, data_len, 512);
-    for (dev, mode) in [(&enc, Mode::Encrypt), (&re, Mode::Reencrypt)] {
-        assert_eq!(
-            at_open(&read(dev), "d", false).unwrap(),
-            AtOpen::FinishFirst(mode)
-        );
-        assert!(matches!(
-            at_open(&read(dev), "d", true),
-            Err(Error::InProgress { mode: m, .. }) if m == mode
-        ));
-    }
-    let dec = MemStorage::new(vec![0; HEADER_LEN as usize]);
-    init_detached_decrypt(&dec, data_len, 512);
-    assert!(matches!(
-        at_open(&read(&dec), "d", false),
-        Err(Error::InProgress {
-            mode: Mode::Decrypt,
-            ..
-        })
-    ));
 }
 
 /// A directory that reports its syncs done without doing them (a writer that forgot them).
