@@ -24,5 +24,6 @@ mod nbd;
 mod online_reencrypt;
 mod parity;
 mod secrets;
+mod serve_converting;
 mod study;
 mod tls;

@@ -104,7 +104,7 @@ pub(crate) fn format(dir: &Path, name: &str, mib: u64, key: &Path, extra: &[&str
 }
 
 /// The header as `sectorcrypt dump --json` prints it.
-fn dump_json(header: &Path) -> Value {
+pub(crate) fn dump_json(header: &Path) -> Value {
     let out = sc(&["dump", "--json", p(header)]);
     assert!(
         out.status.success(),
@@ -115,7 +115,7 @@ fn dump_json(header: &Path) -> Value {
 }
 
 /// (data offset in bytes, encryption sector size) of the volume whose header is `header`.
-fn data_layout(header: &Path) -> (u64, u64) {
+pub(crate) fn data_layout(header: &Path) -> (u64, u64) {
     let v = dump_json(header);
     if v["version"] == 1 {
         (v["payload_offset_bytes"].as_u64().unwrap(), 512)
@@ -689,7 +689,7 @@ fn nbdcopy_with_four_connections_copies_in_and_out() {
 
 /// fio's normal output for `jobs` jobs: every job ended with `err= 0`, wrote something, and no
 /// verification complaint appears anywhere.
-fn check_fio(out: &Output, jobs: usize, what: &str) {
+pub(crate) fn check_fio(out: &Output, jobs: usize, what: &str) {
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -1,0 +1,482 @@
+//! Conversions of a served device (issue 31): `reencrypt`, `encrypt` and `decrypt` run beside
+//! `serve` convert the device inside the server while clients keep reading and writing it; a
+//! served device with a conversion recorded (by us or by cryptsetup) goes on with it in the
+//! background; a server killed part way leaves a state that we (online and offline) and
+//! cryptsetup resume. Clients: fio with crc32c verification, nbdcopy; the result is checked with
+//! cryptsetup's volume key and Python's AES-XTS, never only with our own code.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use sectorcrypt_testkit::pattern;
+
+use crate::common::{cryptsetup_volume_key, cs, p};
+use crate::nbd::{
+    assert_same, check_fio, data_layout, format, key_file, nbd_scratch, python_decrypt, read_file,
+    run_within, signal, tool, wait_within, write_file, Served, BIN, MIB, TOOL_DEADLINE,
+};
+
+const FAST_PBKDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+
+/// How long a conversion of a few dozen MiB may take on a slow, shared machine before the test
+/// calls it hung (a hang detector, not a measurement).
+const CONVERSION_DEADLINE: Duration = Duration::from_secs(300);
+
+/// `sectorcrypt ARGS` started in the background, its output collected.
+fn spawn(args: &[&str]) -> Child {
+    Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The output of a child started with [`spawn`], waited for within the deadline.
+fn finish(mut child: Child, what: &str) -> std::process::Output {
+    let status = wait_within(&mut child, CONVERSION_DEADLINE);
+    assert!(status.is_some(), "{what} hung");
+    child.wait_with_output().unwrap()
+}
+
+/// fio writing with crc32c verification through `uri`: random 4 KiB writes at queue depth 32 and
+/// sequential 64 KiB writes at queue depth 1, each job on its own `mib`-MiB range from `from_mib`
+/// (two connections).
+fn fio_job(dir: &Path, uri: &str, from_mib: u64, mib: u64) -> PathBuf {
+    let job = format!(
+        "[global]\nioengine=nbd\nuri={uri}\nverify=crc32c\ndo_verify=1\nverify_fatal=1\n\
+         verify_state_save=0\nrandrepeat=0\nsize={}\n\
+         [random-qd32]\nrw=randwrite\nbs=4k\niodepth=32\noffset={}\n\
+         [sequential-qd1]\nrw=write\nbs=64k\niodepth=1\noffset={}\n",
+        mib * MIB,
+        from_mib * MIB,
+        (from_mib + mib) * MIB
+    );
+    let file = dir.join(format!("verify-{from_mib}.fio"));
+    write_file(&file, job.as_bytes());
+    file
+}
+
+/// Run `job` with fio in the background.
+fn start_fio(dir: &Path, job: &Path) -> Child {
+    Command::new("fio")
+        .arg("--output-format=normal")
+        .arg(job)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("fio (scripts/install-test-deps.sh installs it)")
+}
+
+/// The whole export read with nbdcopy.
+fn snapshot(dir: &Path, server: &Served) -> Vec<u8> {
+    let out = dir.join("snapshot.raw");
+    let _ = std::fs::remove_file(&out);
+    tool("nbdcopy", &[&server.uri, p(&out)]);
+    read_file(&out)
+}
+
+/// `data` written over the export at byte `offset` with qemu-io, then flushed: acknowledged and
+/// durable when this returns.
+fn write_over(dir: &Path, server: &Served, offset: u64, data: &[u8]) {
+    let file = dir.join("write.raw");
+    write_file(&file, data);
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            &format!("write -q -s {} {offset} {}", p(&file), data.len()),
+            "-c",
+            "flush",
+            &server.uri,
+        ],
+    );
+}
+
+/// The decrypted payload of `img` as cryptsetup's volume key and Python's AES-XTS read it.
+fn decrypted_by_cryptsetup(dir: &Path, img: &Path, key: &Path, len: u64) -> Vec<u8> {
+    let (offset, sector) = data_layout(img);
+    python_decrypt(
+        dir,
+        img,
+        offset,
+        sector,
+        &cryptsetup_volume_key(img, key),
+        0,
+        len,
+    )
+}
+
+/// cryptsetup sees a finished volume: no reencryption requirement, the passphrase opens it.
+fn assert_cryptsetup_sees_it_finished(img: &Path, key: &Path, what: &str) {
+    let dump = cs(&["luksDump", p(img)]);
+    let text = String::from_utf8_lossy(&dump.stdout);
+    assert!(dump.status.success(), "{what}: luksDump: {text}");
+    assert!(
+        !text.contains("online-reencrypt"),
+        "{what}: still converting: {text}"
+    );
+    let opened = cs(&["open", "--test-passphrase", "--key-file", p(key), p(img)]);
+    assert!(
+        opened.status.success(),
+        "{what}: cryptsetup open --test-passphrase"
+    );
+}
+
+/// Wait until the server's log says its background conversion ended (or the deadline passes).
+fn wait_for_log(server: &Served, needle: &str) -> String {
+    let end = Instant::now() + CONVERSION_DEADLINE;
+    loop {
+        let log = server.stderr();
+        if log.contains(needle) {
+            return log;
+        }
+        assert!(Instant::now() < end, "no {needle:?} in: {log}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The progress lines `--json` printed: (done, total) each.
+fn progress_lines(stdout: &[u8]) -> Vec<(u64, u64)> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| Some((v["done"].as_u64()?, v["total"].as_u64()?)))
+        .collect()
+}
+
+/// `sectorcrypt reencrypt DEVICE` beside `serve` runs in the server, to the end, while fio writes
+/// and verifies through two connections (random at QD 32, sequential at QD 1): no verify error,
+/// the progress shown where it was asked, and cryptsetup then opens the file with its new key,
+/// under which the data are exactly what the clients last read.
+#[test]
+fn reencrypt_runs_online_under_fio_and_cryptsetup_reads_the_result() {
+    let dir = nbd_scratch("online-reencrypt");
+    let key = key_file(&dir);
+    let img = format(&dir, "v", 64, &key, &["--sector-size", "4096"]);
+    let old_key = cryptsetup_volume_key(&img, &key);
+    let server = Served::unix(&dir, "s.sock", &img, &key, &[]);
+    let fio = start_fio(&dir, &fio_job(&dir, &server.uri, 0, 16));
+    let mut args = vec!["reencrypt", "-q", "--key-file", p(&key), "--json"];
+    args.extend(FAST_PBKDF);
+    args.extend(["--hotzone-size", "2M", p(&img)]);
+    let out = run_within(Command::new(BIN).args(&args), CONVERSION_DEADLINE);
+    assert!(
+        out.status.success(),
+        "online reencrypt: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let steps = progress_lines(&out.stdout);
+    assert!(steps.len() >= 10, "one progress line per step: {steps:?}");
+    assert_eq!(steps.last().map(|s| s.0), Some(server.size), "{steps:?}");
+    check_fio(&finish(fio, "fio"), 2, "fio during an online reencryption");
+    let seen = snapshot(&dir, &server);
+    assert!(
+        server.stderr().contains("the conversion is finished"),
+        "{}",
+        server.stderr()
+    );
+    let size = server.size;
+    server.stop();
+    assert_cryptsetup_sees_it_finished(&img, &key, "after an online reencryption");
+    assert_ne!(
+        cryptsetup_volume_key(&img, &key),
+        old_key,
+        "a new volume key"
+    );
+    assert_same(
+        &decrypted_by_cryptsetup(&dir, &img, &key, size),
+        &seen,
+        "the data under cryptsetup's new key",
+    );
+}
+
+/// A reencryption that cryptsetup started (`--init-only`) and one it ran until a signal stopped
+/// it: `serve` opens each, serves it correctly while the conversion goes on in the background,
+/// and finishes it; cryptsetup then sees it finished, with the data intact.
+#[test]
+fn states_cryptsetup_left_are_served_and_finished_in_the_background() {
+    let dir = nbd_scratch("online-cryptsetup");
+    let key = key_file(&dir);
+    for stop_it in [false, true] {
+        let img = format(&dir, "v", 48, &key, &["--sector-size", "4096"]);
+        let server = Served::unix(&dir, "s.sock", &img, &key, &[]);
+        let data = pattern(server.size as usize, 3);
+        write_over(&dir, &server, 0, &data);
+        server.stop();
+        let mut args = vec!["reencrypt", "--batch-mode", "--key-file", p(&key)];
+        args.extend(FAST_PBKDF);
+        if stop_it {
+            // Stopped by SIGINT part way (or, on a fast machine, finished: any state will do).
+            args.extend(["--force-offline-reencrypt", "--hotzone-size", "1M", p(&img)]);
+            let mut child = Command::new("cryptsetup")
+                .args(&args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(150));
+            signal(child.id(), "-INT");
+            assert!(
+                wait_within(&mut child, TOOL_DEADLINE).is_some(),
+                "cryptsetup hung"
+            );
+        } else {
+            args.extend(["--init-only", p(&img)]);
+            crate::common::ok(cs(&args), "cryptsetup reencrypt --init-only");
+        }
+        let converting = needs_finishing(&img);
+        assert!(
+            converting || stop_it,
+            "--init-only leaves a conversion recorded"
+        );
+        let server = Served::unix(&dir, "s.sock", &img, &key, &[]);
+        assert_same(&snapshot(&dir, &server), &data, "served while converting");
+        if converting {
+            wait_for_log(&server, "the conversion is finished");
+        }
+        assert_same(&snapshot(&dir, &server), &data, "served after converting");
+        let size = server.size;
+        server.stop();
+        assert_cryptsetup_sees_it_finished(&img, &key, "cryptsetup's state");
+        assert_same(
+            &decrypted_by_cryptsetup(&dir, &img, &key, size),
+            &data,
+            "the data under cryptsetup's key",
+        );
+    }
+}
+
+/// `--no-resume` serves a recorded conversion without going on with it; `reencrypt --resume-only`
+/// beside it goes on online, and its SIGINT stops the conversion at a safe point (exit 1, saying
+/// how to resume) while the server keeps serving; the same command then finishes it.
+#[test]
+fn no_resume_waits_and_a_client_interrupt_pauses_the_conversion() {
+    let dir = nbd_scratch("online-no-resume");
+    let key = key_file(&dir);
+    let img = format(&dir, "v", 48, &key, &["--sector-size", "4096"]);
+    let mut args = vec!["reencrypt", "-q", "--key-file", p(&key), "--init-only"];
+    args.extend(FAST_PBKDF);
+    args.push(p(&img));
+    crate::common::ok(crate::common::sc(&args), "reencrypt --init-only");
+    let server = Served::unix(&dir, "s.sock", &img, &key, &["--no-resume"]);
+    let data = pattern(server.size as usize, 4);
+    write_over(&dir, &server, 0, &data);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!server.stderr().contains("resuming"), "{}", server.stderr());
+    let resume = [
+        "reencrypt",
+        "--resume-only",
+        "--key-file",
+        p(&key),
+        "--json",
+        "--hotzone-size",
+        "1M",
+        p(&img),
+    ];
+    let mut client = spawn(&resume);
+    // Interrupt it once it has reported a step.
+    let stdout = client.stdout.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+    let first = lines.next().expect("a progress line").unwrap();
+    assert!(first.contains("\"done\""), "{first}");
+    signal(client.id(), "-INT");
+    let status = wait_within(&mut client, CONVERSION_DEADLINE).expect("the client hung");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut client.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(1), "interrupted: {err}");
+    assert!(err.contains("--resume-only"), "says how to resume: {err}");
+    let dump = String::from_utf8_lossy(&cs(&["luksDump", p(&img)]).stdout).into_owned();
+    assert!(
+        dump.contains("online-reencrypt"),
+        "paused, not finished: {dump}"
+    );
+    assert_same(&snapshot(&dir, &server), &data, "served while paused");
+    let out = run_within(Command::new(BIN).args(resume), CONVERSION_DEADLINE);
+    assert!(
+        out.status.success(),
+        "resumed online: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_same(&snapshot(&dir, &server), &data, "served after");
+    let size = server.size;
+    server.stop();
+    assert_cryptsetup_sees_it_finished(&img, &key, "after pausing and resuming online");
+    assert_same(
+        &decrypted_by_cryptsetup(&dir, &img, &key, size),
+        &data,
+        "the data under cryptsetup's key",
+    );
+}
+
+/// An encryption recorded with `--init-only` (header on the device, data shifted) is done by
+/// `serve` in the background under fio; then `decrypt --header FILE` beside the server exports
+/// the header and decrypts online under fio again: the file ends as plaintext at offset 0, the
+/// data as the clients last read them.
+#[test]
+fn encrypt_and_decrypt_run_online() {
+    let dir = nbd_scratch("online-encdec");
+    let key = key_file(&dir);
+    let img = dir.join("v.img");
+    let plain = pattern(64 * MIB as usize, 5);
+    write_file(&img, &plain);
+    let mut args = vec!["encrypt", "-q", "--key-file", p(&key), "--init-only"];
+    args.extend(FAST_PBKDF);
+    args.extend(["--reduce-device-size", "8M", p(&img)]);
+    crate::common::ok(crate::common::sc(&args), "encrypt --init-only");
+    let server = Served::unix(&dir, "s.sock", &img, &key, &[]);
+    assert_eq!(server.size, 56 * MIB, "the shifted data");
+    let fio = start_fio(&dir, &fio_job(&dir, &server.uri, 0, 8));
+    wait_for_log(&server, "the conversion is finished");
+    check_fio(&finish(fio, "fio"), 2, "fio during an online encryption");
+    let seen = snapshot(&dir, &server);
+    assert_same(
+        &seen[16 * MIB as usize..],
+        &plain[16 * MIB as usize..56 * MIB as usize],
+        "the data fio did not write",
+    );
+    // Decrypt online: the header goes to a new file.
+    let hdr = dir.join("exported.hdr");
+    let fio = start_fio(&dir, &fio_job(&dir, &server.uri, 20, 8));
+    let out = run_within(
+        Command::new(BIN).args([
+            "decrypt",
+            "-q",
+            "--key-file",
+            p(&key),
+            "--header",
+            p(&hdr),
+            "--hotzone-size",
+            "1M",
+            p(&img),
+        ]),
+        CONVERSION_DEADLINE,
+    );
+    assert!(
+        out.status.success(),
+        "online decrypt: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    check_fio(&finish(fio, "fio"), 2, "fio during an online decryption");
+    let seen = snapshot(&dir, &server);
+    server.stop();
+    let after = read_file(&img);
+    assert_same(&after[..seen.len()], &seen, "plaintext at offset 0");
+}
+
+/// The server SIGKILLed at seeded random moments of an online reencryption, after a write that
+/// the client saw acknowledged and flushed: each state left resumes to the end with sectorcrypt
+/// online (served again), with sectorcrypt offline, and with cryptsetup offline, and every one
+/// holds every flushed write.
+#[test]
+fn a_server_killed_during_an_online_reencryption_resumes_everywhere() {
+    let dir = nbd_scratch("online-kill");
+    let key = key_file(&dir);
+    for seed in 1..=3u64 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let img = format(&dir, "v", 32, &key, &["--sector-size", "4096"]);
+        let server = Served::unix(&dir, "s.sock", &img, &key, &[]);
+        let mut data = pattern(server.size as usize, seed);
+        write_over(&dir, &server, 0, &data);
+        let mut args = vec![
+            "reencrypt",
+            "-q",
+            "--key-file",
+            p(&key),
+            "--json",
+            "--hotzone-size",
+            "1M",
+        ];
+        args.extend(FAST_PBKDF);
+        args.push(p(&img));
+        let mut client = spawn(&args);
+        let stdout = client.stdout.take().unwrap();
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+        let _ = lines.next();
+        // A write acknowledged and flushed while the conversion runs.
+        let second = pattern(4 * MIB as usize, seed + 100);
+        let at = rng.gen_range(0..(server.size - 4 * MIB) / 4096) * 4096;
+        write_over(&dir, &server, at, &second);
+        data[at as usize..at as usize + second.len()].copy_from_slice(&second);
+        std::thread::sleep(Duration::from_millis(rng.gen_range(0..400)));
+        let size = server.size;
+        server.kill();
+        let _ = wait_within(&mut client, CONVERSION_DEADLINE);
+        // Three copies of the state, three ways to finish.
+        let copies: Vec<PathBuf> = ["online", "offline", "cryptsetup"]
+            .iter()
+            .map(|how| {
+                let copy = dir.join(format!("{how}.img"));
+                std::fs::copy(&img, &copy).unwrap();
+                copy
+            })
+            .collect();
+        let converting = needs_finishing(&copies[0]);
+        let again = Served::unix(&dir, "t.sock", &copies[0], &key, &[]);
+        if converting {
+            wait_for_log(&again, "the conversion is finished");
+        }
+        assert_same(&snapshot(&dir, &again), &data, "served again");
+        again.stop();
+        if needs_finishing(&copies[1]) {
+            crate::common::ok(
+                crate::common::sc(&[
+                    "reencrypt",
+                    "--resume-only",
+                    "--key-file",
+                    p(&key),
+                    p(&copies[1]),
+                ]),
+                "sectorcrypt reencrypt --resume-only",
+            );
+        }
+        if needs_finishing(&copies[2]) {
+            // cryptsetup recovers a step cut short only in `repair` (offline).
+            crate::common::ok(
+                cs(&[
+                    "repair",
+                    "--batch-mode",
+                    "--key-file",
+                    p(&key),
+                    p(&copies[2]),
+                ]),
+                "cryptsetup repair",
+            );
+            crate::common::ok(
+                cs(&[
+                    "reencrypt",
+                    "--resume-only",
+                    "--batch-mode",
+                    "--force-offline-reencrypt",
+                    "--key-file",
+                    p(&key),
+                    p(&copies[2]),
+                ]),
+                "cryptsetup reencrypt --resume-only",
+            );
+        }
+        for copy in &copies {
+            let what = format!("seed {seed}, {}", copy.display());
+            assert_cryptsetup_sees_it_finished(copy, &key, &what);
+            assert_same(
+                &decrypted_by_cryptsetup(&dir, copy, &key, size),
+                &data,
+                &what,
+            );
+        }
+    }
+}
+
+/// Whether the LUKS2 header of `img` still records a reencryption.
+fn needs_finishing(img: &Path) -> bool {
+    String::from_utf8_lossy(&cs(&["luksDump", p(img)]).stdout).contains("online-reencrypt")
+}
