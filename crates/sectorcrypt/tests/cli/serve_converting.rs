@@ -480,3 +480,62 @@ fn a_server_killed_during_an_online_reencryption_resumes_everywhere() {
 fn needs_finishing(img: &Path) -> bool {
     String::from_utf8_lossy(&cs(&["luksDump", p(img)]).stdout).contains("online-reencrypt")
 }
+
+/// `mount` too: `reencrypt` beside it runs in the mounting process while a writer keeps writing
+/// (and syncing) through `MOUNTPOINT/volume`; afterwards the file reads what was written, and so
+/// does cryptsetup's new key once it is unmounted.
+#[test]
+fn reencrypt_runs_online_under_a_mount() {
+    use std::io::{Seek, SeekFrom, Write};
+    let dir = nbd_scratch("online-mount");
+    let key = key_file(&dir);
+    let img = format(&dir, "v", 40, &key, &["--sector-size", "4096"]);
+    let mp = crate::fuse::mountpoint(&dir, "mnt");
+    let mount = crate::fuse::Mounted::start(&img, &key, &mp, &[]);
+    let volume = mount.volume();
+    let size = std::fs::metadata(&volume).unwrap().len();
+    let mut data = pattern(size as usize, 6);
+    // The file has a fixed size: written over, not truncated.
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&volume)
+        .unwrap();
+    file.write_all(&data).unwrap();
+    file.sync_data().unwrap();
+    let mut args = vec![
+        "reencrypt",
+        "-q",
+        "--key-file",
+        p(&key),
+        "--hotzone-size",
+        "1M",
+    ];
+    args.extend(FAST_PBKDF);
+    args.push(p(&img));
+    let client = spawn(&args);
+    // Writes through the file system while it runs: 64 KiB pieces at seeded places, each synced.
+    let mut rng = StdRng::seed_from_u64(6);
+    for i in 0..64u64 {
+        let at = rng.gen_range(0..(size - 65536) / 4096) * 4096;
+        let piece = pattern(65536, 1000 + i);
+        file.seek(SeekFrom::Start(at)).unwrap();
+        file.write_all(&piece).unwrap();
+        file.sync_data().unwrap();
+        data[at as usize..at as usize + piece.len()].copy_from_slice(&piece);
+    }
+    drop(file);
+    let out = finish(client, "online reencrypt under a mount");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_same(&read_file(&volume), &data, "the mounted file");
+    assert!(mount.unmount().success(), "mount exits 0");
+    assert_cryptsetup_sees_it_finished(&img, &key, "after an online reencryption of a mount");
+    assert_same(
+        &decrypted_by_cryptsetup(&dir, &img, &key, size),
+        &data,
+        "the data under cryptsetup's new key",
+    );
+}
