@@ -277,6 +277,7 @@ fn run_io(
         size: None,
         device_size: None,
         no_resume: true,
+        conversion_max_rate: None,
     }
     .open()?;
     let volume = &opened.volume;

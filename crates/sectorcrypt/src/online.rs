@@ -65,13 +65,35 @@ fn private_dir() -> Option<PathBuf> {
     (meta.is_dir() && meta.uid() == uid() && meta.mode() & 0o077 == 0).then_some(dir)
 }
 
-/// The control socket of `device` (a file or block device; RBD images have none).
-fn socket_of(device: &Path) -> Option<PathBuf> {
+/// What names a device's control socket: a file's or block device's device and inode numbers
+/// (what its lock is on); for an RBD image, a hash of its `rbd:` name (the image's lock is in the
+/// cluster).
+fn identity(device: &Path) -> Option<String> {
     if crate::device::is_rbd(device) {
-        return None;
+        // FNV-1a: a short, stable name; two images never share a server, whose `request` also
+        // compares the names themselves.
+        let name = device.to_string_lossy();
+        let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        return Some(format!("rbd-{hash:016x}"));
     }
     let meta = std::fs::metadata(device).ok()?;
-    Some(private_dir()?.join(format!("{:x}-{}.sock", meta.dev(), meta.ino())))
+    Some(format!("{:x}-{}", meta.dev(), meta.ino()))
+}
+
+/// The control socket of `device`.
+fn socket_of(device: &Path) -> Option<PathBuf> {
+    Some(private_dir()?.join(format!("{}.sock", identity(device)?)))
+}
+
+/// Whether two device names name one device (one file, or one RBD image).
+pub(crate) fn same_device(a: &Path, b: &Path) -> bool {
+    match (crate::device::is_rbd(a), crate::device::is_rbd(b)) {
+        (true, true) => a == b,
+        (false, false) => identity(a).is_some() && identity(a) == identity(b),
+        _ => false,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -200,6 +222,8 @@ pub(crate) struct Conversion {
     pub header_dev: Arc<dyn Storage>,
     pub hotzone: u64,
     pub threads: usize,
+    /// At most this many bytes a second (`--max-rate`).
+    pub max_rate: Option<u64>,
     /// How to resume it if it stops.
     pub resume: String,
 }
@@ -215,7 +239,11 @@ pub(crate) struct Host {
 impl Host {
     /// Listen for conversion requests on `served`'s control socket; with `resume` (the
     /// passphrase of a conversion recorded on it), go on with that conversion in the background.
-    pub(crate) fn start(served: Served, resume: Option<SecretBytes>) -> Result<Host, CliError> {
+    pub(crate) fn start(
+        served: Served,
+        resume: Option<SecretBytes>,
+        max_rate: Option<u64>,
+    ) -> Result<Host, CliError> {
         let socket = socket_of(&served.device);
         let listener = match &socket {
             Some(path) => {
@@ -240,6 +268,7 @@ impl Host {
                 header_dev: Arc::clone(&shared.served.header_dev),
                 hotzone: reencrypt::DEFAULT_HOTZONE,
                 threads: shared.served.threads,
+                max_rate,
                 resume: String::new(),
             };
             eprintln!(
@@ -320,6 +349,7 @@ fn launch(shared: &Arc<Shared>, conversion: Conversion, pass: SecretBytes) -> Re
             hotzone: conversion.hotzone,
             threads: conversion.threads,
         };
+        let mut pace = reencrypt::Pace::new(conversion.max_rate);
         let result = reencrypt::run_serving(
             &*conversion.header_dev,
             &*served.data,
@@ -328,6 +358,9 @@ fn launch(shared: &Arc<Shared>, conversion: Conversion, pass: SecretBytes) -> Re
             &mut |p| {
                 worker.job().progress = Some(p);
                 worker.changed.notify_all();
+                if let Some(pace) = &mut pace {
+                    pace.after(p, &stop);
+                }
                 !stop.load(Ordering::SeqCst)
             },
             &*served.volume,
@@ -491,7 +524,7 @@ fn request(
         )));
     }
     let asked = crate::inplace::Asked::parse(&argv, &cwd)?;
-    if !same_file(asked.device(), &served.device) {
+    if !same_device(asked.device(), &served.device) {
         return Err(CliError::usage("the request names another device"));
     }
     {
@@ -522,8 +555,5 @@ fn request(
 
 /// Whether two paths name one file.
 pub(crate) fn same_file(a: &Path, b: &Path) -> bool {
-    match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-        _ => false,
-    }
+    !crate::device::is_rbd(a) && !crate::device::is_rbd(b) && same_device(a, b)
 }

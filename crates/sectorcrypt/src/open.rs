@@ -57,6 +57,10 @@ pub(crate) struct VolumeArgs {
     /// decrypt DEVICE --resume-only` beside the server goes on with it, online).
     #[arg(long = "no-resume")]
     pub no_resume: bool,
+    /// A conversion that goes on in the background converts at most this many bytes a second
+    /// (K, M, G: KiB...); default: as fast as it goes.
+    #[arg(long = "conversion-max-rate", value_name = "BYTES", value_parser = sectorcrypt_storage::units::parse_size)]
+    pub conversion_max_rate: Option<u64>,
 }
 
 /// An opened volume, the devices under it, and the conversion it has to go on with.
@@ -82,6 +86,7 @@ impl Opened {
                 read_only: args.readonly,
             },
             self.resume.take(),
+            args.conversion_max_rate,
         )
     }
 }

@@ -86,6 +86,49 @@ pub struct Progress {
     pub total: u64,
 }
 
+/// Throughput control: keeps a conversion at or under a rate, so that the clients of a served
+/// device keep the rest of the disk. Called after each step with its progress, it waits until the
+/// bytes converted in this run have taken as long as the rate allows (in slices, so that `stop`
+/// is seen within a tenth of a second). A step still runs at full speed: the hotzone's size, not
+/// the rate, bounds how long a request into it waits.
+#[derive(Debug)]
+pub struct Pace {
+    bytes_per_sec: u64,
+    start: std::time::Instant,
+    first: Option<u64>,
+}
+
+impl Pace {
+    /// A pace of `bytes_per_sec` (none: as fast as it goes).
+    pub fn new(bytes_per_sec: Option<u64>) -> Option<Pace> {
+        bytes_per_sec.filter(|&r| r > 0).map(|bytes_per_sec| Pace {
+            bytes_per_sec,
+            start: std::time::Instant::now(),
+            first: None,
+        })
+    }
+
+    /// Wait after a step that left the conversion at `now`, unless `stop` is set.
+    pub fn after(&mut self, now: Progress, stop: &std::sync::atomic::AtomicBool) {
+        let Some(first) = self.first else {
+            // Counted from the first step reported: the pace of this run, not of earlier ones.
+            self.first = Some(now.done);
+            self.start = std::time::Instant::now();
+            return;
+        };
+        let due = std::time::Duration::from_secs_f64(
+            now.done.saturating_sub(first) as f64 / self.bytes_per_sec as f64,
+        );
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let elapsed = self.start.elapsed();
+            if elapsed >= due {
+                return;
+            }
+            std::thread::sleep((due - elapsed).min(std::time::Duration::from_millis(100)));
+        }
+    }
+}
+
 /// How a run ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {

@@ -27,7 +27,7 @@ use sectorcrypt_luks::luks2::reencrypt::{InitOptions, Mode};
 use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_storage::{FsDirectory, Storage};
 use sectorcrypt_volume::convert::{self, read_luks2};
-use sectorcrypt_volume::reencrypt::{run, Options, Outcome, DEFAULT_HOTZONE};
+use sectorcrypt_volume::reencrypt::{run, Options, Outcome, Pace, DEFAULT_HOTZONE};
 use sectorcrypt_volume::resilience::{self, Resilience};
 use sectorcrypt_volume::Error as VolumeError;
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -62,6 +62,10 @@ pub(crate) struct RunArgs {
     /// Cipher threads (default: the number of CPUs).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
     threads: Option<u32>,
+    /// Convert at most this many bytes a second (K, M, G: KiB...), leaving the rest of the disk
+    /// to the device's clients; default: as fast as it goes.
+    #[arg(long = "max-rate", value_name = "BYTES", value_parser = parse_size)]
+    max_rate: Option<u64>,
     /// Progress as JSON lines on standard output (one per step) instead of a bar.
     #[arg(long)]
     json: bool,
@@ -115,7 +119,7 @@ pub(super) fn run_conversion(
             |n| n as usize,
         ),
     };
-    run_reporting(&header, data, pass, &options, args.json, stop, resume)
+    run_reporting(&header, data, pass, &options, args, stop, resume)
 }
 
 /// Run the conversion to its end, reporting each step; a stop request pauses it at a safe point,
@@ -125,13 +129,17 @@ pub(super) fn run_reporting(
     data: &dyn Storage,
     pass: &[u8],
     options: &Options,
-    json: bool,
+    args: &RunArgs,
     stop: &AtomicBool,
     resume: &str,
 ) -> Result<(), CliError> {
-    let mut report = Reporter::new(json);
+    let mut report = Reporter::new(args.json);
+    let mut pace = Pace::new(args.max_rate);
     let outcome = run(header, data, pass, options, &mut |p| {
         report.step(p);
+        if let Some(pace) = &mut pace {
+            pace.after(p, stop);
+        }
         !stop.load(Ordering::Relaxed)
     })?;
     report.done();

@@ -50,9 +50,11 @@ impl Asked {
             Asked::Encrypt(a) => (&mut a.device, &mut a.header),
             Asked::Decrypt(a) => (&mut a.device, &mut a.header),
         };
-        *device = cwd.join(&*device);
-        if let Some(h) = header {
-            *h = cwd.join(&*h);
+        // Relative names are the client's; RBD images have no directory.
+        for path in std::iter::once(device).chain(header) {
+            if !crate::device::is_rbd(path) {
+                *path = cwd.join(&*path);
+            }
         }
         Ok(asked)
     }
@@ -161,6 +163,7 @@ fn conversion(header_dev: Arc<dyn Storage>, asked: &Asked, served: &Served) -> C
         header_dev,
         hotzone: run.hotzone_size.unwrap_or(DEFAULT_HOTZONE),
         threads: run.threads.map_or(served.threads, |n| n as usize),
+        max_rate: run.max_rate,
         resume: resume_hint(asked.verb(), &served.device, asked.header()),
     }
 }
@@ -201,6 +204,7 @@ fn export_and_decrypt(
         header_dev,
         hotzone: DEFAULT_HOTZONE,
         threads: args.run.threads.map_or(served.threads, |n| n as usize),
+        max_rate: args.run.max_rate,
         resume: resume_hint("decrypt", &served.device, Some(new_file)),
     })
 }

@@ -462,6 +462,31 @@ fn every_header_command_and_reencryption_work_on_rbd_images() {
         std::fs::read(&out).unwrap() == data,
         "librbd reads the re-encrypted data"
     );
+    // And online: the same command beside a server of the image runs in the server.
+    let before = volume_key();
+    let server = Served::unix(
+        &dir,
+        "c.sock",
+        Path::new("rbd:rbd/cmd"),
+        &key,
+        &["--ceph-conf", &conf],
+    );
+    ok(sc_rbd(&args), "reencrypt rbd: while it is served");
+    assert!(
+        server.stderr().contains("the conversion is finished"),
+        "the server ran it: {}",
+        server.stderr()
+    );
+    server.stop();
+    assert_ne!(volume_key(), before, "a new volume key, online");
+    librbd(
+        LIBRBD_READ,
+        &[&conf, "cmd", p(&key), "0", &(4 * MIB).to_string(), p(&out)],
+    );
+    assert!(
+        std::fs::read(&out).unwrap() == data,
+        "librbd reads the data re-encrypted online"
+    );
 
     // benchmark --device on the image: the same requests through librbd raw and decrypted.
     let bench = ok(

@@ -281,6 +281,9 @@ fn no_resume_waits_and_a_client_interrupt_pauses_the_conversion() {
         "--json",
         "--hotzone-size",
         "1M",
+        // Paced: the path of --max-rate, at a rate the test machine exceeds.
+        "--max-rate",
+        "64M",
         p(&img),
     ];
     let mut client = spawn(&resume);
