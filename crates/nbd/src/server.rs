@@ -225,7 +225,12 @@ impl Server {
             }
             let client = Client {
                 exports: self.exports.clone(),
-                template: self.export.clone(),
+                // The size as it is now: a volume resized while served is seen so by new
+                // connections (NBD tells a size once, in the handshake).
+                template: ExportInfo {
+                    size: self.exports.size(),
+                    ..self.export.clone()
+                },
                 workers: self.options.workers,
                 on_storage_error: self.options.on_storage_error,
                 tls: self.options.tls.clone(),

@@ -93,6 +93,11 @@ pub(crate) const SERVE: &str = "Examples:
   sectorcrypt serve --readonly rbd:rbd/vm1 --listen 127.0.0.1:10809
   sectorcrypt serve disk.img --listen 0.0.0.0:10809 --tls require --tls-certificates /etc/pki/nbd";
 
+pub(crate) const RESIZE: &str = "Examples:
+  truncate -s +1G disk.img && sectorcrypt resize disk.img   # grow to the data added (served)
+  sectorcrypt resize disk.img --device-size 512M -q         # shrink what clients see
+  rbd resize --size 20G pool/img && sectorcrypt resize rbd:pool/img";
+
 pub(crate) const MOUNT: &str = "Examples:
   sectorcrypt mount disk.img /mnt/disk                          # /mnt/disk/volume
   mkfs.ext4 /mnt/disk/volume && fusermount3 -u /mnt/disk";

@@ -22,6 +22,7 @@ mod online;
 mod open;
 mod pbkdf_args;
 mod progress;
+mod resize;
 mod secrets;
 mod serve;
 
@@ -126,6 +127,10 @@ enum Command {
     /// cipher, key size or sector size, resumably; header on the device or detached.
     #[command(after_help = examples::REENCRYPT)]
     Reencrypt(Box<inplace::ReencryptArgs>),
+    /// Change the size a served volume exposes: grow it to data added under it, or shrink it
+    /// (cryptsetup resize).
+    #[command(after_help = examples::RESIZE)]
+    Resize(resize::ResizeArgs),
     /// Unlock DEVICE and export the decrypted volume over NBD until SIGINT/SIGTERM.
     #[command(after_help = examples::SERVE)]
     Serve(Box<serve::ServeArgs>),
@@ -196,6 +201,7 @@ fn main() -> ExitCode {
         Command::Encrypt(args) => inplace::encrypt(*args),
         Command::Decrypt(args) => inplace::decrypt(*args),
         Command::Reencrypt(args) => inplace::reencrypt(*args),
+        Command::Resize(args) => resize::resize(args),
         Command::Mount(args) => mount::run(*args),
         Command::Flash(command) => flash::run(command),
         Command::Kpio(command) => kpio::run(command),

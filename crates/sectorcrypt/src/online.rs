@@ -155,7 +155,12 @@ pub(crate) fn ask(mut conn: UnixStream, pass: &[u8], json: bool) -> Result<(), C
         let code = reply["exit"].as_u64().unwrap_or(1);
         let message = reply["message"].as_str().unwrap_or_default().to_string();
         return match code {
-            0 => Ok(()),
+            0 => {
+                if !message.is_empty() {
+                    println!("{message}");
+                }
+                Ok(())
+            }
             2 => Err(CliError {
                 code: Code::Permission,
                 message,
@@ -415,10 +420,9 @@ fn serve_client(conn: UnixStream, shared: &Arc<Shared>) {
     };
     let mut send = |v: Value| out.write_all(format!("{v}\n").as_bytes()).is_ok();
     let (runs, stop) = match request(&conn, shared) {
-        Ok(Some(followed)) => followed,
-        // Prepared only (--init-only).
-        Ok(None) => {
-            send(json!({ "exit": 0, "message": "" }));
+        Ok(Reply::Follow(runs, stop)) => (runs, stop),
+        Ok(Reply::Done(message)) => {
+            send(json!({ "exit": 0, "message": message }));
             return;
         }
         Err(e) => {
@@ -472,13 +476,17 @@ fn serve_client(conn: UnixStream, shared: &Arc<Shared>) {
     }
 }
 
+/// What the server does after a request.
+enum Reply {
+    /// Follow this run of the conversion (its stop flag).
+    Follow(u64, Arc<AtomicBool>),
+    /// Done at once (prepared only, or resized), saying this.
+    Done(String),
+}
+
 /// Read a request, check it names this server's device, and have its command prepare the
-/// conversion; launch it, or follow the one running. Returns the run to follow and its stop flag
-/// (`None` when the conversion was only to be prepared).
-fn request(
-    conn: &UnixStream,
-    shared: &Arc<Shared>,
-) -> Result<Option<(u64, Arc<AtomicBool>)>, CliError> {
+/// conversion; launch it, or follow the one running; or resize.
+fn request(conn: &UnixStream, shared: &Arc<Shared>) -> Result<Reply, CliError> {
     let bad = |why: String| CliError::usage(format!("a bad request: {why}"));
     // Unbuffered: a buffer would take the passphrase's bytes too, into memory nobody wipes.
     let mut stream = conn.take(MAX_REQUEST + 4 + MAX_PASSPHRASE as u64);
@@ -517,15 +525,39 @@ fn request(
         return Err(bad("a passphrase cut short".into()));
     }
     let served = &shared.served;
-    if served.read_only {
+    let asked = crate::inplace::Asked::parse(&argv, &cwd)?;
+    if served.read_only && asked.resize_to().is_none() {
         return Err(CliError::usage(format!(
             "{} is served read-only: a conversion writes it",
             served.device.display()
         )));
     }
-    let asked = crate::inplace::Asked::parse(&argv, &cwd)?;
     if !same_device(asked.device(), &served.device) {
         return Err(CliError::usage("the request names another device"));
+    }
+    if let Some(bytes) = asked.resize_to() {
+        // A LUKS2 data segment of fixed size ends there, whatever follows it on the device.
+        let fixed = match sectorcrypt_luks::Header::read(&*served.header_dev) {
+            Ok(sectorcrypt_luks::Header::Luks2(h)) => h.data_segment().ok().and_then(|s| s.size),
+            _ => None,
+        };
+        let room = served.volume.max_size()?.min(fixed.unwrap_or(u64::MAX));
+        let bytes = bytes?.unwrap_or(room);
+        if bytes > room {
+            return Err(CliError::usage(format!(
+                "a size of {bytes} bytes: {} has {room} bytes of data",
+                served.device.display()
+            )));
+        }
+        served.volume.resize(bytes)?;
+        eprintln!(
+            "sectorcrypt: {}: resized to {bytes} bytes (for new connections)",
+            served.device.display()
+        );
+        return Ok(Reply::Done(format!(
+            "{}: {bytes} bytes",
+            served.device.display()
+        )));
     }
     {
         let job = shared.job();
@@ -541,16 +573,16 @@ fn request(
                     ),
                 });
             }
-            return Ok(Some((job.runs, Arc::clone(&job.stop))));
+            return Ok(Reply::Follow(job.runs, Arc::clone(&job.stop)));
         }
     }
     let conversion = asked.prepare_online(served, &pass)?;
     if asked.init_only() {
-        return Ok(None);
+        return Ok(Reply::Done(String::new()));
     }
     launch(shared, conversion, pass)?;
     let job = shared.job();
-    Ok(Some((job.runs, Arc::clone(&job.stop))))
+    Ok(Reply::Follow(job.runs, Arc::clone(&job.stop)))
 }
 
 /// Whether two paths name one file.

@@ -29,7 +29,7 @@
 
 use std::fmt;
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 
 use sectorcrypt_cipher::sector::PARALLEL_MIN;
@@ -294,6 +294,8 @@ pub struct Volume {
     live: RwLock<Option<live::Live>>,
     /// How it was opened (for the views of a conversion).
     options: VolumeOptions,
+    /// The bytes exposed: the layout's size until [`Volume::resize`].
+    size: AtomicU64,
 }
 
 /// A request a server has received and will run on the volume; see [`Volume::announce`].
@@ -368,6 +370,7 @@ impl Volume {
         )?;
         Ok(Volume {
             storage,
+            size: AtomicU64::new(layout.size),
             layout,
             cipher,
             read_only: opts.read_only,
@@ -387,7 +390,42 @@ impl Volume {
 
     /// Payload size in bytes.
     pub fn size(&self) -> u64 {
-        self.layout.size
+        self.size.load(Ordering::Relaxed)
+    }
+
+    /// Expose `bytes` from now on (cryptsetup `resize` of an active device): a positive whole
+    /// number of encryption sectors, within the data the storage holds now (a grown file or RBD
+    /// image, a larger block device). Requests already past a shrunken end fail as out of range.
+    ///
+    /// Errors: [`Error::Refused`] for a size that breaks those rules, or while requests are
+    /// routed by a conversion (the segments fix the size; serve the volume again afterwards).
+    pub fn resize(&self, bytes: u64) -> Result<(), Error> {
+        let routing = self.live.write().unwrap_or_else(PoisonError::into_inner);
+        if routing.is_some() {
+            return Err(Error::Refused(
+                "the volume has been converted while served (its size follows the conversion's \
+                 segments); serve it again to resize it"
+                    .into(),
+            ));
+        }
+        let sector = self.layout.sector_size as u64;
+        let room = self.max_size()?;
+        if bytes == 0 || !bytes.is_multiple_of(sector) || bytes > room {
+            return Err(Error::Refused(format!(
+                "a size of {bytes} bytes: it must be a positive multiple of the {sector}-byte \
+                 encryption sector, at most the {room} bytes of data {} holds",
+                self.storage.name()
+            )));
+        }
+        self.size.store(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The largest size [`Volume::resize`] takes now.
+    pub fn max_size(&self) -> Result<u64, Error> {
+        let sector = self.layout.sector_size as u64;
+        let room = self.storage.len()?.saturating_sub(self.layout.offset);
+        Ok(room - room % sector)
     }
 
     /// The encryption sector size in bytes.
@@ -422,11 +460,11 @@ impl Volume {
 
     fn check_range(&self, offset: u64, len: u64) -> Result<(), Error> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.layout.size => Ok(()),
+            Some(end) if end <= self.size() => Ok(()),
             _ => Err(Error::OutOfRange {
                 offset,
                 len,
-                size: self.layout.size,
+                size: self.size(),
             }),
         }
     }
@@ -695,7 +733,7 @@ impl Volume {
         *routing = Some(live::Live::new(
             Arc::clone(&self.storage),
             self.options.clone(),
-            self.layout.size,
+            self.size(),
             &header,
             old_key.as_deref(),
             new_key.as_deref(),
@@ -714,7 +752,7 @@ impl live::Serving for Volume {
         let routed = live::Live::new(
             Arc::clone(&self.storage),
             self.options.clone(),
-            self.layout.size,
+            self.size(),
             header,
             old_key,
             new_key,

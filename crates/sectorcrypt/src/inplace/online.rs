@@ -21,6 +21,8 @@ pub(crate) enum Asked {
     Reencrypt(Box<ReencryptArgs>),
     Encrypt(Box<EncryptArgs>),
     Decrypt(Box<DecryptArgs>),
+    /// Not a conversion: the size the volume exposes.
+    Resize(crate::resize::ResizeArgs),
 }
 
 impl Asked {
@@ -39,9 +41,10 @@ impl Asked {
             crate::Command::Reencrypt(a) => Asked::Reencrypt(a),
             crate::Command::Encrypt(a) => Asked::Encrypt(a),
             crate::Command::Decrypt(a) => Asked::Decrypt(a),
+            crate::Command::Resize(a) => Asked::Resize(a),
             _ => {
                 return Err(CliError::usage(
-                    "a server runs reencrypt, encrypt and decrypt only",
+                    "a server runs reencrypt, encrypt, decrypt and resize only",
                 ))
             }
         };
@@ -49,6 +52,7 @@ impl Asked {
             Asked::Reencrypt(a) => (&mut a.device, &mut a.header),
             Asked::Encrypt(a) => (&mut a.device, &mut a.header),
             Asked::Decrypt(a) => (&mut a.device, &mut a.header),
+            Asked::Resize(a) => (&mut a.device, &mut a.header),
         };
         // Relative names are the client's; RBD images have no directory.
         for path in std::iter::once(device).chain(header) {
@@ -59,11 +63,20 @@ impl Asked {
         Ok(asked)
     }
 
-    fn run(&self) -> &RunArgs {
+    fn run(&self) -> Option<&RunArgs> {
         match self {
-            Asked::Reencrypt(a) => &a.run,
-            Asked::Encrypt(a) => &a.run,
-            Asked::Decrypt(a) => &a.run,
+            Asked::Reencrypt(a) => Some(&a.run),
+            Asked::Encrypt(a) => Some(&a.run),
+            Asked::Decrypt(a) => Some(&a.run),
+            Asked::Resize(_) => None,
+        }
+    }
+
+    /// For a resize: the size asked for (`None` inside: all the data).
+    pub(crate) fn resize_to(&self) -> Option<Result<Option<u64>, CliError>> {
+        match self {
+            Asked::Resize(a) => Some(a.bytes()),
+            _ => None,
         }
     }
 
@@ -73,6 +86,7 @@ impl Asked {
             Asked::Reencrypt(a) => &a.device,
             Asked::Encrypt(a) => &a.device,
             Asked::Decrypt(a) => &a.device,
+            Asked::Resize(a) => &a.device,
         }
     }
 
@@ -81,6 +95,7 @@ impl Asked {
             Asked::Reencrypt(a) => a.header.as_deref(),
             Asked::Encrypt(a) => a.header.as_deref(),
             Asked::Decrypt(a) => a.header.as_deref(),
+            Asked::Resize(a) => a.header.as_deref(),
         }
     }
 
@@ -89,15 +104,16 @@ impl Asked {
             Asked::Reencrypt(_) => "reencrypt",
             Asked::Encrypt(_) => "encrypt",
             Asked::Decrypt(_) => "decrypt",
+            Asked::Resize(_) => "resize",
         }
     }
 
     pub(crate) fn resume_only(&self) -> bool {
-        self.run().resume_only
+        self.run().is_some_and(|r| r.resume_only)
     }
 
     pub(crate) fn init_only(&self) -> bool {
-        self.run().init_only
+        self.run().is_some_and(|r| r.init_only)
     }
 
     /// Check the request against what `served` serves and start the conversion on its devices
@@ -107,7 +123,9 @@ impl Asked {
         served: &Served,
         pass: &[u8],
     ) -> Result<Conversion, CliError> {
-        let run = self.run();
+        let Some(run) = self.run() else {
+            return Err(CliError::usage("not a conversion"));
+        };
         let device = self.device();
         let header_dev = match (self, self.header(), served.header.as_deref()) {
             // A decryption of a volume whose header is on the device: the header is exported
@@ -137,6 +155,7 @@ impl Asked {
         let h = read_luks2(&*header_dev)?;
         let name = self.header().unwrap_or(device).display().to_string();
         match self {
+            Asked::Resize(_) => return Err(CliError::usage("not a conversion")),
             Asked::Reencrypt(a) => {
                 if !convert::resuming(&h, &name, Mode::Reencrypt, run.resume_only)? {
                     super::reencrypt::start(a, &*header_dev, &h, &*served.data, pass, &|_| Ok(()))?;
@@ -152,13 +171,17 @@ impl Asked {
                 }
             }
         }
-        Ok(conversion(header_dev, self, served))
+        Ok(conversion(header_dev, self, run, served))
     }
 }
 
 /// How the server runs what `asked` asks, from `header_dev`.
-fn conversion(header_dev: Arc<dyn Storage>, asked: &Asked, served: &Served) -> Conversion {
-    let run = asked.run();
+fn conversion(
+    header_dev: Arc<dyn Storage>,
+    asked: &Asked,
+    run: &RunArgs,
+    served: &Served,
+) -> Conversion {
     Conversion {
         header_dev,
         hotzone: run.hotzone_size.unwrap_or(DEFAULT_HOTZONE),

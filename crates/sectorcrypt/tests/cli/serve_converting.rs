@@ -542,3 +542,74 @@ fn reencrypt_runs_online_under_a_mount() {
         "the data under cryptsetup's new key",
     );
 }
+
+/// `resize` of a served volume: grown to data added under it (the file grown), new connections
+/// see the new size and its new end holds what is written there; shrunk with `--device-size`;
+/// sizes that are not whole sectors or exceed the data are refused (exit 1) and change nothing;
+/// without a server, exit 4.
+#[test]
+fn resize_grows_and_shrinks_a_served_volume() {
+    let dir = nbd_scratch("online-resize");
+    let key = key_file(&dir);
+    let img = format(&dir, "v", 32, &key, &["--sector-size", "4096"]);
+    let refused = crate::common::sc(&["resize", p(&img)]);
+    assert_eq!(refused.status.code(), Some(4), "not served");
+    let server = Served::unix(&dir, "s.sock", &img, &key, &[]);
+    assert_eq!(server.size, 16 * MIB);
+    let data = pattern(16 * MIB as usize, 8);
+    write_over(&dir, &server, 0, &data);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&img)
+        .unwrap()
+        .set_len(48 * MIB)
+        .unwrap();
+    let out = crate::common::ok(crate::common::sc(&["resize", p(&img)]), "resize");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("{} bytes", 32 * MIB)),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let size = |server: &Served| {
+        let out = tool("nbdinfo", &["--size", &server.uri]);
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+    };
+    assert_eq!(
+        size(&server),
+        32 * MIB,
+        "new connections see the grown size"
+    );
+    let tail = pattern(16 * MIB as usize, 9);
+    write_over(&dir, &server, 16 * MIB, &tail);
+    let seen = snapshot(&dir, &server);
+    assert_same(&seen[..16 * MIB as usize], &data, "the old data");
+    assert_same(&seen[16 * MIB as usize..], &tail, "the grown part");
+    for bad in ["1000", "64M"] {
+        let out = crate::common::sc(&["resize", "-q", "--device-size", bad, p(&img)]);
+        assert_eq!(out.status.code(), Some(1), "--device-size {bad}");
+        assert_eq!(
+            size(&server),
+            32 * MIB,
+            "unchanged after --device-size {bad}"
+        );
+    }
+    crate::common::ok(
+        crate::common::sc(&["resize", "-q", "--device-size", "8M", p(&img)]),
+        "resize --device-size 8M",
+    );
+    assert_eq!(size(&server), 8 * MIB, "shrunk");
+    assert_same(
+        &snapshot(&dir, &server),
+        &data[..8 * MIB as usize],
+        "what is left",
+    );
+    server.stop();
+    assert_same(
+        &decrypted_by_cryptsetup(&dir, &img, &key, 32 * MIB),
+        &[&data[..], &tail[..]].concat(),
+        "the data under cryptsetup's key",
+    );
+}
