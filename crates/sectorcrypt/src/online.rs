@@ -355,6 +355,7 @@ fn launch(shared: &Arc<Shared>, conversion: Conversion, pass: SecretBytes) -> Re
             threads: conversion.threads,
         };
         let mut pace = reencrypt::Pace::new(conversion.max_rate);
+        let mut seen = served.volume.requests();
         let result = reencrypt::run_serving(
             &*conversion.header_dev,
             &*served.data,
@@ -363,9 +364,9 @@ fn launch(shared: &Arc<Shared>, conversion: Conversion, pass: SecretBytes) -> Re
             &mut |p| {
                 worker.job().progress = Some(p);
                 worker.changed.notify_all();
-                if let Some(pace) = &mut pace {
-                    pace.after(p, &stop);
-                }
+                let requests = served.volume.requests();
+                pace.after(p, requests != seen, &stop);
+                seen = served.volume.requests();
                 !stop.load(Ordering::SeqCst)
             },
             &*served.volume,

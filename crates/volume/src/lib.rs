@@ -296,6 +296,8 @@ pub struct Volume {
     options: VolumeOptions,
     /// The bytes exposed: the layout's size until [`Volume::resize`].
     size: AtomicU64,
+    /// Requests received so far (reads, writes, discards), for a conversion that yields to them.
+    requests: AtomicU64,
 }
 
 /// A request a server has received and will run on the volume; see [`Volume::announce`].
@@ -371,6 +373,7 @@ impl Volume {
         Ok(Volume {
             storage,
             size: AtomicU64::new(layout.size),
+            requests: AtomicU64::new(0),
             layout,
             cipher,
             read_only: opts.read_only,
@@ -386,6 +389,11 @@ impl Volume {
     /// The routing of a served conversion, held for reading for one request.
     fn route(&self) -> RwLockReadGuard<'_, Option<live::Live>> {
         self.live.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How many reads, writes and discards the volume has received.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
     }
 
     /// Payload size in bytes.
@@ -459,6 +467,7 @@ impl Volume {
     }
 
     fn check_range(&self, offset: u64, len: u64) -> Result<(), Error> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
         match offset.checked_add(len) {
             Some(end) if end <= self.size() => Ok(()),
             _ => Err(Error::OutOfRange {

@@ -86,46 +86,68 @@ pub struct Progress {
     pub total: u64,
 }
 
-/// Throughput control: keeps a conversion at or under a rate, so that the clients of a served
-/// device keep the rest of the disk. Called after each step with its progress, it waits until the
-/// bytes converted in this run have taken as long as the rate allows (in slices, so that `stop`
-/// is seen within a tenth of a second). A step still runs at full speed: the hotzone's size, not
-/// the rate, bounds how long a request into it waits.
+/// Throughput control, after each step (see [`Pace::after`]): two rules.
+///
+/// - **Clients first**: a served conversion whose step ran while clients sent requests waits, before
+///   the next step, as long as that step took: under load it takes at most half the time, so
+///   clients keep at least about half of the disk and CPU whatever the step size (measured in
+///   `docs/BENCHMARKS.md`); idle, it runs flat out. A step itself is never slowed: the hotzone's
+///   size bounds how long a request into it waits.
+/// - **A rate** (`--max-rate`): at most so many bytes a second, counted from the first step.
+///
+/// Waits are cut into tenths of a second, so that `stop` is seen promptly.
 #[derive(Debug)]
 pub struct Pace {
-    bytes_per_sec: u64,
+    bytes_per_sec: Option<u64>,
+    /// When the rate is counted from, and the progress then.
     start: std::time::Instant,
     first: Option<u64>,
+    /// When the last step ended.
+    last: std::time::Instant,
 }
 
 impl Pace {
-    /// A pace of `bytes_per_sec` (none: as fast as it goes).
-    pub fn new(bytes_per_sec: Option<u64>) -> Option<Pace> {
-        bytes_per_sec.filter(|&r| r > 0).map(|bytes_per_sec| Pace {
-            bytes_per_sec,
-            start: std::time::Instant::now(),
+    /// A pace of at most `bytes_per_sec` (none: as fast as the clients let it).
+    pub fn new(bytes_per_sec: Option<u64>) -> Pace {
+        let now = std::time::Instant::now();
+        Pace {
+            bytes_per_sec: bytes_per_sec.filter(|&r| r > 0),
+            start: now,
             first: None,
-        })
+            last: now,
+        }
     }
 
-    /// Wait after a step that left the conversion at `now`, unless `stop` is set.
-    pub fn after(&mut self, now: Progress, stop: &std::sync::atomic::AtomicBool) {
-        let Some(first) = self.first else {
-            // Counted from the first step reported: the pace of this run, not of earlier ones.
-            self.first = Some(now.done);
-            self.start = std::time::Instant::now();
-            return;
-        };
-        let due = std::time::Duration::from_secs_f64(
-            now.done.saturating_sub(first) as f64 / self.bytes_per_sec as f64,
-        );
-        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            let elapsed = self.start.elapsed();
-            if elapsed >= due {
-                return;
-            }
-            std::thread::sleep((due - elapsed).min(std::time::Duration::from_millis(100)));
+    /// Wait after a step that left the conversion at `now`; `clients` says whether requests were
+    /// served during it. Returns early once `stop` is set.
+    pub fn after(&mut self, now: Progress, clients: bool, stop: &std::sync::atomic::AtomicBool) {
+        use std::time::{Duration, Instant};
+        let step = self.last.elapsed();
+        let mut until = Instant::now();
+        if clients {
+            until += step;
         }
+        match (self.first, self.bytes_per_sec) {
+            (None, _) => {
+                // The rate is that of this run, counted from its first step reported.
+                self.first = Some(now.done);
+                self.start = Instant::now();
+            }
+            (Some(first), Some(rate)) => {
+                let due = self.start
+                    + Duration::from_secs_f64(now.done.saturating_sub(first) as f64 / rate as f64);
+                until = until.max(due);
+            }
+            (Some(_), None) => {}
+        }
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(100)));
+        }
+        self.last = Instant::now();
     }
 }
 

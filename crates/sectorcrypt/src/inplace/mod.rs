@@ -137,9 +137,7 @@ pub(super) fn run_reporting(
     let mut pace = Pace::new(args.max_rate);
     let outcome = run(header, data, pass, options, &mut |p| {
         report.step(p);
-        if let Some(pace) = &mut pace {
-            pace.after(p, stop);
-        }
+        pace.after(p, false, stop);
         !stop.load(Ordering::Relaxed)
     })?;
     report.done();
