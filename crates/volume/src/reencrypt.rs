@@ -226,14 +226,8 @@ pub fn run(
     options: &Options,
     progress: &mut dyn FnMut(Progress) -> bool,
 ) -> Result<Outcome, Error> {
-    drive(
-        header_dev,
-        data_dev,
-        passphrase,
-        options,
-        progress,
-        &Offline,
-        Until::End,
+    run_serving(
+        header_dev, data_dev, passphrase, options, progress, &Offline,
     )
 }
 
