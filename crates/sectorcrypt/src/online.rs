@@ -249,7 +249,9 @@ impl Host {
         resume: Option<SecretBytes>,
         max_rate: Option<u64>,
     ) -> Result<Host, CliError> {
-        let socket = socket_of(&served.device);
+        // A read-only server converts nothing, and shares its device with other readers: it
+        // listens for nobody (a writer beside it meets the lock).
+        let socket = socket_of(&served.device).filter(|_| !served.read_only);
         let listener = match &socket {
             Some(path) => {
                 // A socket file left by a server that was killed: the lock says nobody serves.
@@ -527,12 +529,6 @@ fn request(conn: &UnixStream, shared: &Arc<Shared>) -> Result<Reply, CliError> {
     }
     let served = &shared.served;
     let asked = crate::inplace::Asked::parse(&argv, &cwd)?;
-    if served.read_only && asked.resize_to().is_none() {
-        return Err(CliError::usage(format!(
-            "{} is served read-only: a conversion writes it",
-            served.device.display()
-        )));
-    }
     if !same_device(asked.device(), &served.device) {
         return Err(CliError::usage("the request names another device"));
     }

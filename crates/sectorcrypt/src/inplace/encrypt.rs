@@ -40,18 +40,9 @@ pub(crate) struct EncryptArgs {
 }
 
 pub(crate) fn encrypt(args: EncryptArgs) -> Result<(), CliError> {
-    if let Some(server) = crate::online::server_of(&args.device) {
-        // What a server serves is encrypted already: only a recorded encryption goes on there.
-        if !args.run.resume_only {
-            return Err(CliError {
-                code: crate::exit::Code::Busy,
-                message: format!(
-                    "{} is served, so it is encrypted already; an encryption recorded on it \
-                     (--init-only, or interrupted) goes on with --resume-only",
-                    args.device.display()
-                ),
-            });
-        }
+    // What a server serves is encrypted already: only an encryption recorded on it (--init-only,
+    // or interrupted) goes on there; a new one meets the server's lock.
+    if let Some(server) = crate::online::server_of(&args.device).filter(|_| args.run.resume_only) {
         return super::ask_server(server, &args.device, &args.run, None);
     }
     match (&args.header, args.reduce_device_size) {
