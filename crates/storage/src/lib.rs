@@ -13,6 +13,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 
 pub mod crash;
@@ -173,6 +174,8 @@ pub struct FileStorage {
     path: PathBuf,
     writable: bool,
     lock: Option<DeviceLock>,
+    /// The length last read (0: not yet), for bounds checks without a `statx` per request.
+    known_len: AtomicU64,
 }
 
 impl FileStorage {
@@ -184,6 +187,7 @@ impl FileStorage {
             path: path.to_path_buf(),
             writable: false,
             lock: None,
+            known_len: AtomicU64::new(0),
         })
     }
 
@@ -197,6 +201,7 @@ impl FileStorage {
             path: path.to_path_buf(),
             writable: false,
             lock,
+            known_len: AtomicU64::new(0),
         })
     }
 
@@ -210,6 +215,7 @@ impl FileStorage {
             path: path.to_path_buf(),
             writable: true,
             lock,
+            known_len: AtomicU64::new(0),
         })
     }
 
@@ -222,28 +228,36 @@ impl FileStorage {
     pub fn lock(&self) -> Option<&DeviceLock> {
         self.lock.as_ref()
     }
+
+    /// Check that `n` bytes at `offset` lie within the file (`what` names the request in the
+    /// error). The length last read is trusted while the range fits it, and read again when it
+    /// does not (the file may have grown since: `resize`): a `statx` per request was a fifth of a
+    /// server's system calls. A file does not shrink under its holder (the lock keeps other
+    /// writers out); a read past a shrunken end still fails in `read_exact_at`.
+    fn within(&self, what: &str, offset: u64, n: usize) -> io::Result<()> {
+        let end = offset.checked_add(n as u64);
+        let fits = |size: u64| end.is_some_and(|e| e <= size);
+        if fits(self.known_len.load(Ordering::Relaxed)) {
+            return Ok(());
+        }
+        let size = self.len()?;
+        self.known_len.store(size, Ordering::Relaxed);
+        if fits(size) {
+            Ok(())
+        } else {
+            Err(past_end(what, offset, n, size))
+        }
+    }
 }
 
 impl Storage for FileStorage {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let size = self.len()?;
-        if offset
-            .checked_add(buf.len() as u64)
-            .is_none_or(|end| end > size)
-        {
-            return Err(past_end("a read", offset, buf.len(), size));
-        }
+        self.within("a read", offset, buf.len())?;
         self.file.read_exact_at(buf, offset)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        let size = self.len()?;
-        if offset
-            .checked_add(buf.len() as u64)
-            .is_none_or(|end| end > size)
-        {
-            return Err(past_end("a write", offset, buf.len(), size));
-        }
+        self.within("a write", offset, buf.len())?;
         self.file.write_all_at(buf, offset)
     }
 
@@ -253,10 +267,7 @@ impl Storage for FileStorage {
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         use rustix::fs::{fallocate, FallocateFlags};
-        let size = self.len()?;
-        if offset.checked_add(len).is_none_or(|end| end > size) {
-            return Err(past_end("a discard", offset, len as usize, size));
-        }
+        self.within("a discard", offset, len as usize)?;
         // Punching a hole works on regular files and (since Linux 4.9) block devices; where
         // the file system cannot, the hint is dropped.
         match fallocate(
@@ -442,6 +453,34 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600, "headers are private");
         assert!(!path.join("h.img.new").exists(), "no temporary left");
         std::fs::remove_dir_all(path).unwrap();
+    }
+
+    #[test]
+    fn a_file_grown_under_its_holder_takes_writes_at_its_new_end() {
+        let dir = std::env::temp_dir().join(format!("sectorcrypt-grown-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f.img");
+        std::fs::write(&path, vec![0u8; 4096]).unwrap();
+        let f = FileStorage::open(&path).unwrap();
+        f.write_at(b"abc", 4093).unwrap();
+        assert!(f.write_at(b"abc", 4096).is_err(), "past the end");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(8192)
+            .unwrap();
+        f.write_at(b"abc", 4096).unwrap();
+        let mut back = [0u8; 3];
+        f.read_at(&mut back, 4096).unwrap();
+        assert_eq!(&back, b"abc");
+        assert!(f.write_at(b"abcd", 8189).is_err(), "past the new end");
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            8192,
+            "never extended"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
