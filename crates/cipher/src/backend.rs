@@ -18,7 +18,7 @@ pub enum Algorithm {
     Aes,
     /// LEA (KS X 3246, ISO/IEC 29192-2), 128/192/256-bit keys.
     Lea,
-    /// Serpent, 128/192/256-bit keys (portable only).
+    /// Serpent, 128/192/256-bit keys (portable, AVX2 and AVX-512).
     Serpent,
     /// Twofish, 128/192/256-bit keys (portable only).
     Twofish,
@@ -92,7 +92,9 @@ impl Algorithm {
                 Backend::AesNi,
                 Backend::Portable,
             ],
-            Algorithm::Lea => &[Backend::Avx512, Backend::Avx2, Backend::Portable],
+            Algorithm::Lea | Algorithm::Serpent => {
+                &[Backend::Avx512, Backend::Avx2, Backend::Portable]
+            }
             _ => &[Backend::Portable],
         }
     }
@@ -121,9 +123,9 @@ pub enum Backend {
     /// VAES + AVX2 (+ VPCLMULQDQ for tweaks), two blocks per 256-bit register: CPUs with VAES
     /// but no AVX-512.
     Vaes256,
-    /// AVX2, eight LEA blocks per 256-bit register set.
+    /// AVX2, eight LEA or Serpent blocks per 256-bit register set.
     Avx2,
-    /// AVX-512F, sixteen LEA blocks per 512-bit register set.
+    /// AVX-512F, sixteen LEA or Serpent blocks per 512-bit register set.
     Avx512,
     /// No cipher at all (`cipher_null`): used to measure everything but the cipher.
     Null,
@@ -205,7 +207,7 @@ pub enum BackendChoice {
     /// The fastest backend this CPU runs.
     #[default]
     Auto,
-    /// The portable code, whatever the CPU (for AES and LEA alike).
+    /// The portable code, whatever the CPU (for AES, LEA and Serpent alike).
     Portable,
     /// Exactly this backend; an error if the CPU cannot run it or it does not implement the
     /// algorithm.

@@ -1,5 +1,5 @@
-//! Block ciphers beyond AES and LEA — Serpent (our own bitsliced, constant-time code:
-//! `serpent.rs`), Twofish, Camellia, ARIA, SM4 and CAST6 (CAST-256) on RustCrypto's portable
+//! Block ciphers beyond AES, LEA and Serpent (whose portable and SIMD engines are in
+//! `serpent/`) — Twofish, Camellia, ARIA, SM4 and CAST6 (CAST-256) on RustCrypto's portable
 //! implementations — behind the same [`BlockEngine`] as every other
 //! backend: the XTS and CBC whole-unit loops (and so the extended request) are the generic ones in
 //! `engine.rs`. Each engine is [`Backend::Portable`]; there are no SIMD kernels for these ciphers.
@@ -54,9 +54,8 @@ where
 /// key length does not fit (callers check lengths first, see [`Algorithm::accepts_key_len`]).
 pub(crate) fn new_engine(alg: Algorithm, key: &[u8]) -> Option<Box<dyn BlockEngine>> {
     match (alg, key.len()) {
-        // Serpent and CAST6 take any key up to 256 bits (the kernel's serpent too: an ESSIV salt
-        // of SHA-1's 160 bits keys it); Twofish 128, 192 or 256 bits.
-        (Algorithm::Serpent, 1..=32) => keyed(|| crate::serpent::Serpent::new(key)),
+        // CAST6 takes any key from 128 to 256 bits in steps of 32 (an ESSIV salt of SHA-1's 160
+        // bits keys it); Twofish 128, 192 or 256 bits.
         (Algorithm::Twofish, 16 | 24 | 32) => boxed::<twofish::Twofish>(key),
         (Algorithm::Cast6, 16..=32) if key.len().is_multiple_of(4) => boxed::<cast6::Cast6>(key),
         (Algorithm::Camellia, 16) => boxed::<camellia::Camellia128>(key),

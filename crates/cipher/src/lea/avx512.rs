@@ -30,20 +30,20 @@ super::simd::lea_simd_engine! {
 }
 
 /// Bytes per set of sixteen blocks.
-const SET: usize = 16 * BLOCK;
+pub(crate) const SET: usize = 16 * BLOCK;
 
 /// Which block of its set each 32-bit lane holds after [`transpose`].
 const LANE_BLOCK: [i32; 16] = [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15];
 
 /// Four registers: blocks as loaded, or word `i` of sixteen blocks in register `i`.
-type State = [__m512i; 4];
+pub(crate) type State = [__m512i; 4];
 
 // ---------------------------------------------------------------------------------------------
 // Building blocks. All `#[inline]` so they melt into the kernels (same target features).
 
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn load_set(bytes: &[u8; SET]) -> State {
+pub(crate) fn load_set(bytes: &[u8; SET]) -> State {
     let p = bytes.as_ptr();
     // SAFETY: the four 64-byte loads cover exactly `bytes`; `loadu` has no alignment requirement.
     unsafe {
@@ -58,7 +58,7 @@ fn load_set(bytes: &[u8; SET]) -> State {
 
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn store_set(bytes: &mut [u8; SET], s: State) {
+pub(crate) fn store_set(bytes: &mut [u8; SET], s: State) {
     let p = bytes.as_mut_ptr();
     // SAFETY: the four 64-byte stores cover exactly `bytes`; `storeu` has no alignment requirement.
     unsafe {
@@ -72,7 +72,7 @@ fn store_set(bytes: &mut [u8; SET], s: State) {
 /// 4x4 transpose of 32-bit words inside each 128-bit lane (an involution).
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn transpose(r: State) -> State {
+pub(crate) fn transpose(r: State) -> State {
     let t0 = _mm512_unpacklo_epi32(r[0], r[1]);
     let t1 = _mm512_unpackhi_epi32(r[0], r[1]);
     let t2 = _mm512_unpacklo_epi32(r[2], r[3]);
