@@ -1,5 +1,5 @@
 //! Which SIMD backends this machine runs, as cfgs for the tests (`cpu_aesni`, `cpu_vaes256`,
-//! `cpu_vaes512`, `cpu_avx2`, `cpu_avx512f`): a backend's tests are `#[ignore]`d with the reason
+//! `cpu_vaes512`, `cpu_avx2`, `cpu_avx512f`, `cpu_avx512bw`): a backend's tests are `#[ignore]`d with the reason
 //! where the CPU lacks its features, so that a test run says what it skipped instead of passing
 //! tests that did not run. The library itself detects features at run time and uses no cfg.
 //!
@@ -9,7 +9,7 @@
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=/proc/cpuinfo");
-    let backends: [(&str, &[&str]); 5] = [
+    let backends: [(&str, &[&str]); 6] = [
         ("cpu_aesni", &["aes", "sse4.1"]),
         (
             "cpu_vaes256",
@@ -28,6 +28,7 @@ fn main() {
         ),
         ("cpu_avx2", &["avx2"]),
         ("cpu_avx512f", &["avx512f"]),
+        ("cpu_avx512bw", &["avx512f", "avx512bw"]),
     ];
     for (cfg, features) in backends {
         println!("cargo:rustc-check-cfg=cfg({cfg})");

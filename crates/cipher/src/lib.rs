@@ -39,6 +39,7 @@ pub mod staged;
 #[cfg(feature = "bench")]
 #[allow(unsafe_code)] // rdtsc
 pub mod tsc;
+mod twofish;
 #[allow(unsafe_code)] // zeroing the vector registers
 mod wipe;
 
@@ -70,6 +71,7 @@ pub fn block_cipher(
     let engine = match alg {
         Algorithm::Aes => aes::new_engine(key, backend),
         Algorithm::Lea => lea::new_engine(key, backend),
+        Algorithm::Twofish => twofish::new_engine(key, backend),
         _ => portable::new_engine(alg, key),
     };
     engine.ok_or(Error::BackendUnavailable(backend))

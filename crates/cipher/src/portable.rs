@@ -57,7 +57,6 @@ pub(crate) fn new_engine(alg: Algorithm, key: &[u8]) -> Option<Box<dyn BlockEngi
         // Serpent and CAST6 take any key up to 256 bits (the kernel's serpent too: an ESSIV salt
         // of SHA-1's 160 bits keys it); Twofish 128, 192 or 256 bits.
         (Algorithm::Serpent, 1..=32) => keyed(|| crate::serpent::Serpent::new(key)),
-        (Algorithm::Twofish, 16 | 24 | 32) => boxed::<twofish::Twofish>(key),
         (Algorithm::Cast6, 16..=32) if key.len().is_multiple_of(4) => boxed::<cast6::Cast6>(key),
         (Algorithm::Camellia, 16) => boxed::<camellia::Camellia128>(key),
         (Algorithm::Camellia, 24) => boxed::<camellia::Camellia192>(key),

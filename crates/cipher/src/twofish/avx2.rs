@@ -1,0 +1,162 @@
+//! Twofish with AVX2: eight blocks per set of four `__m256i`.
+//!
+//! The kernels are the shared ones of `simd`. A lookup in a 16-entry table is `vpshufb`; the
+//! `q0`/`q1` choice per byte position is a `vpblendvb` of both lookups with the stage's byte
+//! mask. AVX2 has no vector rotate: rotations by one bit are two shifts and an OR.
+//!
+//! `unsafe` is confined to the unaligned loads and stores (bounds proved by fixed-size array
+//! references) and to calling the `#[target_feature]` kernels, which [`TwofishAvx2::new`] only
+//! allows on CPUs with AVX2.
+
+use core::arch::x86_64::*;
+
+super::simd::twofish_simd_engine! {
+    /// Twofish on AVX2.
+    engine: TwofishAvx2,
+    feature: "avx2",
+    cpu: cpu_avx2,
+    backend: crate::backend::Backend::Avx2,
+}
+
+fn runs_here() -> bool {
+    std::is_x86_feature_detected!("avx2")
+}
+
+/// Bytes per set of eight blocks.
+const SET: usize = 8 * BLOCK;
+
+type V = __m256i;
+type Mask = __m256i;
+type State = [V; 4];
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load_set(bytes: &[u8; SET]) -> State {
+    let p = bytes.as_ptr();
+    // SAFETY: the four 32-byte loads cover exactly `bytes`; `loadu` has no alignment requirement.
+    unsafe {
+        [
+            _mm256_loadu_si256(p.cast()),
+            _mm256_loadu_si256(p.add(32).cast()),
+            _mm256_loadu_si256(p.add(64).cast()),
+            _mm256_loadu_si256(p.add(96).cast()),
+        ]
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn store_set(bytes: &mut [u8; SET], s: State) {
+    let p = bytes.as_mut_ptr();
+    // SAFETY: the four 32-byte stores cover exactly `bytes`; `storeu` has no alignment requirement.
+    unsafe {
+        _mm256_storeu_si256(p.cast(), s[0]);
+        _mm256_storeu_si256(p.add(32).cast(), s[1]);
+        _mm256_storeu_si256(p.add(64).cast(), s[2]);
+        _mm256_storeu_si256(p.add(96).cast(), s[3]);
+    }
+}
+
+/// 4x4 transpose of 32-bit words inside each 128-bit lane (an involution).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn transpose(r: State) -> State {
+    let t0 = _mm256_unpacklo_epi32(r[0], r[1]);
+    let t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+    let t2 = _mm256_unpacklo_epi32(r[2], r[3]);
+    let t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+    [
+        _mm256_unpacklo_epi64(t0, t2),
+        _mm256_unpackhi_epi64(t0, t2),
+        _mm256_unpacklo_epi64(t1, t3),
+        _mm256_unpackhi_epi64(t1, t3),
+    ]
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn xor(a: V, b: V) -> V {
+    _mm256_xor_si256(a, b)
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn xor3(a: V, b: V, c: V) -> V {
+    xor(xor(a, b), c)
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn and(a: V, b: V) -> V {
+    _mm256_and_si256(a, b)
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn or(a: V, b: V) -> V {
+    _mm256_or_si256(a, b)
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn add(a: V, b: V) -> V {
+    _mm256_add_epi32(a, b)
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn splat(k: u32) -> V {
+    _mm256_set1_epi32(k as i32)
+}
+
+/// A 16-byte table in both 128-bit lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn tab(t: &[u8; 16]) -> V {
+    // SAFETY: one 16-byte unaligned load of exactly `t`.
+    _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(t.as_ptr().cast()) })
+}
+
+/// `table[idx]` per byte (within each 128-bit lane; an index with its top bit set gives zero).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn shuf(table: V, idx: V) -> V {
+    _mm256_shuffle_epi8(table, idx)
+}
+
+/// Every 16-bit lane shifted right by 4 (the high nibbles, with bits of the next byte above).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn srl4(x: V) -> V {
+    _mm256_srli_epi16::<4>(x)
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn rol1(x: V) -> V {
+    or(_mm256_slli_epi32::<1>(x), _mm256_srli_epi32::<31>(x))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ror1(x: V) -> V {
+    or(_mm256_srli_epi32::<1>(x), _mm256_slli_epi32::<31>(x))
+}
+
+/// `0xFF` in the bytes whose position in their 32-bit word goes through `q1` in a stage.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn stage_mask(v: [u8; 4]) -> Mask {
+    splat(u32::from_le_bytes(v.map(|b| 0u8.wrapping_sub(b & 1))))
+}
+
+/// `t[0][i]` where the stage uses `q0`, `t[1][i]` where it uses `q1`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn look(t: &[V; 2], m: Mask, i: V) -> V {
+    _mm256_blendv_epi8(
+        _mm256_shuffle_epi8(t[0], i),
+        _mm256_shuffle_epi8(t[1], i),
+        m,
+    )
+}

@@ -1,0 +1,167 @@
+//! Twofish with AVX-512BW: sixteen blocks per set of four `__m512i`.
+//!
+//! The kernels are the shared ones of `simd`. A lookup in a 16-entry table is `vpshufb`; the
+//! `q0`/`q1` choice per byte position is one merge-masked `vpshufb` (the stage's byte mask in a
+//! mask register) on top of the `q0` lookup. Rotations are native (`vprold`).
+//!
+//! `unsafe` is confined to the unaligned loads and stores (bounds proved by fixed-size array
+//! references) and to calling the `#[target_feature]` kernels, which
+//! [`TwofishAvx512::new`] only allows on CPUs with AVX-512F and AVX-512BW.
+
+use core::arch::x86_64::*;
+
+super::simd::twofish_simd_engine! {
+    /// Twofish on AVX-512BW.
+    engine: TwofishAvx512,
+    feature: "avx512f,avx512bw",
+    cpu: cpu_avx512bw,
+    backend: crate::backend::Backend::Avx512,
+}
+
+impl TwofishAvx512 {
+    /// Whether this CPU has the instructions (AVX-512F and BW).
+    pub(crate) fn runs_here() -> bool {
+        runs_here()
+    }
+}
+
+fn runs_here() -> bool {
+    std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw")
+}
+
+/// Bytes per set of sixteen blocks.
+const SET: usize = 16 * BLOCK;
+
+type V = __m512i;
+type Mask = __mmask64;
+type State = [V; 4];
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn load_set(bytes: &[u8; SET]) -> State {
+    let p = bytes.as_ptr();
+    // SAFETY: the four 64-byte loads cover exactly `bytes`; `loadu` has no alignment requirement.
+    unsafe {
+        [
+            _mm512_loadu_si512(p.cast()),
+            _mm512_loadu_si512(p.add(64).cast()),
+            _mm512_loadu_si512(p.add(128).cast()),
+            _mm512_loadu_si512(p.add(192).cast()),
+        ]
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn store_set(bytes: &mut [u8; SET], s: State) {
+    let p = bytes.as_mut_ptr();
+    // SAFETY: the four 64-byte stores cover exactly `bytes`; `storeu` has no alignment requirement.
+    unsafe {
+        _mm512_storeu_si512(p.cast(), s[0]);
+        _mm512_storeu_si512(p.add(64).cast(), s[1]);
+        _mm512_storeu_si512(p.add(128).cast(), s[2]);
+        _mm512_storeu_si512(p.add(192).cast(), s[3]);
+    }
+}
+
+/// 4x4 transpose of 32-bit words inside each 128-bit lane (an involution).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn transpose(r: State) -> State {
+    let t0 = _mm512_unpacklo_epi32(r[0], r[1]);
+    let t1 = _mm512_unpackhi_epi32(r[0], r[1]);
+    let t2 = _mm512_unpacklo_epi32(r[2], r[3]);
+    let t3 = _mm512_unpackhi_epi32(r[2], r[3]);
+    [
+        _mm512_unpacklo_epi64(t0, t2),
+        _mm512_unpackhi_epi64(t0, t2),
+        _mm512_unpacklo_epi64(t1, t3),
+        _mm512_unpackhi_epi64(t1, t3),
+    ]
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn xor(a: V, b: V) -> V {
+    _mm512_xor_si512(a, b)
+}
+
+/// `a ^ b ^ c` in one instruction.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn xor3(a: V, b: V, c: V) -> V {
+    _mm512_ternarylogic_epi32::<0x96>(a, b, c)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn and(a: V, b: V) -> V {
+    _mm512_and_si512(a, b)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn or(a: V, b: V) -> V {
+    _mm512_or_si512(a, b)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn add(a: V, b: V) -> V {
+    _mm512_add_epi32(a, b)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn splat(k: u32) -> V {
+    _mm512_set1_epi32(k as i32)
+}
+
+/// A 16-byte table in every 128-bit lane.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn tab(t: &[u8; 16]) -> V {
+    // SAFETY: one 16-byte unaligned load of exactly `t`.
+    _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(t.as_ptr().cast()) })
+}
+
+/// `table[idx]` per byte (within each 128-bit lane; an index with its top bit set gives zero).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn shuf(table: V, idx: V) -> V {
+    _mm512_shuffle_epi8(table, idx)
+}
+
+/// Every 16-bit lane shifted right by 4 (the high nibbles, with bits of the next byte above).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn srl4(x: V) -> V {
+    _mm512_srli_epi16::<4>(x)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn rol1(x: V) -> V {
+    _mm512_rol_epi32::<1>(x)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn ror1(x: V) -> V {
+    _mm512_ror_epi32::<1>(x)
+}
+
+/// The bytes whose position in their 32-bit word goes through `q1` in a stage (`v[j] == 1`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn stage_mask(v: [u8; 4]) -> Mask {
+    let word = (0..4).fold(0u64, |m, j| m | (u64::from(v[j] & 1) << j));
+    word * 0x1111_1111_1111_1111
+}
+
+/// `t[0][i]` where the stage uses `q0`, `t[1][i]` where it uses `q1`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn look(t: &[V; 2], m: Mask, i: V) -> V {
+    _mm512_mask_shuffle_epi8(_mm512_shuffle_epi8(t[0], i), m, t[1], i)
+}
