@@ -18,7 +18,7 @@ super::simd::twofish_simd_engine! {
     backend: crate::backend::Backend::Avx2,
 }
 
-fn runs_here() -> bool {
+pub(crate) fn runs_here() -> bool {
     std::is_x86_feature_detected!("avx2")
 }
 
@@ -26,7 +26,6 @@ fn runs_here() -> bool {
 const SET: usize = 8 * BLOCK;
 
 type V = __m256i;
-type Mask = __m256i;
 type State = [V; 4];
 
 #[inline]
@@ -143,20 +142,32 @@ fn ror1(x: V) -> V {
     or(_mm256_srli_epi32::<1>(x), _mm256_slli_epi32::<31>(x))
 }
 
-/// `0xFF` in the bytes whose position in their 32-bit word goes through `q1` in a stage.
+/// A lookup of one stage: the `q0` and the `q1` table, and `0xFF` in the bytes whose position
+/// in their 32-bit word goes through `q1`.
+type Look = ([V; 2], V);
+
 #[inline]
 #[target_feature(enable = "avx2")]
-fn stage_mask(v: [u8; 4]) -> Mask {
-    splat(u32::from_le_bytes(v.map(|b| 0u8.wrapping_sub(b & 1))))
+fn stage_look(v: [u8; 4], t: [&[u8; 16]; 2], _carry: bool) -> Look {
+    let mask = splat(u32::from_le_bytes(v.map(|b| 0u8.wrapping_sub(b & 1))));
+    ([tab(t[0]), tab(t[1])], mask)
 }
 
-/// `t[0][i]` where the stage uses `q0`, `t[1][i]` where it uses `q1`.
+/// The `q0` table's entry where the stage uses `q0`, the `q1` table's where it uses `q1`.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn look(t: &[V; 2], m: Mask, i: V) -> V {
+fn look(l: &Look, i: V) -> V {
+    let (t, m) = l;
     _mm256_blendv_epi8(
         _mm256_shuffle_epi8(t[0], i),
         _mm256_shuffle_epi8(t[1], i),
-        m,
+        *m,
     )
+}
+
+/// No positions in the indices.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn pos_bits() -> V {
+    _mm256_setzero_si256()
 }

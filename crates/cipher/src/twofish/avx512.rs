@@ -1,39 +1,24 @@
-//! Twofish with AVX-512BW: sixteen blocks per set of four `__m512i`.
+//! Twofish with AVX-512: sixteen blocks per set of four `__m512i`, rotations native (`vprold`).
 //!
-//! The kernels are the shared ones of `simd`. A lookup in a 16-entry table is `vpshufb`; the
-//! `q0`/`q1` choice per byte position is one merge-masked `vpshufb` (the stage's byte mask in a
-//! mask register) on top of the `q0` lookup. Rotations are native (`vprold`).
+//! The kernels are the shared ones of `simd`, in two builds that differ in how a 16-entry table
+//! lookup picks `q0` or `q1` per byte position:
+//! - [`vbmi`] (AVX-512VBMI, e.g. Ice Lake and later, Zen 4): one `vpermb` in a 64-byte table
+//!   that holds the stage's table of each byte position, the position carried in the index;
+//! - [`bw`] (AVX-512BW only, e.g. Skylake-SP): `vpshufb` with the `q0` table, then a
+//!   merge-masked `vpshufb` with the `q1` table over the positions that take `q1`.
 //!
 //! `unsafe` is confined to the unaligned loads and stores (bounds proved by fixed-size array
-//! references) and to calling the `#[target_feature]` kernels, which
-//! [`TwofishAvx512::new`] only allows on CPUs with AVX-512F and AVX-512BW.
+//! references) and to calling the `#[target_feature]` kernels, which the engines' `new` only
+//! allows on CPUs with the features.
 
 use core::arch::x86_64::*;
 
-super::simd::twofish_simd_engine! {
-    /// Twofish on AVX-512BW.
-    engine: TwofishAvx512,
-    feature: "avx512f,avx512bw",
-    cpu: cpu_avx512bw,
-    backend: crate::backend::Backend::Avx512,
-}
-
-impl TwofishAvx512 {
-    /// Whether this CPU has the instructions (AVX-512F and BW).
-    pub(crate) fn runs_here() -> bool {
-        runs_here()
-    }
-}
-
-fn runs_here() -> bool {
-    std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw")
-}
+use crate::engine::BLOCK;
 
 /// Bytes per set of sixteen blocks.
 const SET: usize = 16 * BLOCK;
 
 type V = __m512i;
-type Mask = __mmask64;
 type State = [V; 4];
 
 #[inline]
@@ -151,17 +136,94 @@ fn ror1(x: V) -> V {
     _mm512_ror_epi32::<1>(x)
 }
 
-/// The bytes whose position in their 32-bit word goes through `q1` in a stage (`v[j] == 1`).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn stage_mask(v: [u8; 4]) -> Mask {
-    let word = (0..4).fold(0u64, |m, j| m | (u64::from(v[j] & 1) << j));
-    word * 0x1111_1111_1111_1111
+/// The AVX-512BW build.
+pub(crate) mod bw {
+    use super::*;
+
+    super::super::simd::twofish_simd_engine! {
+        /// Twofish on AVX-512BW.
+        engine: TwofishAvx512,
+        feature: "avx512f,avx512bw",
+        cpu: cpu_avx512bw,
+        backend: crate::backend::Backend::Avx512,
+    }
+
+    /// Whether this CPU has AVX-512F and BW.
+    pub(crate) fn runs_here() -> bool {
+        std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw")
+    }
+
+    /// A lookup of one stage: the `q0` and the `q1` table, and the bytes whose position in
+    /// their 32-bit word goes through `q1`.
+    type Look = ([V; 2], __mmask64);
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn stage_look(v: [u8; 4], t: [&[u8; 16]; 2], _carry: bool) -> Look {
+        let word = (0..4).fold(0u64, |m, j| m | (u64::from(v[j] & 1) << j));
+        ([tab(t[0]), tab(t[1])], word * 0x1111_1111_1111_1111)
+    }
+
+    /// The `q0` table's entry where the stage uses `q0`, the `q1` table's where it uses `q1`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn look(l: &Look, i: V) -> V {
+        let (t, m) = l;
+        _mm512_mask_shuffle_epi8(_mm512_shuffle_epi8(t[0], i), *m, t[1], i)
+    }
+
+    /// No positions in the indices.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn pos_bits() -> V {
+        _mm512_setzero_si512()
+    }
 }
 
-/// `t[0][i]` where the stage uses `q0`, `t[1][i]` where it uses `q1`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn look(t: &[V; 2], m: Mask, i: V) -> V {
-    _mm512_mask_shuffle_epi8(_mm512_shuffle_epi8(t[0], i), m, t[1], i)
+/// The AVX-512VBMI build.
+pub(crate) mod vbmi {
+    use super::*;
+
+    super::super::simd::twofish_simd_engine! {
+        /// Twofish on AVX-512VBMI.
+        engine: TwofishAvx512Vbmi,
+        feature: "avx512f,avx512bw,avx512vbmi",
+        cpu: cpu_avx512vbmi,
+        backend: crate::backend::Backend::Avx512,
+    }
+
+    /// Whether this CPU has AVX-512F, BW and VBMI.
+    pub(crate) fn runs_here() -> bool {
+        super::bw::runs_here() && std::is_x86_feature_detected!("avx512vbmi")
+    }
+
+    /// A lookup of one stage: 64 bytes, entry `16 j + x` the entry `x` of the table of the `q`
+    /// that byte position `j` takes (plus `16 j` if it carries the position on).
+    type Look = V;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    fn stage_look(v: [u8; 4], t: [&[u8; 16]; 2], carry: bool) -> Look {
+        let mut bytes = [0u8; 64];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            let (j, x) = (i / 16, i % 16);
+            *b = t[usize::from(v[j] & 1)][x] | if carry { (j as u8) << 4 } else { 0 };
+        }
+        // SAFETY: one 64-byte unaligned load of exactly `bytes`.
+        unsafe { _mm512_loadu_si512(bytes.as_ptr().cast()) }
+    }
+
+    /// `l[16 j + i]` for the byte position `j` carried in bits 4 and 5 of `i`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    fn look(l: &Look, i: V) -> V {
+        _mm512_permutexvar_epi8(i, *l)
+    }
+
+    /// `16 j` in byte position `j` of every word.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    fn pos_bits() -> V {
+        splat(0x3020_1000)
+    }
 }

@@ -18,8 +18,9 @@
 //!   additions as ripple-carry adders. The key schedule uses the same bitsliced `h` (its 40
 //!   evaluations are 40 lanes), and the RS code multiplies with masks instead of branches.
 //!
-//! Backends: portable, AVX2 (eight blocks per set), AVX-512BW (sixteen blocks per set, the
-//! per-position blend done by merge-masking). The engines hold [`Keys`], zeroized on drop.
+//! Backends: portable, AVX2 (eight blocks per set), AVX-512 (sixteen blocks per set; with
+//! AVX-512VBMI one `vpermb` per lookup in a table holding every byte position's, else the
+//! AVX-512BW blend by merge-masking). The engines hold [`Keys`], zeroized on drop.
 
 pub(crate) mod soft;
 
@@ -50,8 +51,10 @@ pub(crate) fn new_engine(key: &[u8], backend: Backend) -> Option<Box<dyn BlockEn
         Backend::Avx2 => keyed(|| avx2::TwofishAvx2::new(key)),
         #[cfg(target_arch = "x86_64")]
         Backend::Avx512 => {
-            if avx512::TwofishAvx512::runs_here() {
-                keyed(|| avx512::TwofishAvx512::new(key))
+            if avx512::vbmi::runs_here() {
+                keyed(|| avx512::vbmi::TwofishAvx512Vbmi::new(key))
+            } else if avx512::bw::runs_here() {
+                keyed(|| avx512::bw::TwofishAvx512::new(key))
             } else {
                 keyed(|| avx2::TwofishAvx2::new(key))
             }
@@ -265,10 +268,7 @@ pub(crate) mod reference {
     /// Encrypt one block with `keys`.
     pub(crate) fn encrypt(keys: &Keys, block: &mut [u8; 16]) {
         let w = |i: usize| u32::from_le_bytes(block[4 * i..4 * i + 4].try_into().unwrap());
-        let mut r = [w(0), w(1), w(2), w(3)];
-        for i in 0..4 {
-            r[i] ^= keys.sub[i];
-        }
+        let mut r: [u32; 4] = core::array::from_fn(|i| w(i) ^ keys.sub[i]);
         for round in 0..16 {
             let t0 = h(r[0], &keys.sbox, keys.k);
             let t1 = h(r[1].rotate_left(8), &keys.sbox, keys.k);

@@ -12,15 +12,22 @@
 //!   the key byte `(kh, kl)` XORed into `q`'s output `16 t3[b3] + t2[a3]` goes straight into the
 //!   next `q`'s nibble mix: `a1 = t2[a3] ^ t3[b3] ^ (kh ^ kl)`,
 //!   `b1 = (R t2)[a3] ^ (M t3)[b3] ^ (M(kh) ^ R(kl))` (`M` and `R` are linear), so bytes are
-//!   never rebuilt until the last stage. Every lookup is made with the `q0` and the `q1` table
-//!   and the results blended by the stage's byte-position mask (`look`);
+//!   never rebuilt until the last stage;
 //! - the MDS product: `0x5B y` and `0xEF y` by nibble shuffles, and the matrix as five
 //!   constant shuffles that move each product to the output bytes that take it.
 //!
-//! The expanding module provides `SET`, `V` (register), `Mask`, `State = [V; 4]`, `runs_here`,
+//! Each lookup is one `Look` of the expanding module: for AVX2 and AVX-512BW the `q0` and the
+//! `q1` table with the stage's byte-position mask (two shuffles, blended); for AVX-512VBMI one
+//! 64-byte table holding, for each byte position `j` of a word, the 16 entries of the `q` that
+//! position takes, indexed by `16 j + nibble` (`vpermb`). The position travels with the data:
+//! `g` starts by adding `16 j` (`pos_bits`) to its first nibbles, and of the two lookups XORed
+//! into each next index, one table (`carry == true`) adds it back; backends without positions
+//! give zero `pos_bits` and ignore `carry`.
+//!
+//! The expanding module provides `SET`, `V` (register), `Look`, `State = [V; 4]`, `runs_here`,
 //! `load_set`, `store_set`, `transpose`, `xor`, `xor3`, `and`, `or`, `add`, `splat`, `tab`
 //! (a 16-byte table in every 128-bit lane), `shuf`, `srl4` (16-bit lanes right by 4), `rol1`,
-//! `ror1`, `rol8`, `stage_mask` and `look`.
+//! `ror1`, `stage_look`, `look` and `pos_bits`.
 
 use super::{mds_mul, nib_m, nib_r, QT};
 
@@ -187,25 +194,29 @@ macro_rules! twofish_simd_engine {
             }
         }
 
-        /// The tables of `g` in registers, and the blend mask of each of its `NS` stages.
+        /// The tables of `g`, stage by stage (a `Look` is a lookup for every byte position of
+        /// one stage, see `stage_look`), for a key of `NS - 1` words.
         struct Tables<const NS: usize> {
-            t0: [V; 2],
-            t1: [V; 2],
-            mt0: [V; 2],
-            rt1: [V; 2],
-            t2: [V; 2],
-            t3: [V; 2],
-            rt2: [V; 2],
-            mt3: [V; 2],
-            t3h: [V; 2],
+            t0: [Look; NS],
+            t1: [Look; NS],
+            mt0: [Look; NS],
+            rt1: [Look; NS],
+            // Between stages (the last entries are unused) ...
+            t2: [Look; NS],
+            t3: [Look; NS],
+            rt2: [Look; NS],
+            mt3: [Look; NS],
+            // ... and at the end of the last one.
+            t2_out: Look,
+            t3h_out: Look,
             nib_m: V,
             nib_r: V,
             low: V,
+            pos: V,
             mul_5b: [V; 2],
             mul_ef: [V; 2],
             place: [V; 5],
             rol8: V,
-            masks: [Mask; NS],
         }
 
         impl<const NS: usize> Tables<NS> {
@@ -213,23 +224,28 @@ macro_rules! twofish_simd_engine {
             #[target_feature(enable = $feature)]
             fn new() -> Self {
                 let q = &tables::Q;
-                let pair = |a: &[u8; 16], b: &[u8; 16]| [tab(a), tab(b)];
                 let st = stages(NS - 1);
+                let per_stage = |pick: fn(&tables::QTables) -> &[u8; 16], carry: bool| {
+                    core::array::from_fn(|s| stage_look(st[s], [pick(&q[0]), pick(&q[1])], carry))
+                };
+                let last = st[NS - 1];
                 Tables {
-                    t0: pair(&q[0].t0, &q[1].t0),
-                    t1: pair(&q[0].t1, &q[1].t1),
-                    mt0: pair(&q[0].mt0, &q[1].mt0),
-                    rt1: pair(&q[0].rt1, &q[1].rt1),
-                    t2: pair(&q[0].t2, &q[1].t2),
-                    t3: pair(&q[0].t3, &q[1].t3),
-                    rt2: pair(&q[0].rt2, &q[1].rt2),
-                    mt3: pair(&q[0].mt3, &q[1].mt3),
-                    t3h: pair(&q[0].t3h, &q[1].t3h),
+                    t0: per_stage(|q| &q.t0, true),
+                    t1: per_stage(|q| &q.t1, false),
+                    mt0: per_stage(|q| &q.mt0, true),
+                    rt1: per_stage(|q| &q.rt1, false),
+                    t2: per_stage(|q| &q.t2, true),
+                    t3: per_stage(|q| &q.t3, false),
+                    rt2: per_stage(|q| &q.rt2, true),
+                    mt3: per_stage(|q| &q.mt3, false),
+                    t2_out: stage_look(last, [&q[0].t2, &q[1].t2], false),
+                    t3h_out: stage_look(last, [&q[0].t3h, &q[1].t3h], false),
                     nib_m: tab(&tables::NIB_M),
                     nib_r: tab(&tables::NIB_R),
                     low: tab(&[15; 16]),
-                    mul_5b: pair(&tables::MUL_5B[0], &tables::MUL_5B[1]),
-                    mul_ef: pair(&tables::MUL_EF[0], &tables::MUL_EF[1]),
+                    pos: pos_bits(),
+                    mul_5b: [tab(&tables::MUL_5B[0]), tab(&tables::MUL_5B[1])],
+                    mul_ef: [tab(&tables::MUL_EF[0]), tab(&tables::MUL_EF[1])],
                     place: [
                         tab(&tables::PLACE_ONE),
                         tab(&tables::PLACE_5B_A),
@@ -238,7 +254,6 @@ macro_rules! twofish_simd_engine {
                         tab(&tables::PLACE_EF_B),
                     ],
                     rol8: tab(&tables::ROL8),
-                    masks: core::array::from_fn(|s| stage_mask(st[s])),
                 }
             }
         }
@@ -250,19 +265,18 @@ macro_rules! twofish_simd_engine {
         fn g<const NS: usize>(t: &Tables<NS>, c: &[[V; 2]; 4], x: V) -> V {
             let hi = and(srl4(x), t.low);
             let lo = and(x, t.low);
-            let mut a1 = xor(hi, lo);
-            let mut b1 = xor(shuf(t.nib_m, hi), shuf(t.nib_r, lo));
+            let mut a1 = xor3(hi, lo, t.pos);
+            let mut b1 = xor3(shuf(t.nib_m, hi), shuf(t.nib_r, lo), t.pos);
             for (s, k) in c.iter().enumerate().take(NS - 1) {
-                let m = t.masks[s];
-                let a3 = xor(look(&t.t0, m, a1), look(&t.t1, m, b1));
-                let b3 = xor(look(&t.mt0, m, a1), look(&t.rt1, m, b1));
-                a1 = xor3(look(&t.t2, m, a3), look(&t.t3, m, b3), k[0]);
-                b1 = xor3(look(&t.rt2, m, a3), look(&t.mt3, m, b3), k[1]);
+                let a3 = xor(look(&t.t0[s], a1), look(&t.t1[s], b1));
+                let b3 = xor(look(&t.mt0[s], a1), look(&t.rt1[s], b1));
+                a1 = xor3(look(&t.t2[s], a3), look(&t.t3[s], b3), k[0]);
+                b1 = xor3(look(&t.rt2[s], a3), look(&t.mt3[s], b3), k[1]);
             }
-            let m = t.masks[NS - 1];
-            let a3 = xor(look(&t.t0, m, a1), look(&t.t1, m, b1));
-            let b3 = xor(look(&t.mt0, m, a1), look(&t.rt1, m, b1));
-            let y = or(look(&t.t2, m, a3), look(&t.t3h, m, b3));
+            let s = NS - 1;
+            let a3 = xor(look(&t.t0[s], a1), look(&t.t1[s], b1));
+            let b3 = xor(look(&t.mt0[s], a1), look(&t.rt1[s], b1));
+            let y = or(look(&t.t2_out, a3), look(&t.t3h_out, b3));
             // MDS: products by 0x5B and 0xEF, then each moved to where the matrix wants it.
             let lo = and(y, t.low);
             let hi = and(srl4(y), t.low);

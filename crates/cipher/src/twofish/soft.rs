@@ -361,9 +361,9 @@ mod tests {
                     (0..16u64).fold(0, |p, lane| p | (((lane >> i) & 1) << lane))
                 });
                 let y = table4(&QT_ANF[v][t], x);
-                for lane in 0..16 {
+                for (lane, &want) in QT[v][t].iter().enumerate() {
                     let got = (0..4).fold(0u8, |o, i| o | ((((y[i] >> lane) & 1) as u8) << i));
-                    assert_eq!(got, QT[v][t][lane], "q{v} t{t} at {lane}");
+                    assert_eq!(got, want, "q{v} t{t} at {lane}");
                 }
             }
         }
