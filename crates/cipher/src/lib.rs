@@ -1,5 +1,5 @@
-//! The cipher core of sectorcrypt: block ciphers (AES and LEA on portable and SIMD backends;
-//! Serpent portable and bitsliced; Twofish, Camellia, ARIA, SM4 and CAST6 portable, from
+//! The cipher core of sectorcrypt: block ciphers (AES, LEA and Twofish on portable and SIMD
+//! backends; Serpent portable and bitsliced; Camellia, ARIA, SM4 and CAST6 portable, from
 //! RustCrypto's crates),
 //! dm-crypt's sector modes (`xts-plain64`, `cbc-essiv:sha256`, ...), and the *extended request*:
 //! one call encrypts many sectors, computing all their tweaks as a batch.
@@ -15,7 +15,8 @@
 //!   passes), timed per phase.
 //!
 //! `unsafe` lives only in the x86-64 kernels (`aes::ni`, `aes::vaes512`, `aes::x86`,
-//! `lea::avx2`, `lea::avx512`, which expand the mode loops of `lea::simd`) and the TSC reader
+//! `lea::avx2`, `lea::avx512`, which expand the mode loops of `lea::simd`, and
+//! `twofish::avx2`, `twofish::avx512`, which expand the kernels of `twofish::simd`) and the TSC reader
 //! (`tsc`, feature `bench`) and the register wipe after keyed calls (`wipe`), each block with a `SAFETY:` comment: the crate denies `unsafe_code`
 //! (Cargo.toml) and only those modules allow it.
 

@@ -1,6 +1,7 @@
-//! Block ciphers beyond AES and LEA — Serpent (our own bitsliced, constant-time code:
-//! `serpent.rs`), Twofish, Camellia, ARIA, SM4 and CAST6 (CAST-256) on RustCrypto's portable
-//! implementations — behind the same [`BlockEngine`] as every other
+//! Block ciphers beyond AES, LEA and Twofish (which have SIMD backends: `aes`, `lea`,
+//! `twofish`) — Serpent (our own bitsliced, constant-time code: `serpent.rs`), Camellia, ARIA,
+//! SM4 and CAST6 (CAST-256) on RustCrypto's portable implementations — behind the same
+//! [`BlockEngine`] as every other
 //! backend: the XTS and CBC whole-unit loops (and so the extended request) are the generic ones in
 //! `engine.rs`. Each engine is [`Backend::Portable`]; there are no SIMD kernels for these ciphers.
 //!
@@ -55,7 +56,7 @@ where
 pub(crate) fn new_engine(alg: Algorithm, key: &[u8]) -> Option<Box<dyn BlockEngine>> {
     match (alg, key.len()) {
         // Serpent and CAST6 take any key up to 256 bits (the kernel's serpent too: an ESSIV salt
-        // of SHA-1's 160 bits keys it); Twofish 128, 192 or 256 bits.
+        // of SHA-1's 160 bits keys it).
         (Algorithm::Serpent, 1..=32) => keyed(|| crate::serpent::Serpent::new(key)),
         (Algorithm::Cast6, 16..=32) if key.len().is_multiple_of(4) => boxed::<cast6::Cast6>(key),
         (Algorithm::Camellia, 16) => boxed::<camellia::Camellia128>(key),

@@ -375,6 +375,8 @@ macro_rules! twofish_simd_engine {
                 tail[..tail_len].copy_from_slice(&tmp[..tail_len]);
                 zeroize::Zeroize::zeroize(&mut tmp);
             }
+            // Key material: no copy left on the stack (the registers are wiped by the caller).
+            zeroize::Zeroize::zeroize(&mut c);
         }
 
         #[cfg(test)]
