@@ -199,6 +199,24 @@ fn xor(a: &mut Planes, b: &Planes) {
     }
 }
 
+/// Transpose a 64x64 bit matrix in place: bit `c` of row `r` goes to bit `r` of row `c`
+/// (block swaps of halves, quarters, ...; every index below is public).
+fn transpose64(a: &mut [u64; 64]) {
+    let mut j = 32;
+    let mut m = 0x0000_0000_FFFF_FFFF_u64;
+    while j != 0 {
+        for k in 0..64 {
+            if k & j == 0 {
+                let t = ((a[k] >> j) ^ a[k + j]) & m;
+                a[k] ^= t << j;
+                a[k + j] ^= t;
+            }
+        }
+        j >>= 1;
+        m ^= m << j;
+    }
+}
+
 /// Words `words[l]` of lanes `l` as planes.
 fn to_planes(words: impl Iterator<Item = u32>) -> Planes {
     let mut p = [0u64; 32];
@@ -265,12 +283,20 @@ impl TwofishSoft {
     fn batch<const ENC: bool>(&self, blocks: &mut [u8]) {
         let n = blocks.len() / BLOCK;
         debug_assert!(n <= LANES);
-        let word = |w: usize| {
-            to_planes((0..n).map(|l| {
-                let at = l * BLOCK + 4 * w;
-                u32::from_le_bytes(blocks[at..at + 4].try_into().expect("4 bytes"))
-            }))
-        };
+        // Two words per 64x64 bit transpose: row `l` = words `2i`, `2i + 1` of block `l` becomes
+        // rows `b` (planes of word `2i`) and `32 + b` (of word `2i + 1`).
+        let mut words = [[0u64; 32]; 4];
+        for half in 0..2 {
+            let mut m = [0u64; 64];
+            for (row, block) in m.iter_mut().zip(blocks.chunks_exact(BLOCK)) {
+                let at = 8 * half;
+                *row = u64::from_le_bytes(block[at..at + 8].try_into().expect("8 bytes"));
+            }
+            transpose64(&mut m);
+            words[2 * half].copy_from_slice(&m[..32]);
+            words[2 * half + 1].copy_from_slice(&m[32..]);
+            zeroize::Zeroize::zeroize(&mut m);
+        }
         let mut l = [[0u64; 32]; 4];
         for (ls, &w) in l.iter_mut().zip(&self.keys.sbox).take(self.keys.k) {
             *ls = splat(w);
@@ -281,9 +307,10 @@ impl TwofishSoft {
         let order = if ENC { [0, 1, 2, 3] } else { [2, 3, 0, 1] };
         let mut r = [[0u64; 32]; 4];
         for (i, &w) in order.iter().enumerate() {
-            r[w] = word(i);
+            r[w] = words[i];
             xor(&mut r[w], &splat(sub[w_in + i]));
         }
+        zeroize::Zeroize::zeroize(&mut words);
         let [mut a, mut b, mut c, mut d] = r;
         if ENC {
             for pair in 0..8 {
@@ -317,10 +344,17 @@ impl TwofishSoft {
         let out = if ENC { [2, 3, 0, 1] } else { [0, 1, 2, 3] };
         for (i, &w) in out.iter().enumerate() {
             xor(&mut r[w], &splat(sub[w_out + i]));
-            for lane_ in 0..n {
-                let at = lane_ * BLOCK + 4 * i;
-                blocks[at..at + 4].copy_from_slice(&lane(&r[w], lane_).to_le_bytes());
+        }
+        for half in 0..2 {
+            let mut m = [0u64; 64];
+            m[..32].copy_from_slice(&r[out[2 * half]]);
+            m[32..].copy_from_slice(&r[out[2 * half + 1]]);
+            transpose64(&mut m);
+            for (row, block) in m.iter().zip(blocks.chunks_exact_mut(BLOCK)) {
+                let at = 8 * half;
+                block[at..at + 8].copy_from_slice(&row.to_le_bytes());
             }
+            zeroize::Zeroize::zeroize(&mut m);
         }
         zeroize::Zeroize::zeroize(&mut l);
         zeroize::Zeroize::zeroize(&mut r);
@@ -384,6 +418,19 @@ mod tests {
                 for (i, &xi) in xs.iter().enumerate() {
                     assert_eq!(lane(&y, i), reference::h(xi, &keys.sbox, k));
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn transpose64_transposes() {
+        let mut a: [u64; 64] =
+            core::array::from_fn(|i| (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let orig = a;
+        transpose64(&mut a);
+        for r in 0..64 {
+            for c in 0..64 {
+                assert_eq!((a[r] >> c) & 1, (orig[c] >> r) & 1);
             }
         }
     }
