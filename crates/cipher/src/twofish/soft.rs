@@ -428,9 +428,9 @@ mod tests {
             core::array::from_fn(|i| (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let orig = a;
         transpose64(&mut a);
-        for r in 0..64 {
-            for c in 0..64 {
-                assert_eq!((a[r] >> c) & 1, (orig[c] >> r) & 1);
+        for (r, row) in a.iter().enumerate() {
+            for (c, col) in orig.iter().enumerate() {
+                assert_eq!((row >> c) & 1, (col >> r) & 1);
             }
         }
     }
