@@ -18,6 +18,8 @@ super::simd::twofish_simd_engine! {
     backend: crate::backend::Backend::Avx2,
 }
 
+super::simd::twofish_nibble_sboxes! { feature: "avx2" }
+
 pub(crate) fn runs_here() -> bool {
     std::is_x86_feature_detected!("avx2")
 }
@@ -148,7 +150,7 @@ type Look = ([V; 2], V);
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn stage_look(v: [u8; 4], t: [&[u8; 16]; 2], _carry: bool) -> Look {
+fn stage_look(v: [u8; 4], t: [&[u8; 16]; 2]) -> Look {
     let mask = splat(u32::from_le_bytes(v.map(|b| 0u8.wrapping_sub(b & 1))));
     ([tab(t[0]), tab(t[1])], mask)
 }
@@ -163,11 +165,4 @@ fn look(l: &Look, i: V) -> V {
         _mm256_shuffle_epi8(t[1], i),
         *m,
     )
-}
-
-/// No positions in the indices.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn pos_bits() -> V {
-    _mm256_setzero_si256()
 }

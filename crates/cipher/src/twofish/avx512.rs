@@ -1,11 +1,12 @@
 //! Twofish with AVX-512: sixteen blocks per set of four `__m512i`, rotations native (`vprold`).
 //!
-//! The kernels are the shared ones of `simd`, in two builds that differ in how a 16-entry table
-//! lookup picks `q0` or `q1` per byte position:
-//! - [`vbmi`] (AVX-512VBMI, e.g. Ice Lake and later, Zen 4): one `vpermb` in a 64-byte table
-//!   that holds the stage's table of each byte position, the position carried in the index;
-//! - [`bw`] (AVX-512BW only, e.g. Skylake-SP): `vpshufb` with the `q0` table, then a
-//!   merge-masked `vpshufb` with the `q1` table over the positions that take `q1`.
+//! The kernels are the shared ones of `simd`, in two builds that differ in their S-boxes:
+//! - [`vbmi`] (AVX-512VBMI, e.g. Ice Lake and later, Zen 4): the whole key-dependent S-boxes,
+//!   4 x 256 bytes computed in constant time at key set-up, in sixteen registers, looked up with
+//!   `vpermi2b` (a register permutation: its timing does not depend on the indices);
+//! - [`bw`] (AVX-512BW only, e.g. Skylake-SP): `q0`/`q1` from their 4-bit tables, each lookup a
+//!   `vpshufb` with the `q0` table and a merge-masked `vpshufb` with the `q1` table over the
+//!   byte positions that take `q1`.
 //!
 //! `unsafe` is confined to the unaligned loads and stores (bounds proved by fixed-size array
 //! references) and to calling the `#[target_feature]` kernels, which the engines' `new` only
@@ -13,10 +14,8 @@
 
 use core::arch::x86_64::*;
 
-use crate::engine::BLOCK;
-
 /// Bytes per set of sixteen blocks.
-const SET: usize = 16 * BLOCK;
+const SET: usize = 16 * crate::engine::BLOCK;
 
 type V = __m512i;
 type State = [V; 4];
@@ -148,6 +147,8 @@ pub(crate) mod bw {
         backend: crate::backend::Backend::Avx512,
     }
 
+    super::super::simd::twofish_nibble_sboxes! { feature: "avx512f,avx512bw" }
+
     /// Whether this CPU has AVX-512F and BW.
     pub(crate) fn runs_here() -> bool {
         std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw")
@@ -159,7 +160,7 @@ pub(crate) mod bw {
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
-    fn stage_look(v: [u8; 4], t: [&[u8; 16]; 2], _carry: bool) -> Look {
+    fn stage_look(v: [u8; 4], t: [&[u8; 16]; 2]) -> Look {
         let word = (0..4).fold(0u64, |m, j| m | (u64::from(v[j] & 1) << j));
         ([tab(t[0]), tab(t[1])], word * 0x1111_1111_1111_1111)
     }
@@ -170,13 +171,6 @@ pub(crate) mod bw {
     fn look(l: &Look, i: V) -> V {
         let (t, m) = l;
         _mm512_mask_shuffle_epi8(_mm512_shuffle_epi8(t[0], i), *m, t[1], i)
-    }
-
-    /// No positions in the indices.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw")]
-    fn pos_bits() -> V {
-        _mm512_setzero_si512()
     }
 }
 
@@ -197,33 +191,44 @@ pub(crate) mod vbmi {
         super::bw::runs_here() && std::is_x86_feature_detected!("avx512vbmi")
     }
 
-    /// A lookup of one stage: 64 bytes, entry `16 j + x` the entry `x` of the table of the `q`
-    /// that byte position `j` takes (plus `16 j` if it carries the position on).
-    type Look = V;
+    /// The key-dependent S-boxes (`Keys::tables`) in sixteen registers: `[4 j + h]` holds
+    /// entries `64 h .. 64 h + 64` of `s_j`. (`NS` plays no part: the key is in the tables.)
+    struct Sbox<const NS: usize> {
+        t: [V; 16],
+    }
 
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-    fn stage_look(v: [u8; 4], t: [&[u8; 16]; 2], carry: bool) -> Look {
-        let mut bytes = [0u8; 64];
-        for (i, b) in bytes.iter_mut().enumerate() {
-            let (j, x) = (i / 16, i % 16);
-            *b = t[usize::from(v[j] & 1)][x] | if carry { (j as u8) << 4 } else { 0 };
+    impl<const NS: usize> Sbox<NS> {
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+        fn new(keys: &Keys) -> Self {
+            let t = core::array::from_fn(|i| {
+                let part: &[u8; 64] = keys.tables[i / 4][64 * (i % 4)..][..64]
+                    .try_into()
+                    .expect("64 bytes");
+                // SAFETY: one 64-byte unaligned load of exactly `part`.
+                unsafe { _mm512_loadu_si512(part.as_ptr().cast()) }
+            });
+            Sbox { t }
         }
-        // SAFETY: one 64-byte unaligned load of exactly `bytes`.
-        unsafe { _mm512_loadu_si512(bytes.as_ptr().cast()) }
+
+        fn wipe(&mut self) {
+            zeroize::Zeroize::zeroize(&mut self.t);
+        }
     }
 
-    /// `l[16 j + i]` for the byte position `j` carried in bits 4 and 5 of `i`.
+    /// `s_j` on byte `j` of every word of `x`: for each `j`, two `vpermi2b` (entries below and
+    /// above 128, told apart by the byte's top bit) zero-masked to the bytes in position `j`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-    fn look(l: &Look, i: V) -> V {
-        _mm512_permutexvar_epi8(i, *l)
-    }
-
-    /// `16 j` in byte position `j` of every word.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-    fn pos_bits() -> V {
-        splat(0x3020_1000)
+    fn sboxes<const NS: usize>(sb: &Sbox<NS>, x: V) -> V {
+        let top = _mm512_movepi8_mask(x);
+        let part = |j: usize| {
+            let at = 0x1111_1111_1111_1111_u64 << j;
+            let t = &sb.t[4 * j..4 * j + 4];
+            let low = _mm512_maskz_permutex2var_epi8(at & !top, t[0], x, t[1]);
+            let high = _mm512_maskz_permutex2var_epi8(at & top, t[2], x, t[3]);
+            or(low, high)
+        };
+        or(or(part(0), part(1)), or(part(2), part(3)))
     }
 }

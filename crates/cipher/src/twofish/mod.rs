@@ -156,6 +156,9 @@ pub(crate) struct Keys {
     pub(crate) c1: [u32; 4],
     /// ... and `M(kh) ^ R(kl)`: what the key byte adds to the next `q`'s `a1` and `b1`.
     pub(crate) c2: [u32; 4],
+    /// The key-dependent S-boxes as tables, `[j][x] = s_j(x)`, for the AVX-512VBMI kernels
+    /// (which hold them in registers); computed in constant time, never indexed in memory.
+    pub(crate) tables: [[u8; 256]; 4],
 }
 
 impl Keys {
@@ -199,6 +202,7 @@ impl Keys {
             c1[s] = u32::from_le_bytes(n1);
             c2[s] = u32::from_le_bytes(n2);
         }
+        let mut tables = soft::sbox_tables(k, &sbox);
         m.zeroize();
         even.zeroize();
         odd.zeroize();
@@ -208,7 +212,9 @@ impl Keys {
             sbox,
             c1,
             c2,
+            tables,
         };
+        tables.zeroize();
         sub.zeroize();
         sbox.zeroize();
         c1.zeroize();
@@ -223,6 +229,7 @@ impl Drop for Keys {
         self.sbox.zeroize();
         self.c1.zeroize();
         self.c2.zeroize();
+        self.tables.zeroize();
     }
 }
 

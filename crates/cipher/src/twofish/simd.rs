@@ -4,30 +4,23 @@
 //! ECB kernel.
 //!
 //! A set of blocks is loaded and transposed inside each 128-bit lane, so that register `i` holds
-//! word `i` of every block of the set. `g` then works on one register of words:
+//! word `i` of every block of the set. `g` then works on one register of words: the S-boxes
+//! `s_j` on byte `j` of every word (the backend's `sboxes`), then the MDS product: `0x5B y` and
+//! `0xEF y` by nibble shuffles, and the matrix as five constant shuffles that move each product
+//! to the output bytes that take it.
 //!
-//! - split every byte into its nibbles `(a0, b0)`; `a1 = a0 ^ b0`, `b1 = M(a0) ^ R(b0)` (two
-//!   shuffles, `M(a) = a ^ 8a mod 16`, `R = ROR4(., 1)`);
-//! - per stage of `q`s: `a3 = t0[a1] ^ t1[b1]`, `b3 = (M t0)[a1] ^ (R t1)[b1]`; between stages
-//!   the key byte `(kh, kl)` XORed into `q`'s output `16 t3[b3] + t2[a3]` goes straight into the
-//!   next `q`'s nibble mix: `a1 = t2[a3] ^ t3[b3] ^ (kh ^ kl)`,
-//!   `b1 = (R t2)[a3] ^ (M t3)[b3] ^ (M(kh) ^ R(kl))` (`M` and `R` are linear), so bytes are
-//!   never rebuilt until the last stage;
-//! - the MDS product: `0x5B y` and `0xEF y` by nibble shuffles, and the matrix as five
-//!   constant shuffles that move each product to the output bytes that take it.
+//! The S-boxes come in two kinds:
+//! - from the 4-bit tables of `q0`/`q1` (AVX2, AVX-512BW: `twofish_nibble_sboxes`), nibble by
+//!   nibble: split every byte into `(a0, b0)`, `a1 = a0 ^ b0`, `b1 = M(a0) ^ R(b0)`
+//!   (`M(a) = a ^ 8a mod 16`, `R = ROR4(., 1)`), then per `q` two rounds of four lookups, each
+//!   made with the `q0` and the `q1` table and blended by the stage's byte-position mask;
+//! - from the whole key-dependent S-boxes, 4 x 256 bytes computed at key set-up and held in
+//!   sixteen registers (AVX-512VBMI: `vpermi2b` looks up 128 entries at once).
 //!
-//! Each lookup is one `Look` of the expanding module: for AVX2 and AVX-512BW the `q0` and the
-//! `q1` table with the stage's byte-position mask (two shuffles, blended); for AVX-512VBMI one
-//! 64-byte table holding, for each byte position `j` of a word, the 16 entries of the `q` that
-//! position takes, indexed by `16 j + nibble` (`vpermb`). The position travels with the data:
-//! `g` starts by adding `16 j` (`pos_bits`) to its first nibbles, and of the two lookups XORed
-//! into each next index, one table (`carry == true`) adds it back; backends without positions
-//! give zero `pos_bits` and ignore `carry`.
-//!
-//! The expanding module provides `SET`, `V` (register), `Look`, `State = [V; 4]`, `runs_here`,
+//! The expanding module provides `SET`, `V` (register), `State = [V; 4]`, `runs_here`,
 //! `load_set`, `store_set`, `transpose`, `xor`, `xor3`, `and`, `or`, `add`, `splat`, `tab`
 //! (a 16-byte table in every 128-bit lane), `shuf`, `srl4` (16-bit lanes right by 4), `rol1`,
-//! `ror1`, `stage_look`, `look` and `pos_bits`.
+//! `ror1`, and `Sbox<NS>` (with `new(&Keys)` and `wipe`) and `sboxes`.
 
 use super::{mds_mul, nib_m, nib_r, QT};
 
@@ -152,7 +145,7 @@ macro_rules! twofish_simd_engine {
     ) => {
         use $crate::engine::{BlockEngine, BLOCK};
         use $crate::twofish::simd as tables;
-        use $crate::twofish::{stages, Keys};
+        use $crate::twofish::Keys;
 
         $(#[$meta])*
         pub(crate) struct $engine {
@@ -194,56 +187,21 @@ macro_rules! twofish_simd_engine {
             }
         }
 
-        /// The tables of `g`, stage by stage (a `Look` is a lookup for every byte position of
-        /// one stage, see `stage_look`), for a key of `NS - 1` words.
-        struct Tables<const NS: usize> {
-            t0: [Look; NS],
-            t1: [Look; NS],
-            mt0: [Look; NS],
-            rt1: [Look; NS],
-            // Between stages (the last entries are unused) ...
-            t2: [Look; NS],
-            t3: [Look; NS],
-            rt2: [Look; NS],
-            mt3: [Look; NS],
-            // ... and at the end of the last one.
-            t2_out: Look,
-            t3h_out: Look,
-            nib_m: V,
-            nib_r: V,
+        /// The tables of the MDS product and of the byte rotation, in registers.
+        struct Mds {
             low: V,
-            pos: V,
             mul_5b: [V; 2],
             mul_ef: [V; 2],
             place: [V; 5],
             rol8: V,
         }
 
-        impl<const NS: usize> Tables<NS> {
+        impl Mds {
             #[inline]
             #[target_feature(enable = $feature)]
             fn new() -> Self {
-                let q = &tables::Q;
-                let st = stages(NS - 1);
-                let per_stage = |pick: fn(&tables::QTables) -> &[u8; 16], carry: bool| {
-                    core::array::from_fn(|s| stage_look(st[s], [pick(&q[0]), pick(&q[1])], carry))
-                };
-                let last = st[NS - 1];
-                Tables {
-                    t0: per_stage(|q| &q.t0, true),
-                    t1: per_stage(|q| &q.t1, false),
-                    mt0: per_stage(|q| &q.mt0, true),
-                    rt1: per_stage(|q| &q.rt1, false),
-                    t2: per_stage(|q| &q.t2, true),
-                    t3: per_stage(|q| &q.t3, false),
-                    rt2: per_stage(|q| &q.rt2, true),
-                    mt3: per_stage(|q| &q.mt3, false),
-                    t2_out: stage_look(last, [&q[0].t2, &q[1].t2], false),
-                    t3h_out: stage_look(last, [&q[0].t3h, &q[1].t3h], false),
-                    nib_m: tab(&tables::NIB_M),
-                    nib_r: tab(&tables::NIB_R),
+                Mds {
                     low: tab(&[15; 16]),
-                    pos: pos_bits(),
                     mul_5b: [tab(&tables::MUL_5B[0]), tab(&tables::MUL_5B[1])],
                     mul_ef: [tab(&tables::MUL_EF[0]), tab(&tables::MUL_EF[1])],
                     place: [
@@ -258,26 +216,13 @@ macro_rules! twofish_simd_engine {
             }
         }
 
-        /// `g` on every word of `x`, for a key of `NS - 1` words; `c[s]` holds the key's nibble
-        /// constants (`Keys::c1`, `Keys::c2`) for the mix after stage `s`.
+        /// `g` on every word of `x`: the S-boxes (the backend's `sboxes`), then the MDS product,
+        /// `0x5B y` and `0xEF y` by nibble shuffles and each product moved to the output bytes
+        /// that take it.
         #[inline]
         #[target_feature(enable = $feature)]
-        fn g<const NS: usize>(t: &Tables<NS>, c: &[[V; 2]; 4], x: V) -> V {
-            let hi = and(srl4(x), t.low);
-            let lo = and(x, t.low);
-            let mut a1 = xor3(hi, lo, t.pos);
-            let mut b1 = xor3(shuf(t.nib_m, hi), shuf(t.nib_r, lo), t.pos);
-            for (s, k) in c.iter().enumerate().take(NS - 1) {
-                let a3 = xor(look(&t.t0[s], a1), look(&t.t1[s], b1));
-                let b3 = xor(look(&t.mt0[s], a1), look(&t.rt1[s], b1));
-                a1 = xor3(look(&t.t2[s], a3), look(&t.t3[s], b3), k[0]);
-                b1 = xor3(look(&t.rt2[s], a3), look(&t.mt3[s], b3), k[1]);
-            }
-            let s = NS - 1;
-            let a3 = xor(look(&t.t0[s], a1), look(&t.t1[s], b1));
-            let b3 = xor(look(&t.mt0[s], a1), look(&t.rt1[s], b1));
-            let y = or(look(&t.t2_out, a3), look(&t.t3h_out, b3));
-            // MDS: products by 0x5B and 0xEF, then each moved to where the matrix wants it.
+        fn g<const NS: usize>(sb: &Sbox<NS>, t: &Mds, x: V) -> V {
+            let y = sboxes(sb, x);
             let lo = and(y, t.low);
             let hi = and(srl4(y), t.low);
             let y5b = xor(shuf(t.mul_5b[0], lo), shuf(t.mul_5b[1], hi));
@@ -292,16 +237,9 @@ macro_rules! twofish_simd_engine {
         /// `(F0, F1)` of round `r`.
         #[inline]
         #[target_feature(enable = $feature)]
-        fn f<const NS: usize>(
-            keys: &Keys,
-            t: &Tables<NS>,
-            c: &[[V; 2]; 4],
-            a: V,
-            b: V,
-            r: usize,
-        ) -> (V, V) {
-            let t0 = g(t, c, a);
-            let t1 = g(t, c, shuf(b, t.rol8));
+        fn f<const NS: usize>(keys: &Keys, sb: &Sbox<NS>, t: &Mds, a: V, b: V, r: usize) -> (V, V) {
+            let t0 = g(sb, t, a);
+            let t1 = g(sb, t, shuf(b, t.rol8));
             let s = add(t0, t1);
             let f0 = add(s, splat(keys.sub[2 * r + 8]));
             let f1 = add(add(s, t1), splat(keys.sub[2 * r + 9]));
@@ -313,25 +251,25 @@ macro_rules! twofish_simd_engine {
         #[target_feature(enable = $feature)]
         fn cipher<const ENC: bool, const NS: usize>(
             keys: &Keys,
-            t: &Tables<NS>,
-            c: &[[V; 2]; 4],
+            sb: &Sbox<NS>,
+            t: &Mds,
             w: State,
         ) -> State {
             let sub = &keys.sub;
             if ENC {
-                let [mut a, mut b, mut cc, mut d] =
+                let [mut a, mut b, mut c, mut d] =
                     core::array::from_fn(|i| xor(w[i], splat(sub[i])));
                 for pair in 0..8 {
-                    let (f0, f1) = f(keys, t, c, a, b, 2 * pair);
-                    cc = ror1(xor(cc, f0));
+                    let (f0, f1) = f(keys, sb, t, a, b, 2 * pair);
+                    c = ror1(xor(c, f0));
                     d = xor(rol1(d), f1);
-                    let (f0, f1) = f(keys, t, c, cc, d, 2 * pair + 1);
+                    let (f0, f1) = f(keys, sb, t, c, d, 2 * pair + 1);
                     a = ror1(xor(a, f0));
                     b = xor(rol1(b), f1);
                 }
                 // C_i = R16_{(i+2) mod 4} ^ K_{i+4}.
                 [
-                    xor(cc, splat(sub[4])),
+                    xor(c, splat(sub[4])),
                     xor(d, splat(sub[5])),
                     xor(a, splat(sub[6])),
                     xor(b, splat(sub[7])),
@@ -339,44 +277,41 @@ macro_rules! twofish_simd_engine {
             } else {
                 let mut a = xor(w[2], splat(sub[6]));
                 let mut b = xor(w[3], splat(sub[7]));
-                let mut cc = xor(w[0], splat(sub[4]));
+                let mut c = xor(w[0], splat(sub[4]));
                 let mut d = xor(w[1], splat(sub[5]));
                 for pair in (0..8).rev() {
-                    let (f0, f1) = f(keys, t, c, cc, d, 2 * pair + 1);
+                    let (f0, f1) = f(keys, sb, t, c, d, 2 * pair + 1);
                     a = xor(rol1(a), f0);
                     b = ror1(xor(b, f1));
-                    let (f0, f1) = f(keys, t, c, a, b, 2 * pair);
-                    cc = xor(rol1(cc), f0);
+                    let (f0, f1) = f(keys, sb, t, a, b, 2 * pair);
+                    c = xor(rol1(c), f0);
                     d = ror1(xor(d, f1));
                 }
-                core::array::from_fn(|i| xor([a, b, cc, d][i], splat(sub[i])))
+                core::array::from_fn(|i| xor([a, b, c, d][i], splat(sub[i])))
             }
         }
 
         /// ECB over every whole block of `buf`: whole sets, then a zero-padded partial set.
         #[target_feature(enable = $feature)]
         fn ecb<const ENC: bool, const NS: usize>(keys: &Keys, buf: &mut [u8]) {
-            let t = Tables::<NS>::new();
-            let mut c = [[splat(0); 2]; 4];
-            for (s, cs) in c.iter_mut().enumerate().take(NS - 1) {
-                *cs = [splat(keys.c1[s]), splat(keys.c2[s])];
-            }
+            let t = Mds::new();
+            let mut sb = Sbox::<NS>::new(keys);
             let (sets, tail) = buf.as_chunks_mut::<SET>();
             for set in sets {
-                let s = cipher::<ENC, NS>(keys, &t, &c, transpose(load_set(set)));
+                let s = cipher::<ENC, NS>(keys, &sb, &t, transpose(load_set(set)));
                 store_set(set, transpose(s));
             }
             let tail_len = tail.len() - tail.len() % BLOCK;
             if tail_len > 0 {
                 let mut tmp = [0u8; SET];
                 tmp[..tail_len].copy_from_slice(&tail[..tail_len]);
-                let s = cipher::<ENC, NS>(keys, &t, &c, transpose(load_set(&tmp)));
+                let s = cipher::<ENC, NS>(keys, &sb, &t, transpose(load_set(&tmp)));
                 store_set(&mut tmp, transpose(s));
                 tail[..tail_len].copy_from_slice(&tmp[..tail_len]);
                 zeroize::Zeroize::zeroize(&mut tmp);
             }
             // Key material: no copy left on the stack (the registers are wiped by the caller).
-            zeroize::Zeroize::zeroize(&mut c);
+            sb.wipe();
         }
 
         #[cfg(test)]
@@ -395,6 +330,97 @@ macro_rules! twofish_simd_engine {
     };
 }
 
+/// Expands, for the target features `$feature`, the S-boxes of the backends that evaluate them
+/// nibble by nibble from `q0`/`q1`'s 4-bit tables (`Sbox`, `sboxes`): per stage of `q`s,
+/// `a3 = t0[a1] ^ t1[b1]`, `b3 = (M t0)[a1] ^ (R t1)[b1]`; between stages the key byte
+/// `(kh, kl)` XORed into `q`'s output `16 t3[b3] + t2[a3]` goes straight into the next `q`'s
+/// nibble mix: `a1 = t2[a3] ^ t3[b3] ^ (kh ^ kl)`, `b1 = (R t2)[a3] ^ (M t3)[b3] ^ (M(kh) ^
+/// R(kl))` (`M` and `R` are linear), so bytes are rebuilt only after the last stage. The
+/// expanding module provides `Look` (one lookup for every byte position of a stage: the `q0` and
+/// the `q1` table and the positions that take `q1`), `stage_look` and `look`.
+macro_rules! twofish_nibble_sboxes {
+    (feature: $feature:tt $(,)?) => {
+        /// The nibble tables, stage by stage, for a key of `NS - 1` words, and the key's nibble
+        /// constants (`Keys::c1`, `Keys::c2`) of the mix after each stage.
+        struct Sbox<const NS: usize> {
+            t0: [Look; NS],
+            t1: [Look; NS],
+            mt0: [Look; NS],
+            rt1: [Look; NS],
+            // Between stages (the last entries are unused) ...
+            t2: [Look; NS],
+            t3: [Look; NS],
+            rt2: [Look; NS],
+            mt3: [Look; NS],
+            // ... and at the end of the last one.
+            t2_out: Look,
+            t3h_out: Look,
+            nib_m: V,
+            nib_r: V,
+            low: V,
+            c: [[V; 2]; 4],
+        }
+
+        impl<const NS: usize> Sbox<NS> {
+            #[inline]
+            #[target_feature(enable = $feature)]
+            fn new(keys: &Keys) -> Self {
+                let q = &tables::Q;
+                let st = $crate::twofish::stages(NS - 1);
+                let per_stage = |pick: fn(&tables::QTables) -> &[u8; 16]| {
+                    core::array::from_fn(|s| stage_look(st[s], [pick(&q[0]), pick(&q[1])]))
+                };
+                let last = st[NS - 1];
+                let mut c = [[splat(0); 2]; 4];
+                for (s, cs) in c.iter_mut().enumerate().take(NS - 1) {
+                    *cs = [splat(keys.c1[s]), splat(keys.c2[s])];
+                }
+                Sbox {
+                    t0: per_stage(|q| &q.t0),
+                    t1: per_stage(|q| &q.t1),
+                    mt0: per_stage(|q| &q.mt0),
+                    rt1: per_stage(|q| &q.rt1),
+                    t2: per_stage(|q| &q.t2),
+                    t3: per_stage(|q| &q.t3),
+                    rt2: per_stage(|q| &q.rt2),
+                    mt3: per_stage(|q| &q.mt3),
+                    t2_out: stage_look(last, [&q[0].t2, &q[1].t2]),
+                    t3h_out: stage_look(last, [&q[0].t3h, &q[1].t3h]),
+                    nib_m: tab(&tables::NIB_M),
+                    nib_r: tab(&tables::NIB_R),
+                    low: tab(&[15; 16]),
+                    c,
+                }
+            }
+
+            fn wipe(&mut self) {
+                zeroize::Zeroize::zeroize(&mut self.c);
+            }
+        }
+
+        /// `s_j` on byte `j` of every word of `x`.
+        #[inline]
+        #[target_feature(enable = $feature)]
+        fn sboxes<const NS: usize>(t: &Sbox<NS>, x: V) -> V {
+            let hi = and(srl4(x), t.low);
+            let lo = and(x, t.low);
+            let mut a1 = xor(hi, lo);
+            let mut b1 = xor(shuf(t.nib_m, hi), shuf(t.nib_r, lo));
+            for (s, k) in t.c.iter().enumerate().take(NS - 1) {
+                let a3 = xor(look(&t.t0[s], a1), look(&t.t1[s], b1));
+                let b3 = xor(look(&t.mt0[s], a1), look(&t.rt1[s], b1));
+                a1 = xor3(look(&t.t2[s], a3), look(&t.t3[s], b3), k[0]);
+                b1 = xor3(look(&t.rt2[s], a3), look(&t.mt3[s], b3), k[1]);
+            }
+            let s = NS - 1;
+            let a3 = xor(look(&t.t0[s], a1), look(&t.t1[s], b1));
+            let b3 = xor(look(&t.mt0[s], a1), look(&t.rt1[s], b1));
+            or(look(&t.t2_out, a3), look(&t.t3h_out, b3))
+        }
+    };
+}
+
+pub(super) use twofish_nibble_sboxes;
 pub(super) use twofish_simd_engine;
 
 #[cfg(test)]

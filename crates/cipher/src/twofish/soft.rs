@@ -130,23 +130,55 @@ fn q<const V: usize>(x: [u64; 8]) -> [u64; 8] {
     [a4[0], a4[1], a4[2], a4[3], b4[0], b4[1], b4[2], b4[3]]
 }
 
+/// The S-box `s_j` (byte position `j` of `h`) on the eight planes of a byte, `l[s]` the planes of
+/// the key word XORed in after stage `s`.
+#[inline(always)]
+fn sbox(j: usize, mut y: [u64; 8], l: &[Planes], k: usize) -> [u64; 8] {
+    for (s, v) in stages(k).iter().enumerate() {
+        y = if v[j] == 0 { q::<0>(y) } else { q::<1>(y) };
+        if s < k {
+            for (p, bit) in y.iter_mut().enumerate() {
+                *bit ^= l[s][8 * j + p];
+            }
+        }
+    }
+    y
+}
+
 /// `h(x, L)` on bitsliced words, `l[s]` the planes of the key word XORed in after stage `s`
 /// (lane by lane, so the key schedule can give every lane its own).
 #[inline(always)]
 fn h(x: &Planes, l: &[Planes], k: usize) -> Planes {
-    let mut y = [[0u64; 8]; 4];
-    for (j, yj) in y.iter_mut().enumerate() {
-        yj.copy_from_slice(&x[8 * j..8 * j + 8]);
-        for (s, v) in stages(k).iter().enumerate() {
-            *yj = if v[j] == 0 { q::<0>(*yj) } else { q::<1>(*yj) };
-            if s < k {
-                for (p, bit) in yj.iter_mut().enumerate() {
-                    *bit ^= l[s][8 * j + p];
-                }
+    let y: [[u64; 8]; 4] =
+        core::array::from_fn(|j| sbox(j, x[8 * j..8 * j + 8].try_into().expect("8 planes"), l, k));
+    mds(&y)
+}
+
+/// The four key-dependent S-boxes as 256-byte tables (`[j][x] = s_j(x)`), computed in constant
+/// time: key material, for the kernels that keep them in registers.
+pub(super) fn sbox_tables(k: usize, words: &[u32; 4]) -> [[u8; 256]; 4] {
+    let mut l = [[0u64; 32]; 4];
+    for (ls, &w) in l.iter_mut().zip(words).take(k) {
+        *ls = splat(w);
+    }
+    let mut out = [[0u8; 256]; 4];
+    for (j, table) in out.iter_mut().enumerate() {
+        for (batch, entries) in table.chunks_exact_mut(LANES).enumerate() {
+            // Lane `x` holds input `64 batch + x`.
+            let x: [u64; 8] = core::array::from_fn(|p| {
+                (0..LANES).fold(0, |plane, x| {
+                    plane | ((((LANES * batch + x) >> p) & 1) as u64) << x
+                })
+            });
+            let mut y = sbox(j, x, &l, k);
+            for (x, e) in entries.iter_mut().enumerate() {
+                *e = (0..8).fold(0u8, |b, p| b | ((((y[p] >> x) & 1) as u8) << p));
             }
+            zeroize::Zeroize::zeroize(&mut y);
         }
     }
-    mds(&y)
+    zeroize::Zeroize::zeroize(&mut l);
+    out
 }
 
 /// The MDS product of the four S-box outputs.
@@ -418,6 +450,26 @@ mod tests {
                 for (i, &xi) in xs.iter().enumerate() {
                     assert_eq!(lane(&y, i), reference::h(xi, &keys.sbox, k));
                 }
+            }
+        }
+    }
+
+    /// The S-box tables give `h` back through the MDS matrix.
+    #[test]
+    fn sbox_tables_match_the_reference() {
+        let keys = Keys::new(&[0x3c; 32]).unwrap();
+        for k in 2..=4 {
+            let t = sbox_tables(k, &keys.sbox);
+            for x in (0..=u32::MAX).step_by(0x0101_0101 * 7 + 12345).take(300) {
+                let b = x.to_le_bytes();
+                let y: [u8; 4] = core::array::from_fn(|j| t[j][usize::from(b[j])]);
+                let mut z = [0u8; 4];
+                for (i, zi) in z.iter_mut().enumerate() {
+                    for (j, &yj) in y.iter().enumerate() {
+                        *zi ^= crate::twofish::mds_mul(yj, MDS[i][j]);
+                    }
+                }
+                assert_eq!(u32::from_le_bytes(z), reference::h(x, &keys.sbox, k));
             }
         }
     }
