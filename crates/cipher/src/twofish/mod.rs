@@ -7,10 +7,14 @@
 //!
 //! - `q0` and `q1` are built, as the specification defines them, from four 4-bit tables each
 //!   (`t0..t3`) and nibble arithmetic. A 16-entry table is exactly one in-register byte shuffle
-//!   (`vpshufb`), whose timing does not depend on the indices, so the SIMD backends evaluate the
-//!   key-dependent S-boxes `s0..s3` nibble by nibble on 32 or 64 bytes at once (`simd`, `avx2`,
-//!   `avx512`). Byte `j` of every 32-bit lane goes through `s_j`, whose `q0`/`q1` order differs
-//!   per position: each lookup is done with both tables and blended per byte position.
+//!   (`vpshufb`), whose timing does not depend on the indices, so the AVX2 and AVX-512BW
+//!   backends evaluate the key-dependent S-boxes `s0..s3` nibble by nibble on 32 or 64 bytes at
+//!   once (`simd`, `avx2`, `avx512`). Byte `j` of every 32-bit lane goes through `s_j`, whose
+//!   `q0`/`q1` order differs per position: each lookup is done with both tables and blended per
+//!   byte position.
+//! - With AVX-512VBMI the whole S-boxes `s0..s3` (4 x 256 bytes, computed in constant time at
+//!   key set-up: [`Keys::tables`]) fit in sixteen registers, and `vpermi2b` (a register
+//!   permutation, as data-independent in time as `vpshufb`) looks up 128 entries at once.
 //! - The MDS multiply over GF(2^8) mod 0x169 is linear over GF(2): a product by 0x5B or 0xEF is
 //!   two nibble shuffles, and the byte placement of the matrix five constant shuffles.
 //! - The portable backend (`soft`) is bitsliced: up to 64 blocks, one bit of each per `u64`
@@ -18,9 +22,11 @@
 //!   additions as ripple-carry adders. The key schedule uses the same bitsliced `h` (its 40
 //!   evaluations are 40 lanes), and the RS code multiplies with masks instead of branches.
 //!
-//! Backends: portable, AVX2 (eight blocks per set), AVX-512 (sixteen blocks per set; with
-//! AVX-512VBMI one `vpermb` per lookup in a table holding every byte position's, else the
-//! AVX-512BW blend by merge-masking). The engines hold [`Keys`], zeroized on drop.
+//! Backends: portable, AVX2 (eight blocks per set), AVX-512 (sixteen blocks per set; the whole
+//! S-boxes with AVX-512VBMI, else the nibble S-boxes with the AVX-512BW blend by
+//! merge-masking). The engines hold [`Keys`], zeroized on drop; the kernels wipe the copies of
+//! key material they make on the stack, and every keyed call ends by clearing the vector
+//! registers (`engine::keyed`).
 
 pub(crate) mod soft;
 
