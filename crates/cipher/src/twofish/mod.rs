@@ -24,9 +24,10 @@
 //!
 //! Backends: portable, AVX2 (eight blocks per set), AVX-512 (sixteen blocks per set; the whole
 //! S-boxes with AVX-512VBMI, else the nibble S-boxes with the AVX-512BW blend by
-//! merge-masking). The engines hold [`Keys`], zeroized on drop; the kernels wipe the copies of
-//! key material they make on the stack, and every keyed call ends by clearing the vector
-//! registers (`engine::keyed`).
+//! merge-masking). The engines hold [`Keys`], zeroized on drop; the kernels zeroize the key
+//! material they copy to the stack (register spills the compiler adds are beyond reach, as in
+//! the other kernels), and every keyed call ends by clearing the vector registers
+//! (`engine::keyed`).
 
 pub(crate) mod soft;
 
