@@ -43,7 +43,7 @@ type State = [__m512i; 4];
 
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn load_set(bytes: &[u8; SET]) -> State {
+pub(crate) fn load_set(bytes: &[u8; SET]) -> State {
     let p = bytes.as_ptr();
     // SAFETY: the four 64-byte loads cover exactly `bytes`; `loadu` has no alignment requirement.
     unsafe {
@@ -58,7 +58,7 @@ fn load_set(bytes: &[u8; SET]) -> State {
 
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn store_set(bytes: &mut [u8; SET], s: State) {
+pub(crate) fn store_set(bytes: &mut [u8; SET], s: State) {
     let p = bytes.as_mut_ptr();
     // SAFETY: the four 64-byte stores cover exactly `bytes`; `storeu` has no alignment requirement.
     unsafe {
@@ -72,7 +72,7 @@ fn store_set(bytes: &mut [u8; SET], s: State) {
 /// 4x4 transpose of 32-bit words inside each 128-bit lane (an involution).
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn transpose(r: State) -> State {
+pub(crate) fn transpose(r: State) -> State {
     let t0 = _mm512_unpacklo_epi32(r[0], r[1]);
     let t1 = _mm512_unpackhi_epi32(r[0], r[1]);
     let t2 = _mm512_unpacklo_epi32(r[2], r[3]);

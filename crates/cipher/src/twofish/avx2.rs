@@ -4,11 +4,15 @@
 //! `q0`/`q1` choice per byte position is a `vpblendvb` of both lookups with the stage's byte
 //! mask. AVX2 has no vector rotate: rotations by one bit are two shifts and an OR.
 //!
-//! `unsafe` is confined to the unaligned loads and stores (bounds proved by fixed-size array
-//! references) and to calling the `#[target_feature]` kernels, which [`TwofishAvx2::new`] only
-//! allows on CPUs with AVX2.
+//! `unsafe` is confined to the unaligned loads of tables (bounds proved by fixed-size array
+//! references; the blocks are loaded and stored by LEA's functions, the same layout) and to
+//! calling the `#[target_feature]` kernels, which the engines' `new` only allows on CPUs with
+//! the features.
 
 use core::arch::x86_64::*;
+
+// The set loads, stores and in-lane transposes are LEA's (the same layout).
+use crate::lea::avx2::{load_set, store_set, transpose};
 
 super::simd::twofish_simd_engine! {
     /// Twofish on AVX2.
@@ -29,50 +33,6 @@ const SET: usize = 8 * BLOCK;
 
 type V = __m256i;
 type State = [V; 4];
-
-#[inline]
-#[target_feature(enable = "avx2")]
-fn load_set(bytes: &[u8; SET]) -> State {
-    let p = bytes.as_ptr();
-    // SAFETY: the four 32-byte loads cover exactly `bytes`; `loadu` has no alignment requirement.
-    unsafe {
-        [
-            _mm256_loadu_si256(p.cast()),
-            _mm256_loadu_si256(p.add(32).cast()),
-            _mm256_loadu_si256(p.add(64).cast()),
-            _mm256_loadu_si256(p.add(96).cast()),
-        ]
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2")]
-fn store_set(bytes: &mut [u8; SET], s: State) {
-    let p = bytes.as_mut_ptr();
-    // SAFETY: the four 32-byte stores cover exactly `bytes`; `storeu` has no alignment requirement.
-    unsafe {
-        _mm256_storeu_si256(p.cast(), s[0]);
-        _mm256_storeu_si256(p.add(32).cast(), s[1]);
-        _mm256_storeu_si256(p.add(64).cast(), s[2]);
-        _mm256_storeu_si256(p.add(96).cast(), s[3]);
-    }
-}
-
-/// 4x4 transpose of 32-bit words inside each 128-bit lane (an involution).
-#[inline]
-#[target_feature(enable = "avx2")]
-fn transpose(r: State) -> State {
-    let t0 = _mm256_unpacklo_epi32(r[0], r[1]);
-    let t1 = _mm256_unpackhi_epi32(r[0], r[1]);
-    let t2 = _mm256_unpacklo_epi32(r[2], r[3]);
-    let t3 = _mm256_unpackhi_epi32(r[2], r[3]);
-    [
-        _mm256_unpacklo_epi64(t0, t2),
-        _mm256_unpackhi_epi64(t0, t2),
-        _mm256_unpacklo_epi64(t1, t3),
-        _mm256_unpackhi_epi64(t1, t3),
-    ]
-}
 
 #[inline]
 #[target_feature(enable = "avx2")]

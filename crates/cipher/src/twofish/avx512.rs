@@ -8,61 +8,21 @@
 //!   `vpshufb` with the `q0` table and a merge-masked `vpshufb` with the `q1` table over the
 //!   byte positions that take `q1`.
 //!
-//! `unsafe` is confined to the unaligned loads and stores (bounds proved by fixed-size array
-//! references) and to calling the `#[target_feature]` kernels, which the engines' `new` only
-//! allows on CPUs with the features.
+//! `unsafe` is confined to the unaligned loads of tables (bounds proved by fixed-size array
+//! references; the blocks are loaded and stored by LEA's functions, the same layout) and to
+//! calling the `#[target_feature]` kernels, which the engines' `new` only allows on CPUs with
+//! the features.
 
 use core::arch::x86_64::*;
+
+// The set loads, stores and in-lane transposes are LEA's (the same layout).
+use crate::lea::avx512::{load_set, store_set, transpose};
 
 /// Bytes per set of sixteen blocks.
 const SET: usize = 16 * crate::engine::BLOCK;
 
 type V = __m512i;
 type State = [V; 4];
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn load_set(bytes: &[u8; SET]) -> State {
-    let p = bytes.as_ptr();
-    // SAFETY: the four 64-byte loads cover exactly `bytes`; `loadu` has no alignment requirement.
-    unsafe {
-        [
-            _mm512_loadu_si512(p.cast()),
-            _mm512_loadu_si512(p.add(64).cast()),
-            _mm512_loadu_si512(p.add(128).cast()),
-            _mm512_loadu_si512(p.add(192).cast()),
-        ]
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn store_set(bytes: &mut [u8; SET], s: State) {
-    let p = bytes.as_mut_ptr();
-    // SAFETY: the four 64-byte stores cover exactly `bytes`; `storeu` has no alignment requirement.
-    unsafe {
-        _mm512_storeu_si512(p.cast(), s[0]);
-        _mm512_storeu_si512(p.add(64).cast(), s[1]);
-        _mm512_storeu_si512(p.add(128).cast(), s[2]);
-        _mm512_storeu_si512(p.add(192).cast(), s[3]);
-    }
-}
-
-/// 4x4 transpose of 32-bit words inside each 128-bit lane (an involution).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn transpose(r: State) -> State {
-    let t0 = _mm512_unpacklo_epi32(r[0], r[1]);
-    let t1 = _mm512_unpackhi_epi32(r[0], r[1]);
-    let t2 = _mm512_unpacklo_epi32(r[2], r[3]);
-    let t3 = _mm512_unpackhi_epi32(r[2], r[3]);
-    [
-        _mm512_unpacklo_epi64(t0, t2),
-        _mm512_unpackhi_epi64(t0, t2),
-        _mm512_unpacklo_epi64(t1, t3),
-        _mm512_unpackhi_epi64(t1, t3),
-    ]
-}
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
