@@ -1,5 +1,5 @@
 //! Which SIMD backends this machine runs, as cfgs for the tests (`cpu_aesni`, `cpu_vaes256`,
-//! `cpu_vaes512`, `cpu_avx2`, `cpu_avx512f`): a backend's tests are `#[ignore]`d with the reason
+//! `cpu_vaes512`, `cpu_avx2`, `cpu_avx512f`, `cpu_avx512bw`, `cpu_avx512vbmi`): a backend's tests are `#[ignore]`d with the reason
 //! where the CPU lacks its features, so that a test run says what it skipped instead of passing
 //! tests that did not run. The library itself detects features at run time and uses no cfg.
 //!
@@ -9,7 +9,7 @@
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=/proc/cpuinfo");
-    let backends: [(&str, &[&str]); 5] = [
+    let backends: [(&str, &[&str]); 7] = [
         ("cpu_aesni", &["aes", "sse4.1"]),
         (
             "cpu_vaes256",
@@ -28,6 +28,8 @@ fn main() {
         ),
         ("cpu_avx2", &["avx2"]),
         ("cpu_avx512f", &["avx512f"]),
+        ("cpu_avx512bw", &["avx512f", "avx512bw"]),
+        ("cpu_avx512vbmi", &["avx512f", "avx512bw", "avx512vbmi"]),
     ];
     for (cfg, features) in backends {
         println!("cargo:rustc-check-cfg=cfg({cfg})");
@@ -48,6 +50,7 @@ fn has(feature: &str) -> bool {
         "avx512f" => std::is_x86_feature_detected!("avx512f"),
         "avx512bw" => std::is_x86_feature_detected!("avx512bw"),
         "avx512vl" => std::is_x86_feature_detected!("avx512vl"),
+        "avx512vbmi" => std::is_x86_feature_detected!("avx512vbmi"),
         _ => false,
     }
 }

@@ -20,7 +20,7 @@ pub enum Algorithm {
     Lea,
     /// Serpent, 128/192/256-bit keys (portable, AVX2 and AVX-512).
     Serpent,
-    /// Twofish, 128/192/256-bit keys (portable only).
+    /// Twofish, 128/192/256-bit keys (constant time: portable bitsliced, AVX2, AVX-512BW).
     Twofish,
     /// Camellia (RFC 3713), 128/192/256-bit keys (portable only).
     Camellia,
@@ -92,7 +92,7 @@ impl Algorithm {
                 Backend::AesNi,
                 Backend::Portable,
             ],
-            Algorithm::Lea | Algorithm::Serpent => {
+            Algorithm::Lea | Algorithm::Serpent | Algorithm::Twofish => {
                 &[Backend::Avx512, Backend::Avx2, Backend::Portable]
             }
             _ => &[Backend::Portable],
@@ -113,8 +113,8 @@ impl Algorithm {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Backend {
-    /// Portable Rust (constant-time bitsliced AES and Serpent, plain ARX LEA, RustCrypto's
-    /// implementations of the other ciphers). Runs everywhere.
+    /// Portable Rust (constant-time bitsliced AES, Serpent and Twofish, plain ARX LEA,
+    /// RustCrypto's implementations of the other ciphers). Runs everywhere.
     Portable,
     /// AES-NI, 128-bit registers, eight blocks in flight.
     AesNi,
@@ -123,9 +123,10 @@ pub enum Backend {
     /// VAES + AVX2 (+ VPCLMULQDQ for tweaks), two blocks per 256-bit register: CPUs with VAES
     /// but no AVX-512.
     Vaes256,
-    /// AVX2, eight LEA or Serpent blocks per 256-bit register set.
+    /// AVX2, eight LEA, Serpent or Twofish blocks per 256-bit register set.
     Avx2,
-    /// AVX-512F, sixteen LEA or Serpent blocks per 512-bit register set.
+    /// AVX-512F, sixteen LEA, Serpent or Twofish blocks per 512-bit register set (Twofish also
+    /// needs AVX-512BW; without it, on Xeon Phi, its AVX2 kernels run).
     Avx512,
     /// No cipher at all (`cipher_null`): used to measure everything but the cipher.
     Null,

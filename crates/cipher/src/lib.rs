@@ -1,5 +1,5 @@
-//! The cipher core of sectorcrypt: block ciphers (AES, LEA and Serpent on portable and SIMD
-//! backends, Serpent bitsliced; Twofish, Camellia, ARIA, SM4 and CAST6 portable, from
+//! The cipher core of sectorcrypt: block ciphers (AES, LEA, Serpent and Twofish on portable and
+//! SIMD backends, Serpent and Twofish bitsliced; Camellia, ARIA, SM4 and CAST6 portable, from
 //! RustCrypto's crates),
 //! dm-crypt's sector modes (`xts-plain64`, `cbc-essiv:sha256`, ...), and the *extended request*:
 //! one call encrypts many sectors, computing all their tweaks as a batch.
@@ -15,8 +15,9 @@
 //!   passes), timed per phase.
 //!
 //! `unsafe` lives only in the x86-64 kernels (`aes::ni`, `aes::vaes512`, `aes::x86`,
-//! `lea::avx2`, `lea::avx512`, which expand the mode loops of `lea::simd`, and `serpent::avx2`,
-//! `serpent::avx512`, which expand `serpent::simd`) and the TSC reader
+//! `lea::avx2`, `lea::avx512`, which expand the mode loops of `lea::simd`; `serpent::avx2`,
+//! `serpent::avx512`, which expand `serpent::simd`; `twofish::avx2`, `twofish::avx512`, which
+//! expand the kernels of `twofish::simd`) and the TSC reader
 //! (`tsc`, feature `bench`) and the register wipe after keyed calls (`wipe`), each block with a `SAFETY:` comment: the crate denies `unsafe_code`
 //! (Cargo.toml) and only those modules allow it.
 
@@ -40,6 +41,7 @@ pub mod staged;
 #[cfg(feature = "bench")]
 #[allow(unsafe_code)] // rdtsc
 pub mod tsc;
+mod twofish;
 #[allow(unsafe_code)] // zeroing the vector registers
 mod wipe;
 
@@ -72,6 +74,7 @@ pub fn block_cipher(
         Algorithm::Aes => aes::new_engine(key, backend),
         Algorithm::Lea => lea::new_engine(key, backend),
         Algorithm::Serpent => serpent::new_engine(key, backend),
+        Algorithm::Twofish => twofish::new_engine(key, backend),
         _ => portable::new_engine(alg, key),
     };
     engine.ok_or(Error::BackendUnavailable(backend))

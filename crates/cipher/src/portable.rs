@@ -1,6 +1,6 @@
-//! Block ciphers beyond AES, LEA and Serpent (whose portable and SIMD engines are in
-//! `serpent/`) — Twofish, Camellia, ARIA, SM4 and CAST6 (CAST-256) on RustCrypto's portable
-//! implementations — behind the same [`BlockEngine`] as every other
+//! Block ciphers beyond AES, LEA, Serpent and Twofish (whose portable and SIMD engines are in
+//! `aes/`, `lea/`, `serpent/` and `twofish/`) — Camellia, ARIA, SM4 and CAST6 (CAST-256) on
+//! RustCrypto's portable implementations — behind the same [`BlockEngine`] as every other
 //! backend: the XTS and CBC whole-unit loops (and so the extended request) are the generic ones in
 //! `engine.rs`. Each engine is [`Backend::Portable`]; there are no SIMD kernels for these ciphers.
 //!
@@ -55,8 +55,7 @@ where
 pub(crate) fn new_engine(alg: Algorithm, key: &[u8]) -> Option<Box<dyn BlockEngine>> {
     match (alg, key.len()) {
         // CAST6 takes any key from 128 to 256 bits in steps of 32 (an ESSIV salt of SHA-1's 160
-        // bits keys it); Twofish 128, 192 or 256 bits.
-        (Algorithm::Twofish, 16 | 24 | 32) => boxed::<twofish::Twofish>(key),
+        // bits keys it).
         (Algorithm::Cast6, 16..=32) if key.len().is_multiple_of(4) => boxed::<cast6::Cast6>(key),
         (Algorithm::Camellia, 16) => boxed::<camellia::Camellia128>(key),
         (Algorithm::Camellia, 24) => boxed::<camellia::Camellia192>(key),

@@ -10,7 +10,7 @@ use sectorcrypt_cipher::{
     block_cipher, Algorithm, Backend, BackendChoice, Direction, Error, SectorCipher, SectorOptions,
 };
 
-const SPECS: [&str; 9] = [
+const SPECS: [&str; 12] = [
     "aes-xts-plain64",
     "aes-xts-plain",
     "aes-xts-plain64be",
@@ -20,6 +20,9 @@ const SPECS: [&str; 9] = [
     "lea-xts-plain64",
     "lea-cbc-essiv:sha256",
     "lea-ecb",
+    "twofish-xts-plain64",
+    "twofish-cbc-essiv:sha256",
+    "twofish-ecb",
 ];
 
 fn random_bytes(rng: &mut StdRng, n: usize) -> Vec<u8> {
@@ -90,7 +93,12 @@ fn extended_request_equals_sector_by_sector_on_every_backend() {
 #[test]
 fn xts_sectors_match_single_unit_xts_and_the_staged_path() {
     let mut rng = StdRng::seed_from_u64(7);
-    for alg in [Algorithm::Aes, Algorithm::Lea, Algorithm::Serpent] {
+    for alg in [
+        Algorithm::Aes,
+        Algorithm::Lea,
+        Algorithm::Serpent,
+        Algorithm::Twofish,
+    ] {
         for backend in alg.available_backends() {
             for key_len in [32, 48, 64] {
                 for ss in [512, 4096] {
@@ -135,18 +143,30 @@ fn xts_sectors_match_single_unit_xts_and_the_staged_path() {
 /// (whole and partial sets of 8 and 16 blocks), whole-unit XTS and CBC with units of 1 to 40
 /// blocks, and the sector modes through `SectorCipher`.
 #[test]
-fn serpent_backends_agree_with_portable() {
+fn serpent_and_twofish_backends_agree_with_portable() {
     let mut rng = StdRng::seed_from_u64(0x5e4);
-    let backends = Algorithm::Serpent.available_backends();
+    // Serpent takes any key up to 32 bytes (20: an ESSIV salt of SHA-1), Twofish 16, 24 or 32.
+    for (alg, key_lens) in [
+        (Algorithm::Serpent, [16, 24, 32, 20]),
+        (Algorithm::Twofish, [16, 24, 32, 32]),
+    ] {
+        backends_agree_with_portable(&mut rng, alg, key_lens);
+    }
+}
+
+/// `alg`'s every backend against its portable one: ECB, XTS and CBC units of 1 to 40 blocks
+/// (whole and partial SIMD sets), and XTS and CBC-ESSIV sectors.
+fn backends_agree_with_portable(rng: &mut StdRng, alg: Algorithm, key_lens: [usize; 4]) {
+    let backends = alg.available_backends();
     assert_eq!(backends.last(), Some(&Backend::Portable));
     for blocks in 1..=40 {
-        let key = random_bytes(&mut rng, [16, 24, 32, 20][blocks % 4]);
-        let portable = block_cipher(Algorithm::Serpent, &key, BackendChoice::Portable).unwrap();
-        let plain = random_bytes(&mut rng, 16 * blocks);
+        let key = random_bytes(rng, key_lens[blocks % 4]);
+        let portable = block_cipher(alg, &key, BackendChoice::Portable).unwrap();
+        let plain = random_bytes(rng, 16 * blocks);
         let units = rng.gen_range(1..=4);
-        let units_plain = random_bytes(&mut rng, 16 * blocks * units);
+        let units_plain = random_bytes(rng, 16 * blocks * units);
         let tweaks: Vec<[u8; 16]> = (0..units)
-            .map(|_| random_bytes(&mut rng, 16).try_into().unwrap())
+            .map(|_| random_bytes(rng, 16).try_into().unwrap())
             .collect();
         let mut ecb = plain.clone();
         portable.encrypt_ecb(&mut ecb);
@@ -155,7 +175,7 @@ fn serpent_backends_agree_with_portable() {
         let mut cbc = units_plain.clone();
         portable.cbc_encrypt_units(&mut cbc, 16 * blocks, &tweaks);
         for &backend in &backends {
-            let e = block_cipher(Algorithm::Serpent, &key, BackendChoice::Exact(backend)).unwrap();
+            let e = block_cipher(alg, &key, BackendChoice::Exact(backend)).unwrap();
             assert_eq!(e.backend(), backend);
             let what = format!("{backend}, {blocks} blocks, {}-byte key", key.len());
             let mut buf = plain.clone();
@@ -175,12 +195,16 @@ fn serpent_backends_agree_with_portable() {
             assert_eq!(buf, units_plain, "CBC decrypt, {units} units, {what}");
         }
     }
-    for spec in ["serpent-xts-plain64", "serpent-cbc-essiv:sha256"] {
+    for spec in [
+        format!("{}-xts-plain64", alg.name()),
+        format!("{}-cbc-essiv:sha256", alg.name()),
+    ] {
+        let spec = spec.as_str();
         for ss in [512, 4096] {
-            let key = random_bytes(&mut rng, if spec.contains("xts") { 64 } else { 32 });
+            let key = random_bytes(rng, if spec.contains("xts") { 64 } else { 32 });
             let sectors = rng.gen_range(1..=9);
             let first = rng.gen_range(0..1u64 << 40);
-            let plain = random_bytes(&mut rng, ss * sectors);
+            let plain = random_bytes(rng, ss * sectors);
             let mut reference = plain.clone();
             cipher(spec, &key, ss, Backend::Portable, 1)
                 .encrypt(&mut reference, first)
@@ -464,5 +488,35 @@ fn bad_input_is_an_error_not_a_panic() {
         Error::BackendUnavailable(Backend::Vaes512),
     ] {
         assert!(!e.to_string().contains('\n'));
+    }
+}
+
+/// Twofish on every backend against RustCrypto's `twofish` (an independent, table-driven
+/// implementation) on random keys of every length and 1 to 40 blocks (whole and partial SIMD
+/// sets), both directions.
+#[test]
+fn twofish_matches_rustcrypto_on_every_backend() {
+    use twofish::cipher::{generic_array::GenericArray, BlockEncrypt, KeyInit};
+    let mut rng = StdRng::seed_from_u64(0x2f15);
+    for backend in Algorithm::Twofish.available_backends() {
+        for key_len in [16, 24, 32] {
+            for n in 1..=40 {
+                let key = random_bytes(&mut rng, key_len);
+                let plain = random_bytes(&mut rng, 16 * n);
+                let reference = twofish::Twofish::new_from_slice(&key).unwrap();
+                let mut want = plain.clone();
+                for block in want.chunks_exact_mut(16) {
+                    reference.encrypt_block(GenericArray::from_mut_slice(block));
+                }
+                let engine =
+                    block_cipher(Algorithm::Twofish, &key, BackendChoice::Exact(backend)).unwrap();
+                assert_eq!(engine.backend(), backend);
+                let mut got = plain.clone();
+                engine.encrypt_ecb(&mut got);
+                assert_eq!(got, want, "{backend} {key_len}-byte key, {n} blocks");
+                engine.decrypt_ecb(&mut got);
+                assert_eq!(got, plain, "{backend} {key_len}-byte key, {n} blocks");
+            }
+        }
     }
 }
