@@ -22,6 +22,7 @@
 //! (Cargo.toml) and only those modules allow it.
 
 mod aes;
+mod anf;
 pub mod backend;
 pub mod engine;
 pub mod error;

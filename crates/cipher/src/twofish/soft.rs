@@ -22,39 +22,6 @@ type Planes = [u64; 32];
 /// Lanes per batch.
 const LANES: usize = 64;
 
-/// The algebraic normal form of each output bit of a 4-bit table: bit `s` of `[o]` is the
-/// coefficient of the monomial `prod_{i in s} x_i` in output bit `o`.
-const fn anf(t: &[u8; 16]) -> [u16; 4] {
-    let mut out = [0u16; 4];
-    let mut o = 0;
-    while o < 4 {
-        let mut f = [0u8; 16];
-        let mut x = 0;
-        while x < 16 {
-            f[x] = (t[x] >> o) & 1;
-            x += 1;
-        }
-        let mut i = 0;
-        while i < 4 {
-            let mut x = 0;
-            while x < 16 {
-                if x & (1 << i) != 0 {
-                    f[x] ^= f[x ^ (1 << i)];
-                }
-                x += 1;
-            }
-            i += 1;
-        }
-        let mut s = 0;
-        while s < 16 {
-            out[o] |= (f[s] as u16) << s;
-            s += 1;
-        }
-        o += 1;
-    }
-    out
-}
-
 /// The normal forms of `QT`.
 const QT_ANF: [[[u16; 4]; 4]; 2] = {
     let mut out = [[[0u16; 4]; 4]; 2];
@@ -62,7 +29,7 @@ const QT_ANF: [[[u16; 4]; 4]; 2] = {
     while v < 2 {
         let mut t = 0;
         while t < 4 {
-            out[v][t] = anf(&QT[v][t]);
+            out[v][t] = crate::anf::anf(&QT[v][t]);
             t += 1;
         }
         v += 1;
