@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Same-run A/B of two sectorcrypt builds' `serve`, against nbdkit's `file` plugin on the same
-machine: fio's nbd engine, 4 KiB random writes and reads at queue depth 32 for SECONDS each, the
-three servers alternating within every round, each measurement after a sync and a drop of the
+machine: fio's nbd engine, writes and reads (4 KiB random by default) at queue depth 32 for
+SECONDS each, the three servers alternating within every round, each measurement after a sync and a drop of the
 page cache; medians over the rounds, with their ratios.
 
     scripts/bench-server-ab.py BEFORE_BINARY AFTER_BINARY [--cipher SPEC] [--rounds R]
-        [--seconds S] [--dir DIR]
+        [--seconds S] [--bs SIZE] [--pattern rand|seq] [--dir DIR]
 
 The volume is a 1 GiB LUKS2 file (`--cipher`, default cipher_null-ecb: the server's own cost);
 nbdkit serves a plain 1 GiB file. Build the "before" binary from an older commit (see
@@ -27,6 +27,8 @@ def main():
     ap.add_argument("--cipher", default="cipher_null-ecb")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=5)
+    ap.add_argument("--bs", default="4k")
+    ap.add_argument("--pattern", choices=["rand", "seq"], default="rand")
     ap.add_argument("--dir", default="target/bench-server-ab")
     a = ap.parse_args()
     d = os.path.abspath(a.dir)
@@ -57,14 +59,14 @@ def main():
         return proc, f"nbd+unix:///?socket={sock}"
 
     def fio(uri, rw):
-        job = (f"[global]\nioengine=nbd\nuri={uri}\nbs=4k\ntime_based=1\nruntime={a.seconds}\n"
+        job = (f"[global]\nioengine=nbd\nuri={uri}\nbs={a.bs}\ntime_based=1\nruntime={a.seconds}\n"
                f"size=900m\niodepth=32\nrw={rw}\nrandrepeat=0\n[j]\n")
         with open(f"{d}/ab.fio", "w") as f:
             f.write(job)
         out = subprocess.run(["fio", "--output-format=json", f"{d}/ab.fio"], check=True,
                              capture_output=True, text=True).stdout
         j = json.loads(out[out.index("{"):])["jobs"][0]
-        return j["write" if rw == "randwrite" else "read"]["bw_bytes"] / (1 << 20)
+        return j["write" if rw.endswith("write") else "read"]["bw_bytes"] / (1 << 20)
 
     def settle():
         # Each measurement starts from the same state: nothing dirty, nothing cached (as root;
@@ -76,19 +78,24 @@ def main():
         except OSError:
             pass
 
+    # fio's names: randread/randwrite, and read/write for sequential.
+    prefix = "rand" if a.pattern == "rand" else ""
+    jobs = [prefix + "read", prefix + "write"]
     res = {}
     for _ in range(a.rounds):
-        for rw in ["randread", "randwrite"]:
+        for rw in jobs:
             for name in servers:
                 proc, uri = start(name)
-                settle()
-                res.setdefault((name, rw), []).append(fio(uri, rw))
-                proc.terminate()
-                proc.wait()
-    print(f"| 4 KiB QD32, {a.cipher} | before | after | nbdkit file | after / before | "
+                try:
+                    settle()
+                    res.setdefault((name, rw), []).append(fio(uri, rw))
+                finally:
+                    proc.terminate()
+                    proc.wait()
+    print(f"| {a.bs} QD32, {a.cipher} | before | after | nbdkit file | after / before | "
           "before / nbdkit | after / nbdkit |")
     print("|---|---|---|---|---|---|---|")
-    for rw in ["randwrite", "randread"]:
+    for rw in reversed(jobs):
         m = {n: statistics.median(res[(n, rw)]) for n in servers}
         each = {n: ", ".join(f"{v:.0f}" for v in res[(n, rw)]) for n in servers}
         print(f"| {rw} MiB/s | {m['before']:.0f} ({each['before']}) | {m['after']:.0f} "

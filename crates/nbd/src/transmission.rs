@@ -6,7 +6,11 @@
 //! protocol matches replies by cookie). The thread that received a write's payload is the one that
 //! encrypts and stores it, so the data is still in that core's cache; there is no hand-off queue.
 //! Requests not yet read wait in the socket, so a client's queue depth beyond the workers costs
-//! the server nothing.
+//! the server nothing. Fewer writes than workers run at once: a worker that reads a write's header
+//! when all write permits are taken waits for one, holding the socket, before it receives the
+//! payload (reads wait behind it only while the writes already saturate the server). Many workers
+//! keep many reads in flight to the disk; few writers keep each payload in the cache of the core
+//! that encrypts it, and the file's lock uncontended.
 //!
 //! Limits that keep a hostile or broken client from hurting anyone else:
 //! - payloads over the advertised maximum are refused (a write's payload is read and dropped, so
@@ -17,7 +21,7 @@
 
 use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 
 use sectorcrypt_volume::{Announced, Error as VolumeError, Volume};
@@ -64,6 +68,54 @@ impl BufferPool {
     }
 }
 
+/// A counting semaphore: the writes a connection runs at once.
+struct Permits {
+    /// Permits free, and workers waiting for one (notified only when some wait: a wake with
+    /// nobody waiting would still cost a system call per write).
+    state: Mutex<(usize, usize)>,
+    freed: Condvar,
+}
+
+impl Permits {
+    fn new(n: usize) -> Permits {
+        Permits {
+            state: Mutex::new((n.max(1), 0)),
+            freed: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, (usize, usize)> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn acquire(&self) -> Permit<'_> {
+        let mut state = self.lock();
+        while state.0 == 0 {
+            state.1 += 1;
+            state = self
+                .freed
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+            state.1 -= 1;
+        }
+        state.0 -= 1;
+        Permit(self)
+    }
+}
+
+/// One write's turn, given back on drop.
+struct Permit<'a>(&'a Permits);
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        state.0 += 1;
+        if state.1 > 0 {
+            self.0.freed.notify_one();
+        }
+    }
+}
+
 /// What the connection's threads share.
 struct Connection {
     target: Target,
@@ -75,6 +127,7 @@ struct Connection {
     /// Set when a reply could not be sent: the client is gone or stuck, stop serving it.
     broken: AtomicBool,
     buffers: BufferPool,
+    writes: Permits,
     on_storage_error: Option<fn(&VolumeError)>,
 }
 
@@ -158,11 +211,12 @@ impl Connection {
     }
 
     /// Run one request that passed the reader's checks, on the volume it was announced to.
-    fn execute(&self, job: Job) {
+    fn execute(&self, job: Job<'_>) {
         let Job {
             req,
             payload,
             announced,
+            permit,
         } = job;
         let req = &req;
         if req.kind == CMD_FLUSH {
@@ -189,6 +243,7 @@ impl Connection {
             CMD_WRITE => {
                 let mut data = payload.unwrap_or_default();
                 let r = volume.write_in_place(&mut data[..req.length as usize], req.offset);
+                drop(permit);
                 self.buffers.give(data);
                 self.reply_result(req, with_fua(r));
             }
@@ -225,10 +280,12 @@ struct Reader {
 
 /// A request read in full and ready to run, with the volume (and key) it runs on, or why there
 /// is none.
-struct Job {
+struct Job<'a> {
     req: Request,
     payload: Option<Vec<u8>>,
     announced: Result<Announced, VolumeError>,
+    /// A write's turn.
+    permit: Option<Permit<'a>>,
 }
 
 /// Serve requests on `stream` until the client disconnects, breaks the protocol or the stream
@@ -239,6 +296,7 @@ pub(crate) fn serve(
     structured: bool,
     max_payload: u32,
     workers: usize,
+    writers: usize,
     on_storage_error: Option<fn(&VolumeError)>,
 ) -> io::Result<()> {
     let conn = Arc::new(Connection {
@@ -251,6 +309,7 @@ pub(crate) fn serve(
         structured,
         max_payload,
         broken: AtomicBool::new(false),
+        writes: Permits::new(writers.min(workers)),
         buffers: BufferPool::default(),
         on_storage_error,
     });
@@ -299,7 +358,7 @@ fn work(conn: &Connection) {
 
 /// Read requests until one is ready to run, answering those refused on sight; `None` at
 /// `NBD_CMD_DISC`, the end of the stream, or a protocol error that leaves the stream out of step.
-fn next_job(stream: &mut Stream, conn: &Connection) -> Option<Job> {
+fn next_job<'a>(stream: &mut Stream, conn: &'a Connection) -> Option<Job<'a>> {
     const KNOWN_FLAGS: u16 = CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_DF;
     loop {
         let mut head = [0u8; REQUEST_LEN];
@@ -319,6 +378,7 @@ fn next_job(stream: &mut Stream, conn: &Connection) -> Option<Job> {
                 conn.reply(&req, EINVAL, "write larger than the maximum payload");
                 continue;
             }
+            let permit = conn.writes.acquire();
             let mut payload = conn.buffers.take(len as usize);
             // A client vanishing here leaves nothing half-written: the write never started.
             stream.read_exact(&mut payload[..len as usize]).ok()?;
@@ -330,6 +390,7 @@ fn next_job(stream: &mut Stream, conn: &Connection) -> Option<Job> {
                 req,
                 payload: Some(payload),
                 announced: conn.target.announce(),
+                permit: Some(permit),
             });
         }
         let refusal = match req.kind {
@@ -347,6 +408,7 @@ fn next_job(stream: &mut Stream, conn: &Connection) -> Option<Job> {
                     req,
                     payload: None,
                     announced: conn.target.announce(),
+                    permit: None,
                 })
             }
         }

@@ -2,14 +2,14 @@
 //! reply or a closed connection, and afterwards a well-behaved client still reads back exactly
 //! the data written before. The same goes for TLS: options before STARTTLS, garbage in and
 //! around the TLS handshake and inside the session, clients the server must not trust, with
-//! certificates and with pre-shared keys.
+//! certificates and with pre-shared keys. And how many requests of one connection run at once.
 
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use openssl::ssl::{Ssl, SslContextBuilder, SslMethod, SslStream};
 use rustls::pki_types::pem::PemObject;
@@ -17,7 +17,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 use sectorcrypt_nbd::proto::*;
 use sectorcrypt_nbd::{Exports, Listen, Server, ServerOptions, StopHandle, Tls, TlsMode};
-use sectorcrypt_storage::MemStorage;
+use sectorcrypt_storage::{MemStorage, Storage};
 use sectorcrypt_testkit::pattern;
 use sectorcrypt_testkit::pki::Pki;
 use sectorcrypt_volume::kpio::KeyTable;
@@ -71,6 +71,13 @@ impl Harness {
             VolumeOptions::default(),
             Some(Credentials::Certificates(mode)),
         )
+    }
+
+    /// A server of a volume over `storage`, which wraps `memory` (what the harness checks).
+    fn start_over(name: &str, storage: Arc<dyn Storage>, memory: Arc<MemStorage>) -> Harness {
+        let volume =
+            Volume::with_layout(storage, layout(), &[3; 64], &VolumeOptions::default()).unwrap();
+        Harness::serve(name, Arc::new(volume).into(), memory, None)
     }
 
     fn start_with(name: &str, opts: VolumeOptions, tls: Option<Credentials>) -> Harness {
@@ -995,4 +1002,125 @@ fn stopping_closes_tls_sessions() {
     // What was written before the stop is on the storage, encrypted.
     let stored = h.storage.contents()[4096 + 8192..4096 + 8192 + 4096].to_vec();
     assert!(stored.iter().any(|&b| b != 0) && stored != data);
+}
+
+/// Storage that counts the reads and writes in progress at once. A read waits (up to a minute,
+/// a hang detector) until `READERS` reads are in progress together; a write waits a moment for
+/// company, so that writes beyond the server's limit would overlap if the server let them.
+struct CountsInProgress {
+    inner: Arc<MemStorage>,
+    state: Mutex<InProgress>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct InProgress {
+    reads: usize,
+    /// Reads that found `READERS` in progress together: the barrier is open from then on.
+    met: bool,
+    writes: usize,
+    most_writes: usize,
+}
+
+/// Reads that must run at once: more than the writes allowed.
+const READERS: usize = 8;
+
+impl Storage for CountsInProgress {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let mut st = self.state.lock().unwrap();
+        st.reads += 1;
+        if st.reads >= READERS {
+            st.met = true;
+            self.changed.notify_all();
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !st.met && Instant::now() < deadline {
+            st = self
+                .changed
+                .wait_timeout(st, Duration::from_secs(1))
+                .unwrap()
+                .0;
+        }
+        let met = st.met;
+        st.reads -= 1;
+        drop(st);
+        if !met {
+            return Err(io::Error::other("reads never ran eight at once"));
+        }
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let mut st = self.state.lock().unwrap();
+        st.writes += 1;
+        st.most_writes = st.most_writes.max(st.writes);
+        self.changed.notify_all();
+        let deadline = Instant::now() + Duration::from_millis(300);
+        while st.writes <= 4 && Instant::now() < deadline {
+            st = self
+                .changed
+                .wait_timeout(st, Duration::from_millis(50))
+                .unwrap()
+                .0;
+        }
+        st.writes -= 1;
+        drop(st);
+        self.inner.write_at(buf, offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.inner.sync()
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+}
+
+#[test]
+fn many_reads_but_few_writes_of_one_connection_run_at_once() {
+    let memory = Arc::new(MemStorage::new(vec![0; SIZE as usize + 4096]));
+    let counts = Arc::new(CountsInProgress {
+        inner: Arc::clone(&memory),
+        state: Mutex::default(),
+        changed: Condvar::new(),
+    });
+    let h = Harness::start_over(
+        "in-progress",
+        Arc::clone(&counts) as Arc<dyn Storage>,
+        memory,
+    );
+    let defaults = ServerOptions::default();
+    assert!(defaults.workers >= READERS && defaults.writers < READERS);
+    let mut c = h.client(false);
+    // Twelve pipelined writes: no more than the permits run at once.
+    let cookies: Vec<u64> = (0..12u64)
+        .map(|i| c.send(CMD_WRITE, 0, i << 12, 4096, &pattern(4096, i)))
+        .collect();
+    for _ in &cookies {
+        let mut r = [0u8; SIMPLE_REPLY_LEN];
+        c.s.read_exact(&mut r).unwrap();
+        assert_eq!(be32(&r[4..8]), 0);
+    }
+    let most = counts.state.lock().unwrap().most_writes;
+    assert!(
+        (1..=defaults.writers).contains(&most),
+        "{most} writes ran at once"
+    );
+    // Eight pipelined reads of the same: they all run at once, or none would finish.
+    let cookies: Vec<u64> = (0..READERS as u64)
+        .map(|i| c.send(CMD_READ, 0, i << 12, 4096, &[]))
+        .collect();
+    let mut got = std::collections::HashMap::new();
+    for _ in &cookies {
+        let mut r = [0u8; SIMPLE_REPLY_LEN];
+        c.s.read_exact(&mut r).unwrap();
+        assert_eq!(be32(&r[4..8]), 0, "a read failed: not {READERS} at once");
+        let mut data = vec![0u8; 4096];
+        c.s.read_exact(&mut data).unwrap();
+        got.insert(be64(&r[8..16]), data);
+    }
+    for (i, cookie) in cookies.iter().enumerate() {
+        assert_eq!(got[cookie], pattern(4096, i as u64));
+    }
 }

@@ -230,6 +230,11 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
             } else {
                 ServerOptions::default().workers
             },
+            writers: if crate::device::is_rbd(&args.device) {
+                crate::device::RBD_WORKERS
+            } else {
+                ServerOptions::default().writers
+            },
             tls,
             ..ServerOptions::default()
         },

@@ -168,13 +168,20 @@ pub(crate) fn run(args: ServeArgs) -> Result<(), CliError> {
             export_name: args.export_name.clone(),
             description,
             // Enough workers per connection to keep the disk and the cipher threads busy at
-            // once, without one client tying up the whole machine. An RBD image answers each
-            // request after a network round trip, so there they are as many as a client
-            // usually queues: the requests in flight make the bandwidth.
+            // once. An RBD image answers each request after a network round trip, so there
+            // they are as many as a client usually queues: the requests in flight make the
+            // bandwidth.
             workers: if crate::device::is_rbd(&args.volume.device) {
                 crate::device::RBD_WORKERS
             } else {
-                (2 * threads).max(4)
+                ServerOptions::default().workers.max(2 * threads)
+            },
+            // On a file, two writes per cipher thread: one encrypting while the other is
+            // received. An RBD write waits for its replicas: there, as many as the workers.
+            writers: if crate::device::is_rbd(&args.volume.device) {
+                crate::device::RBD_WORKERS
+            } else {
+                (2 * threads).max(ServerOptions::default().writers)
             },
             on_storage_error: Some(report_storage_error),
             tls,
