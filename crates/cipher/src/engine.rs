@@ -21,8 +21,9 @@ pub const BLOCK: usize = 16;
 /// One 128-bit block.
 pub type Block = [u8; BLOCK];
 
-/// Independent CBC chains (units) the generic CBC encryption interleaves per ECB call.
-pub const CBC_LANES: usize = 8;
+/// Independent CBC chains (units) the generic CBC encryption interleaves per ECB call: a whole
+/// set of the 16-block AVX-512 kernels (Serpent, Twofish), two sets of the 8-block AVX2 ones.
+pub const CBC_LANES: usize = 16;
 
 /// Largest data unit the generic code keeps tweaks for on the stack (dm-crypt's maximum sector
 /// size). Larger units are processed in pieces of this size with the tweak carried across.
