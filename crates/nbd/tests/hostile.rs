@@ -1020,6 +1020,7 @@ struct InProgress {
     met: bool,
     writes: usize,
     most_writes: usize,
+    syncs: usize,
 }
 
 /// Reads that must run at once: more than the writes allowed.
@@ -1067,6 +1068,7 @@ impl Storage for CountsInProgress {
         self.inner.write_at(buf, offset)
     }
     fn sync(&self) -> io::Result<()> {
+        self.state.lock().unwrap().syncs += 1;
         self.inner.sync()
     }
     fn len(&self) -> io::Result<u64> {
@@ -1077,14 +1079,39 @@ impl Storage for CountsInProgress {
     }
 }
 
+impl CountsInProgress {
+    fn over(memory: &Arc<MemStorage>) -> Arc<CountsInProgress> {
+        Arc::new(CountsInProgress {
+            inner: Arc::clone(memory),
+            state: Mutex::default(),
+            changed: Condvar::new(),
+        })
+    }
+
+    fn syncs(&self) -> usize {
+        self.state.lock().unwrap().syncs
+    }
+}
+
+#[test]
+fn flush_and_fua_reach_the_storage_before_their_replies() {
+    let memory = Arc::new(MemStorage::new(vec![0; SIZE as usize + 4096]));
+    let counts = CountsInProgress::over(&memory);
+    let h = Harness::start_over("syncs", Arc::clone(&counts) as Arc<dyn Storage>, memory);
+    let mut c = h.client(false);
+    assert_eq!(c.write(0, &pattern(4096, 1), 0), 0);
+    let before = counts.syncs();
+    assert_eq!(c.command(CMD_FLUSH, 0, 0, 0), 0);
+    assert!(counts.syncs() > before, "a flush was answered unsynced");
+    let before = counts.syncs();
+    assert_eq!(c.write(4096, &pattern(4096, 2), CMD_FLAG_FUA), 0);
+    assert!(counts.syncs() > before, "a FUA write was answered unsynced");
+}
+
 #[test]
 fn many_reads_but_few_writes_of_one_connection_run_at_once() {
     let memory = Arc::new(MemStorage::new(vec![0; SIZE as usize + 4096]));
-    let counts = Arc::new(CountsInProgress {
-        inner: Arc::clone(&memory),
-        state: Mutex::default(),
-        changed: Condvar::new(),
-    });
+    let counts = CountsInProgress::over(&memory);
     let h = Harness::start_over(
         "in-progress",
         Arc::clone(&counts) as Arc<dyn Storage>,
