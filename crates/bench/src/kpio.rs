@@ -121,10 +121,13 @@ pub fn measure(case: &KpioCase) -> Result<Vec<KpioSample>, Error> {
         let table = KeyTable::new(Arc::clone(&storage), layout.clone(), &options, keys)?;
         let mut key = zeroize::Zeroizing::new(vec![0u8; case.key_bits / 8]);
         let start = Instant::now();
-        for tag in 0..keys {
-            rng.fill_bytes(&mut key);
-            table.load(tag as u32, &key)?;
-        }
+        // As `kpio serve` loads a key table file (`KeyTable::reload`): one stack scrub for all.
+        sectorcrypt_secret::scrubbing_once(|| {
+            (0..keys).try_for_each(|tag| {
+                rng.fill_bytes(&mut key);
+                table.load(tag as u32, &key)
+            })
+        })?;
         let load_seconds = start.elapsed().as_secs_f64();
         let per_key = match (before, resident_bytes()) {
             (Some(b), Some(a)) if keys >= PER_KEY_MIN => {

@@ -206,7 +206,7 @@ impl<T> SecretBox<T> {
             )
         };
         slot.zeroize();
-        crate::scrub_stack();
+        crate::scrub_stack_unless_deferred();
         boxed
     }
 }

@@ -96,6 +96,11 @@ impl KeyTable {
     /// contents, a whole number of entries of `mirror`'s key size) lists; `mirror` is what the
     /// table held after the last reload.
     pub fn reload(&self, mirror: &mut Mirror, file: &[u8]) -> Reload {
+        // Thousands of key schedules: one stack scrub for all of them.
+        sectorcrypt_secret::scrubbing_once(|| self.reload_entries(mirror, file))
+    }
+
+    fn reload_entries(&self, mirror: &mut Mirror, file: &[u8]) -> Reload {
         let key_bytes = mirror.key_bytes;
         let mut done = Reload::default();
         if mirror.entries.len() < file.len() {
