@@ -121,26 +121,38 @@ impl VolumeArgs {
             Some(h) => open(h, !self.readonly)?,
             None => Arc::clone(&data),
         };
-        let header = Header::read(&*header_dev)?;
+        let mut header = Header::read(&*header_dev)?;
         let pass = self
             .key
             .read(&format!("Enter passphrase for {}: ", self.device.display()))?;
         // As `cryptsetup open` checks before activating: the passphrase, and during an in-place
         // conversion its metadata's digest, before anything is finished or written.
-        let unlocked = header.unlock_checked(&*header_dev, &pass, self.key_slot, false)?;
+        let mut unlocked = header.unlock_checked(&*header_dev, &pass, self.key_slot, false)?;
         let options = VolumeOptions {
             read_only: self.readonly,
             allow_discards: self.allow_discards,
             threads: self.threads(),
             backend: crate::benchmark::backend_choice(self.backend.as_deref())?,
         };
-        let in_progress = match &header {
-            Header::Luks2(h) => metadata::parse(h.metadata())?.map(|r| (r.state(), r.keyslot.mode)),
-            Header::Luks1(_) => None,
+        let recorded = |header: &Header| match header {
+            Header::Luks2(h) => metadata::parse(h.metadata()),
+            Header::Luks1(_) => Ok(None),
         };
-        if let Some((state, mode)) = in_progress {
+        if let Some(r) = recorded(&header)?.filter(|r| r.state() == State::Crash) {
+            self.recover_step(&*data, &*header_dev, &pass, r.keyslot.mode.as_str())?;
+            // The recovered step may have been the last one: then the volume opens as any.
+            header = Header::read(&*header_dev)?;
+            unlocked = header.unlock_checked(&*header_dev, &pass, self.key_slot, false)?;
+            if recorded(&header)?.is_none() {
+                eprintln!(
+                    "sectorcrypt: {}: the conversion is finished",
+                    self.device.display()
+                );
+            }
+        }
+        if recorded(&header)?.is_some() {
             drop(unlocked);
-            return self.open_converting(data, header_dev, pass, (state, mode.as_str()), &options);
+            return self.open_converting(data, header_dev, pass, &options);
         }
         let mut layout = Layout::from_header(&header, data.len().map_err(VolumeError::from)?)?;
         if let Some(bytes) = self.wanted_size()? {
@@ -184,36 +196,44 @@ impl VolumeArgs {
         }
     }
 
-    /// Open a device whose header records a conversion (`state`, of `verb`): a step that a crash cut short
-    /// is recovered first (a write: not when read-only), then the volume is served by segment,
-    /// and the conversion goes on in the background unless --no-resume or read-only.
+    /// A step of a conversion (of `verb`) that a crash cut short, recovered: a write, so not on
+    /// a device opened read-only.
+    fn recover_step(
+        &self,
+        data: &dyn Storage,
+        header_dev: &dyn Storage,
+        pass: &[u8],
+        verb: &str,
+    ) -> Result<(), CliError> {
+        if self.readonly {
+            return Err(CliError::usage(format!(
+                "a step of the conversion of {} was cut short; serve it writable once to \
+                 recover it (or resume it: {})",
+                self.device.display(),
+                crate::inplace::resume_hint(verb, &self.device, self.header.as_deref())
+            )));
+        }
+        eprintln!(
+            "sectorcrypt: {}: recovering the conversion step a crash cut short",
+            self.device.display()
+        );
+        let recovery = Options {
+            hotzone: DEFAULT_HOTZONE,
+            threads: self.threads(),
+        };
+        reencrypt::recover(header_dev, data, pass, &recovery)?;
+        Ok(())
+    }
+
+    /// Open a device whose header records a conversion (in a clean state): the volume is served
+    /// by segment, and the conversion goes on in the background unless --no-resume or read-only.
     fn open_converting(
         &self,
         data: Arc<dyn Storage>,
         header_dev: Arc<dyn Storage>,
         pass: SecretBytes,
-        (state, verb): (State, &str),
         options: &VolumeOptions,
     ) -> Result<Opened, CliError> {
-        if state == State::Crash {
-            if self.readonly {
-                return Err(CliError::usage(format!(
-                    "a step of the conversion of {} was cut short; serve it writable once to \
-                     recover it (or resume it: {})",
-                    self.device.display(),
-                    crate::inplace::resume_hint(verb, &self.device, self.header.as_deref())
-                )));
-            }
-            eprintln!(
-                "sectorcrypt: {}: recovering the conversion step a crash cut short",
-                self.device.display()
-            );
-            let recovery = Options {
-                hotzone: DEFAULT_HOTZONE,
-                threads: self.threads(),
-            };
-            reencrypt::recover(&*header_dev, &*data, &pass, &recovery)?;
-        }
         let mut converting = reencrypt::converting(&*header_dev, &*data, &pass)?;
         if let Some(bytes) = self.wanted_size()? {
             converting

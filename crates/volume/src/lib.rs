@@ -776,9 +776,9 @@ impl live::Serving for Volume {
         }
     }
 
-    fn release(&self, header: &sectorcrypt_luks::luks2::Header) -> Result<(), Error> {
+    fn release(&self, metadata: &sectorcrypt_luks::luks2::metadata::Metadata) -> Result<(), Error> {
         match self.route().as_ref() {
-            Some(live) => live.release(header),
+            Some(live) => live.release(metadata),
             None => Ok(()),
         }
     }

@@ -26,6 +26,7 @@
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
+use sectorcrypt_luks::luks2::metadata::Metadata;
 use sectorcrypt_luks::luks2::reencrypt::{self, SegmentKind};
 use sectorcrypt_luks::luks2::Header as Luks2Header;
 use sectorcrypt_secret::SecretBytes;
@@ -50,8 +51,8 @@ pub trait Serving: Sync {
     /// and wait for those in it to end.
     fn hold(&self, at: u64, len: u64);
 
-    /// The step is done and `header` records it: route by it and let the held requests in.
-    fn release(&self, header: &Luks2Header) -> Result<(), Error>;
+    /// The step is done and `metadata` records it: route by it and let the held requests in.
+    fn release(&self, metadata: &Metadata) -> Result<(), Error>;
 
     /// The step failed (`why`): requests in its range fail from now on.
     fn failed(&self, why: &Error);
@@ -69,7 +70,7 @@ impl Serving for Offline {
         Ok(())
     }
     fn hold(&self, _: u64, _: u64) {}
-    fn release(&self, _: &Luks2Header) -> Result<(), Error> {
+    fn release(&self, _: &Metadata) -> Result<(), Error> {
         Ok(())
     }
     fn failed(&self, _: &Error) {}
@@ -168,7 +169,7 @@ impl Live {
             }),
             changed: Condvar::new(),
         };
-        let routes = live.routes(header)?;
+        let routes = live.routes(header.metadata())?;
         live.traffic().routes = Arc::new(routes);
         Ok(live)
     }
@@ -178,8 +179,7 @@ impl Live {
     }
 
     /// The routing table of `header`'s regular segments.
-    fn routes(&self, header: &Luks2Header) -> Result<Vec<Route>, Error> {
-        let md = header.metadata();
+    fn routes(&self, md: &Metadata) -> Result<Vec<Route>, Error> {
         let r = reencrypt::parse(md)?;
         let Some(r) = r else {
             return Err(Error::Unsupported(
@@ -349,8 +349,8 @@ impl Live {
         }
     }
 
-    pub(crate) fn release(&self, header: &Luks2Header) -> Result<(), Error> {
-        let routes = self.routes(header);
+    pub(crate) fn release(&self, md: &Metadata) -> Result<(), Error> {
+        let routes = self.routes(md);
         let mut t = self.traffic();
         match routes {
             Ok(routes) => {

@@ -21,7 +21,12 @@
 //!    (`journal`: the hotzone's bytes themselves; `none`: nothing); sync;
 //! 2. write the header naming the hotzone `in-reencryption` (both copies, seqid + 1);
 //! 3. convert the hotzone as one extended request and write it over itself; sync;
-//! 4. write the header with the hotzone merged into the converted part.
+//! 4. write the header with the hotzone merged into the converted part; after the last hotzone,
+//!    the final header (below) instead. cryptsetup 2.6 resumes a header whose reencryption has
+//!    converted everything from the start again (a forward conversion with one segment is at
+//!    offset 0), converting the data a second time with the wrong keys: that state, which
+//!    cryptsetup itself leaves when cut short in its end, is never written here, and is ended
+//!    here without touching the data when found.
 //!
 //! After a crash between 2 and 4 the hotzone is part old, part new. Recovery compares every block
 //! with its stored hash: a block that still hashes to its old contents is converted again, any
@@ -201,6 +206,17 @@ impl Hotzone {
     fn in_place(&self) -> bool {
         self.src == self.dst
     }
+}
+
+/// Where a step leaves the conversion (returned once per step: its size does not matter).
+#[allow(clippy::large_enum_variant)]
+enum Stepped {
+    /// The header that records the step: more to convert.
+    Next(Luks2Header),
+    /// All converted, the header `hot` still naming the last hotzone: the final header is to be
+    /// written next. Requests go by `routing` (the converted state, never written) until the
+    /// device is opened again.
+    Last { hot: Luks2Header, routing: Metadata },
 }
 
 /// Checksum resilience: the hash, its block, and where the hashes go on the header device.
@@ -402,7 +418,13 @@ fn drive(
             .ok_or_else(|| Error::Unsupported("a crashed state without a hotzone".into()))?;
         let hz = engine.crashed_hotzone(hot)?;
         engine.recover(hz)?;
-        header = engine.commit(&header, &r, hz, false)?;
+        match engine.end_step(&header, &r, hz)? {
+            Stepped::Next(h) => header = h,
+            Stepped::Last { hot, .. } => {
+                write_the_end(header_dev, &hot, &r)?;
+                return Ok(Outcome::Finished);
+            }
+        }
     }
     let mut r = in_progress(&header)?;
     let total_done = engine.done(header.metadata(), &r);
@@ -421,13 +443,19 @@ fn drive(
         serving.hold(hz.at, hz.len);
         let stepped = engine.step(&header, &r, hz, serving.is_live());
         header = match stepped {
-            Ok(h) => h,
+            Ok(Stepped::Next(h)) => h,
+            Ok(Stepped::Last { hot, routing }) => {
+                serving.release(&routing)?;
+                write_the_end(header_dev, &hot, &r)?;
+                progress(Progress { done: total, total });
+                return Ok(Outcome::Finished);
+            }
             Err(e) => {
                 serving.failed(&e);
                 return Err(e);
             }
         };
-        serving.release(&header)?;
+        serving.release(header.metadata())?;
         r = in_progress(&header)?;
         let now = Progress {
             done: engine.done(header.metadata(), &r),
@@ -779,7 +807,7 @@ impl Engine<'_> {
         r: &Reencryption,
         hz: Hotzone,
         live: bool,
-    ) -> Result<Luks2Header, Error> {
+    ) -> Result<Stepped, Error> {
         let header = if hz.in_place() {
             if live {
                 self.sync_data("making served writes durable")?;
@@ -797,7 +825,38 @@ impl Engine<'_> {
             self.shift_copy(hz)?;
             header
         };
-        self.commit(&header, r, hz, false)
+        self.end_step(&header, r, hz)
+    }
+
+    /// Step 4 for `hz`, converted under the header `header` that names it hot: the header
+    /// recording it converted, unless that leaves nothing to convert in place: then nothing is
+    /// written, and the caller writes the final header next (see the module docs). A data-shift
+    /// conversion still has its clean-up to do before its end ([`Engine::finish`]).
+    fn end_step(
+        &self,
+        header: &Luks2Header,
+        r: &Reencryption,
+        hz: Hotzone,
+    ) -> Result<Stepped, Error> {
+        let post = self.progressed(header, r, hz, false)?;
+        let in_place = matches!(
+            self.plan,
+            Plan::EncryptForward | Plan::DecryptBackward | Plan::ReencryptForward
+        );
+        if in_place {
+            let after = reencrypt::parse(&post)
+                .map_err(luks)?
+                .ok_or_else(|| Error::Unsupported("a step that ends the reencryption".into()))?;
+            if self.next_hotzone(&post, &after).is_none() {
+                return Ok(Stepped::Last {
+                    hot: header.clone(),
+                    routing: post,
+                });
+            }
+        }
+        reencrypt::write_metadata(self.header_dev, header, &post)
+            .map(Stepped::Next)
+            .map_err(luks)
     }
 
     /// Convert `buf`, the data at logical offset `at`, in memory.
@@ -1071,10 +1130,22 @@ impl Engine<'_> {
         hz: Hotzone,
         hot: bool,
     ) -> Result<Luks2Header, Error> {
+        let md = self.progressed(header, r, hz, hot)?;
+        reencrypt::write_metadata(self.header_dev, header, &md).map_err(luks)
+    }
+
+    /// The metadata of [`Engine::commit`], not yet written.
+    fn progressed(
+        &self,
+        header: &Luks2Header,
+        r: &Reencryption,
+        hz: Hotzone,
+        hot: bool,
+    ) -> Result<Metadata, Error> {
         let md = header.metadata();
         let (at, len, total) = (hz.at, hz.len, self.total);
         let hot_len = hot.then_some(len);
-        let md = match self.plan {
+        match self.plan {
             Plan::EncryptForward if hot => reencrypt::encrypt_forward_progress(md, r, at, hot_len),
             Plan::EncryptForward => reencrypt::encrypt_forward_progress(md, r, at + len, None),
             Plan::DecryptBackward => {
@@ -1089,8 +1160,7 @@ impl Engine<'_> {
             Plan::EncryptShift => reencrypt::encrypt_datashift_progress(md, r, at, len, hot, total),
             Plan::DecryptShift => reencrypt::decrypt_datashift_progress(md, r, at, len, hot, total),
         }
-        .map_err(luks)?;
-        reencrypt::write_metadata(self.header_dev, header, &md).map_err(luks)
+        .map_err(luks)
     }
 
     /// Everything is converted: overwrite what is no longer needed, then the final header.

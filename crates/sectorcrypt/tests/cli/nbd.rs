@@ -238,6 +238,8 @@ pub(crate) struct Served {
     socket: Option<PathBuf>,
     log: PathBuf,
     done: bool,
+    /// Run by a wrapper (strace): signals go to the wrapper's child, the server.
+    wrapped: bool,
 }
 
 impl Served {
@@ -254,6 +256,23 @@ impl Served {
     /// [`Served::start_command`] for a command whose line `READY... (SIZE bytes) at URI` says
     /// it is serving.
     pub(crate) fn start_until(dir: &Path, command: &[&str], args: &[&str], ready: &str) -> Served {
+        let mut program = Command::new(BIN);
+        program.args(command);
+        Served::launch(dir, program, args, ready)
+    }
+
+    /// `sectorcrypt serve ARGS` run by `wrapper` (`strace ... --`), started as
+    /// [`Served::start`].
+    pub(crate) fn start_wrapped(dir: &Path, wrapper: &[&str], args: &[&str]) -> Served {
+        let (first, rest) = wrapper.split_first().expect("a wrapper program");
+        let mut program = Command::new(first);
+        program.args(rest).args([BIN, "serve"]);
+        let mut served = Served::launch(dir, program, args, "sectorcrypt: serving ");
+        served.wrapped = true;
+        served
+    }
+
+    fn launch(dir: &Path, mut program: Command, args: &[&str], ready: &str) -> Served {
         static COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = dir.join(format!("serve-{n}.log"));
@@ -261,8 +280,7 @@ impl Served {
             .iter()
             .position(|a| *a == "--socket")
             .map(|i| PathBuf::from(args[i + 1]));
-        let mut child = Command::new(BIN)
-            .args(command)
+        let mut child = program
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -306,6 +324,7 @@ impl Served {
             socket,
             log,
             done: false,
+            wrapped: false,
         }
     }
 
@@ -337,7 +356,17 @@ impl Served {
     /// [`Served::stop`] with another signal (`-INT`).
     fn stop_with(mut self, sig: &str) {
         self.done = true;
-        signal(self.child.id(), sig);
+        let pid = if self.wrapped {
+            let children = format!("/proc/{0}/task/{0}/children", self.child.id());
+            let list = std::fs::read_to_string(children).unwrap_or_default();
+            list.split_whitespace()
+                .next()
+                .and_then(|p| p.parse().ok())
+                .expect("the wrapper runs the server")
+        } else {
+            self.child.id()
+        };
+        signal(pid, sig);
         let status = wait_within(&mut self.child, SERVER_DEADLINE);
         let log = self.stderr();
         let status = status

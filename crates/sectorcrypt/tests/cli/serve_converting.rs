@@ -376,109 +376,214 @@ fn encrypt_and_decrypt_run_online() {
     assert_same(&after[..seen.len()], &seen, "plaintext at offset 0");
 }
 
-/// The server SIGKILLed at seeded random moments of an online reencryption, after a write that
-/// the client saw acknowledged and flushed: each state left resumes to the end with sectorcrypt
-/// online (served again), with sectorcrypt offline, and with cryptsetup offline, and every one
-/// holds every flushed write.
+/// strace's options that follow a server's `fdatasync` calls (one per synced write of a
+/// conversion step, one per client flush).
+const TRACE_SYNCS: [&str; 6] = ["strace", "-f", "-qq", "-e", "trace=fdatasync", "-o"];
+
+/// The server SIGKILLed during an online reencryption, on entry to its `n`-th `fdatasync` of the
+/// conversion thread (a count, not a time: the same cases on any machine, loaded or not), with a
+/// client write acknowledged and flushed while the conversion runs: every state left resumes to
+/// the end with sectorcrypt online (served again), with sectorcrypt offline, and with cryptsetup
+/// offline, and every one holds every flushed write. The cases: each of the conversion's last
+/// syncs (its end, where cryptsetup 2.6 restarts a finished conversion from 0 if the header says
+/// "all converted" without being final) and seeded ones before.
 #[test]
-#[ignore = "flaky since 16 workers per connection: the kill lands by the clock, and some states \
-            make cryptsetup's repair + resume fail or differ (see the 2026-11-27 closing note); \
-            cargo test -p sectorcrypt --test cli -- --ignored serve_converting::a_server_killed"]
 fn a_server_killed_during_an_online_reencryption_resumes_everywhere() {
     let dir = nbd_scratch("online-kill");
     let key = key_file(&dir);
-    for seed in 1..=3u64 {
-        let mut rng = StdRng::seed_from_u64(seed);
-        let img = format(&dir, "v", 32, &key, &["--sector-size", "4096"]);
-        let server = Served::unix(&dir, "s.sock", &img, &key, &[]);
-        let mut data = pattern(server.size as usize, seed);
-        write_over(&dir, &server, 0, &data);
-        let mut args = vec![
-            "reencrypt",
-            "-q",
-            "--key-file",
-            p(&key),
-            "--json",
-            "--hotzone-size",
-            "1M",
-        ];
-        args.extend(FAST_PBKDF);
-        args.push(p(&img));
-        let mut client = spawn(&args);
-        let stdout = client.stdout.take().unwrap();
-        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
-        let _ = lines.next();
-        // A write acknowledged and flushed while the conversion runs.
-        let second = pattern(4 * MIB as usize, seed + 100);
-        let at = rng.gen_range(0..(server.size - 4 * MIB) / 4096) * 4096;
-        write_over(&dir, &server, at, &second);
-        data[at as usize..at as usize + second.len()].copy_from_slice(&second);
-        std::thread::sleep(Duration::from_millis(rng.gen_range(0..400)));
-        let size = server.size;
-        server.kill();
-        let _ = wait_within(&mut client, CONVERSION_DEADLINE);
-        // Three copies of the state, three ways to finish.
-        let copies: Vec<PathBuf> = ["online", "offline", "cryptsetup"]
-            .iter()
-            .map(|how| {
-                let copy = dir.join(format!("{how}.img"));
-                std::fs::copy(&img, &copy).unwrap();
-                copy
-            })
-            .collect();
-        let converting = needs_finishing(&copies[0]);
-        let again = Served::unix(&dir, "t.sock", &copies[0], &key, &[]);
-        if converting {
-            wait_for_log(&again, "the conversion is finished");
+    let syncs = conversion_syncs(&dir, &key);
+    assert!(
+        syncs > 40,
+        "a 32-step conversion syncs more than {syncs} times"
+    );
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut cases: Vec<u64> = (0..4).map(|k| syncs - k).collect();
+    cases.extend((0..3).map(|_| rng.gen_range(3..syncs - 4)));
+    for (seed, n) in cases.into_iter().enumerate() {
+        kill_at_sync(&dir, &key, seed as u64, n);
+    }
+}
+
+/// A 32 MiB volume at 4096-byte sectors holding `pattern(.., seed)`, served by a traced server
+/// whose `fdatasync` calls go to `trace` (with `inject`, if any).
+fn traced_server(
+    dir: &Path,
+    key: &Path,
+    seed: u64,
+    trace: &Path,
+    inject: Option<String>,
+) -> (PathBuf, Served, Vec<u8>) {
+    let img = format(dir, "v", 32, key, &["--sector-size", "4096"]);
+    let plain = Served::unix(dir, "s.sock", &img, key, &[]);
+    let data = pattern(plain.size as usize, seed);
+    write_over(dir, &plain, 0, &data);
+    plain.stop();
+    let mut wrapper = TRACE_SYNCS.to_vec();
+    wrapper.push(p(trace));
+    let inject = inject.map(|i| format!("inject=fdatasync:{i}"));
+    if let Some(i) = &inject {
+        wrapper.extend(["-e", i]);
+    }
+    wrapper.push("--");
+    let sock = dir.join("s.sock");
+    let args = [p(&img), "--key-file", p(key), "--socket", p(&sock)];
+    let server = Served::start_wrapped(dir, &wrapper, &args);
+    (img, server, data)
+}
+
+/// The online reencryption's arguments for `img`.
+fn reencrypt_args<'a>(key: &'a Path, img: &'a Path) -> Vec<&'a str> {
+    let mut args = vec![
+        "reencrypt",
+        "-q",
+        "--key-file",
+        p(key),
+        "--json",
+        "--hotzone-size",
+        "1M",
+    ];
+    args.extend(FAST_PBKDF);
+    args.push(p(img));
+    args
+}
+
+/// How many times the conversion thread of an undisturbed online reencryption syncs.
+fn conversion_syncs(dir: &Path, key: &Path) -> u64 {
+    let trace = dir.join("syncs.trace");
+    let (img, server, _) = traced_server(dir, key, 0, &trace, None);
+    let out = finish(spawn(&reencrypt_args(key, &img)), "online reencrypt");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    server.stop();
+    // "PID fdatasync(..." lines; the conversion runs on one thread, the busiest.
+    let text = read_file(&trace);
+    let mut per_thread = std::collections::HashMap::<&str, u64>::new();
+    for line in std::str::from_utf8(&text).unwrap().lines() {
+        if let Some((pid, rest)) = line.split_once(' ') {
+            if rest.trim_start().starts_with("fdatasync(") {
+                *per_thread.entry(pid).or_default() += 1;
+            }
         }
-        assert_same(&snapshot(&dir, &again), &data, "served again");
-        again.stop();
-        if needs_finishing(&copies[1]) {
-            crate::common::ok(
-                crate::common::sc(&[
-                    "reencrypt",
-                    "--resume-only",
-                    "--key-file",
-                    p(&key),
-                    p(&copies[1]),
-                ]),
-                "sectorcrypt reencrypt --resume-only",
-            );
+    }
+    per_thread.into_values().max().unwrap_or(0)
+}
+
+/// One case of [`a_server_killed_during_an_online_reencryption_resumes_everywhere`].
+fn kill_at_sync(dir: &Path, key: &Path, seed: u64, n: u64) {
+    let what = format!("killed at sync {n} (case {seed})");
+    let trace = dir.join("kill.trace");
+    let (img, server, mut data) = traced_server(
+        dir,
+        key,
+        seed + 1,
+        &trace,
+        Some(format!("signal=SIGKILL:when={n}")),
+    );
+    let size = server.size;
+    let mut client = spawn(&reencrypt_args(key, &img));
+    let stdout = client.stdout.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+    let _ = lines.next();
+    // A write while the conversion runs; the server may die before acknowledging it.
+    let second = pattern(4 * MIB as usize, seed + 100);
+    let at = StdRng::seed_from_u64(seed).gen_range(0..(size - 4 * MIB) / 4096) * 4096;
+    let file = dir.join("second.raw");
+    write_file(&file, &second);
+    let acknowledged = run_within(
+        Command::new("qemu-io").args([
+            "-f",
+            "raw",
+            "-c",
+            &format!("write -q -s {} {at} {}", p(&file), second.len()),
+            "-c",
+            "flush",
+            &server.uri,
+        ]),
+        TOOL_DEADLINE,
+    )
+    .status
+    .success();
+    let before = data.clone();
+    data[at as usize..at as usize + second.len()].copy_from_slice(&second);
+    let _ = wait_within(&mut client, CONVERSION_DEADLINE);
+    server.kill();
+    // Three copies of the state, three ways to finish.
+    let copies: Vec<PathBuf> = ["online", "offline", "cryptsetup"]
+        .iter()
+        .map(|how| {
+            let copy = dir.join(format!("{how}.img"));
+            std::fs::copy(&img, &copy).unwrap();
+            copy
+        })
+        .collect();
+    let again = Served::unix(dir, "t.sock", &copies[0], key, &[]);
+    if needs_finishing(&copies[0]) || again.stderr().contains("recovering") {
+        wait_for_log(&again, "the conversion is finished");
+    }
+    let served = snapshot(dir, &again);
+    again.stop();
+    if needs_finishing(&copies[1]) {
+        crate::common::ok(
+            crate::common::sc(&[
+                "reencrypt",
+                "--resume-only",
+                "--key-file",
+                p(key),
+                p(&copies[1]),
+            ]),
+            "sectorcrypt reencrypt --resume-only",
+        );
+    }
+    // cryptsetup recovers a step cut short only in `repair` (offline), which also ends a
+    // conversion whose last step it recovers.
+    if needs_finishing(&copies[2]) {
+        crate::common::ok(
+            cs(&[
+                "repair",
+                "--batch-mode",
+                "--key-file",
+                p(key),
+                p(&copies[2]),
+            ]),
+            "cryptsetup repair",
+        );
+    }
+    if needs_finishing(&copies[2]) {
+        crate::common::ok(
+            cs(&[
+                "reencrypt",
+                "--resume-only",
+                "--batch-mode",
+                "--force-offline-reencrypt",
+                "--key-file",
+                p(key),
+                p(&copies[2]),
+            ]),
+            "cryptsetup reencrypt --resume-only",
+        );
+    }
+    let same = |got: &[u8], how: &str| {
+        if acknowledged {
+            assert_same(got, &data, &format!("{what}, {how}"));
+        } else {
+            // Not acknowledged: each block of the write holds the old or the new bytes.
+            for (i, block) in got.chunks(4096).enumerate() {
+                let (old, new) = (&before[i * 4096..][..4096], &data[i * 4096..][..4096]);
+                assert!(
+                    block == old || block == new,
+                    "{what}, {how}: block {i} is neither"
+                );
+            }
         }
-        if needs_finishing(&copies[2]) {
-            // cryptsetup recovers a step cut short only in `repair` (offline).
-            crate::common::ok(
-                cs(&[
-                    "repair",
-                    "--batch-mode",
-                    "--key-file",
-                    p(&key),
-                    p(&copies[2]),
-                ]),
-                "cryptsetup repair",
-            );
-            crate::common::ok(
-                cs(&[
-                    "reencrypt",
-                    "--resume-only",
-                    "--batch-mode",
-                    "--force-offline-reencrypt",
-                    "--key-file",
-                    p(&key),
-                    p(&copies[2]),
-                ]),
-                "cryptsetup reencrypt --resume-only",
-            );
-        }
-        for copy in &copies {
-            let what = format!("seed {seed}, {}", copy.display());
-            assert_cryptsetup_sees_it_finished(copy, &key, &what);
-            assert_same(
-                &decrypted_by_cryptsetup(&dir, copy, &key, size),
-                &data,
-                &what,
-            );
-        }
+    };
+    same(&served, "served again");
+    for copy in &copies {
+        let how = copy.display().to_string();
+        assert_cryptsetup_sees_it_finished(copy, key, &format!("{what}, {how}"));
+        same(&decrypted_by_cryptsetup(dir, copy, key, size), &how);
     }
 }
 

@@ -301,8 +301,11 @@ impl sectorcrypt_volume::live::Serving for Busy<'_> {
         self.requests(Some((at, len)));
         self.volume.hold(at, len);
     }
-    fn release(&self, header: &Luks2Header) -> Result<(), sectorcrypt_volume::Error> {
-        let released = self.volume.release(header);
+    fn release(
+        &self,
+        metadata: &sectorcrypt_luks::luks2::metadata::Metadata,
+    ) -> Result<(), sectorcrypt_volume::Error> {
+        let released = self.volume.release(metadata);
         self.requests(None);
         released
     }
