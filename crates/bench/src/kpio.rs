@@ -195,11 +195,10 @@ fn run_for(
         for _ in 0..64 {
             let tag = rng.gen_range(0..keys) as u32;
             let at = rng.gen_range(0..slots) * request as u64;
-            let volume = table.get(tag)?;
             if write {
-                volume.write_in_place(&mut buf, at)?;
+                table.write_in_place(tag, &mut buf, at)?;
             } else {
-                volume.read(&mut buf, at)?;
+                table.read(tag, &mut buf, at)?;
             }
         }
         done += 64;

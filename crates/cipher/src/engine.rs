@@ -112,35 +112,44 @@ pub trait BlockEngine: Send + Sync {
 /// drop): a key schedule is key material (AES's first round key is the key itself). Every
 /// constructor in this crate hands out its engines this way, through [`keyed`]; every keyed call
 /// ends by clearing the vector registers (`crate::wipe`).
-impl<E: BlockEngine> BlockEngine for SecretBox<E> {
-    fn backend(&self) -> Backend {
-        (**self).backend()
-    }
-    fn encrypt_ecb(&self, buf: &mut [u8]) {
-        (**self).encrypt_ecb(buf);
-        crate::wipe::vector_registers();
-    }
-    fn decrypt_ecb(&self, buf: &mut [u8]) {
-        (**self).decrypt_ecb(buf);
-        crate::wipe::vector_registers();
-    }
-    fn xts_encrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
-        (**self).xts_encrypt_units(buf, unit_len, tweaks);
-        crate::wipe::vector_registers();
-    }
-    fn xts_decrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
-        (**self).xts_decrypt_units(buf, unit_len, tweaks);
-        crate::wipe::vector_registers();
-    }
-    fn cbc_encrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
-        (**self).cbc_encrypt_units(buf, unit_len, ivs);
-        crate::wipe::vector_registers();
-    }
-    fn cbc_decrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
-        (**self).cbc_decrypt_units(buf, unit_len, ivs);
-        crate::wipe::vector_registers();
-    }
+/// `BlockEngine` for `$holder<E>`, a holder that derefs to an engine `E`: every keyed call goes
+/// to `E` and ends by clearing the vector registers (`crate::wipe`).
+macro_rules! wiping_engine {
+    ($holder:ident) => {
+        impl<E: BlockEngine> BlockEngine for $holder<E> {
+            fn backend(&self) -> Backend {
+                (**self).backend()
+            }
+            fn encrypt_ecb(&self, buf: &mut [u8]) {
+                (**self).encrypt_ecb(buf);
+                crate::wipe::vector_registers();
+            }
+            fn decrypt_ecb(&self, buf: &mut [u8]) {
+                (**self).decrypt_ecb(buf);
+                crate::wipe::vector_registers();
+            }
+            fn xts_encrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
+                (**self).xts_encrypt_units(buf, unit_len, tweaks);
+                crate::wipe::vector_registers();
+            }
+            fn xts_decrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
+                (**self).xts_decrypt_units(buf, unit_len, tweaks);
+                crate::wipe::vector_registers();
+            }
+            fn cbc_encrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
+                (**self).cbc_encrypt_units(buf, unit_len, ivs);
+                crate::wipe::vector_registers();
+            }
+            fn cbc_decrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
+                (**self).cbc_decrypt_units(buf, unit_len, ivs);
+                crate::wipe::vector_registers();
+            }
+        }
+    };
 }
+pub(crate) use wiping_engine;
+
+wiping_engine!(SecretBox);
 
 /// The engine `make` builds (`None`: it cannot run here), in secret memory, as a trait object.
 /// Built inside [`SecretBox::try_init`], so that no copy of its round keys stays on the stack.

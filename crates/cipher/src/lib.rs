@@ -29,6 +29,7 @@ pub mod error;
 pub mod essiv;
 pub mod gf128;
 pub mod hash;
+pub mod keys;
 mod lea;
 mod lmk;
 pub mod lrw;

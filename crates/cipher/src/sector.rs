@@ -25,12 +25,11 @@ use std::time::{Duration, Instant};
 
 use zeroize::Zeroize;
 
-use crate::backend::{Backend, BackendChoice};
+use crate::backend::{Algorithm, Backend, BackendChoice};
 use crate::engine::{xor_into, Block, BlockEngine, Direction, BLOCK};
 use crate::error::Error;
 use crate::lmk;
 use crate::lrw::Lrw;
-use crate::modes::Xts;
 use crate::spec::{CipherName, CipherSpec, IvMode, Mode};
 
 /// Sectors whose IVs are generated and encrypted in one batch: 32 KiB of 512-byte sectors, 256 KiB
@@ -89,29 +88,120 @@ impl Default for SectorOptions {
     }
 }
 
-enum Kind {
-    Xts(Xts),
-    Cbc {
-        data: Box<dyn BlockEngine>,
-        essiv: Option<Box<dyn BlockEngine>>,
-    },
-    Ecb {
-        data: Box<dyn BlockEngine>,
-    },
+/// The engines of one key, by mode. `E` is how a block cipher is held: boxed in a
+/// [`SectorCipher`], by value in a slot of a key table (no pointer to follow per request).
+pub(crate) enum Kind<E> {
+    Xts { data: E, tweak: E },
+    Cbc { data: E, essiv: Option<E> },
+    Ecb { data: E },
     Lrw(Lrw),
     Null,
 }
 
+/// A block cipher held in some way ([`Kind`]'s `E`).
+pub(crate) trait HeldEngine: Send + Sync {
+    fn engine(&self) -> &dyn BlockEngine;
+}
+
+impl HeldEngine for Box<dyn BlockEngine> {
+    fn engine(&self) -> &dyn BlockEngine {
+        &**self
+    }
+}
+
+/// How [`Kind::new`] makes each block cipher of a key.
+pub(crate) type MakeHeld<'a, E> = &'a dyn Fn(Algorithm, &[u8]) -> Result<E, Error>;
+
+/// The engines of one key, borrowed: what a request runs with.
+#[derive(Clone, Copy)]
+pub(crate) enum Engines<'a> {
+    Xts {
+        data: &'a dyn BlockEngine,
+        tweak: &'a dyn BlockEngine,
+    },
+    Cbc {
+        data: &'a dyn BlockEngine,
+        essiv: Option<&'a dyn BlockEngine>,
+    },
+    Ecb {
+        data: &'a dyn BlockEngine,
+    },
+    Lrw(&'a Lrw),
+    Null,
+}
+
+impl<E: HeldEngine> Kind<E> {
+    /// `spec` keyed with `key` (its length already checked against the spec), each block cipher
+    /// made by `make(alg, key)` on the backend `choice` names.
+    pub(crate) fn new(
+        spec: CipherSpec,
+        key: &[u8],
+        choice: BackendChoice,
+        make: MakeHeld<'_, E>,
+    ) -> Result<Self, Error> {
+        let CipherName::Block(alg) = spec.cipher else {
+            return Ok(Kind::Null);
+        };
+        Ok(match spec.mode {
+            Mode::Xts => {
+                let (data, tweak) = key.split_at(key.len() / 2);
+                Kind::Xts {
+                    data: make(alg, data)?,
+                    tweak: make(alg, tweak)?,
+                }
+            }
+            Mode::Cbc => {
+                let essiv = match spec.iv {
+                    IvMode::Essiv(hash) => Some(make(alg, &hash.digest(key))?),
+                    _ => None,
+                };
+                Kind::Cbc {
+                    data: make(alg, key)?,
+                    essiv,
+                }
+            }
+            Mode::Ecb => Kind::Ecb {
+                data: make(alg, key)?,
+            },
+            Mode::Lrw => Kind::Lrw(Lrw::new(alg, key, choice)?),
+        })
+    }
+
+    pub(crate) fn engines(&self) -> Engines<'_> {
+        match self {
+            Kind::Xts { data, tweak } => Engines::Xts {
+                data: data.engine(),
+                tweak: tweak.engine(),
+            },
+            Kind::Cbc { data, essiv } => Engines::Cbc {
+                data: data.engine(),
+                essiv: essiv.as_ref().map(HeldEngine::engine),
+            },
+            Kind::Ecb { data } => Engines::Ecb {
+                data: data.engine(),
+            },
+            Kind::Lrw(lrw) => Engines::Lrw(lrw),
+            Kind::Null => Engines::Null,
+        }
+    }
+}
+
+/// How sectors map to IVs: what a request needs besides the keys.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Params {
+    pub(crate) spec: CipherSpec,
+    pub(crate) sector_size: usize,
+    /// log2 of 512-byte units per sector for the IV (0 with `iv_large_sectors`).
+    pub(crate) iv_shift: u32,
+    pub(crate) iv_offset: u64,
+}
+
 /// A keyed `cipher-mode-iv` for one sector size: the object a volume encrypts through.
 pub struct SectorCipher {
-    spec: CipherSpec,
+    params: Params,
     key_bits: usize,
-    sector_size: usize,
-    /// log2 of 512-byte units per sector for the IV (0 with `iv_large_sectors`).
-    iv_shift: u32,
-    iv_offset: u64,
     backend: Backend,
-    kind: Kind,
+    kind: Kind<Box<dyn BlockEngine>>,
     workers: Option<Workers>,
 }
 
@@ -188,33 +278,14 @@ impl SectorCipher {
                 required: lmk::LMK_SECTOR,
             });
         }
-        let (kind, backend) = match spec.cipher {
-            CipherName::Null => (Kind::Null, Backend::Null),
-            CipherName::Block(alg) => {
-                let backend = opts.backend.resolve(alg)?;
-                let choice = BackendChoice::Exact(backend);
-                let kind = match spec.mode {
-                    Mode::Xts => Kind::Xts(Xts::new(alg, key, choice)?),
-                    Mode::Cbc => {
-                        let essiv = if let IvMode::Essiv(hash) = spec.iv {
-                            let salt = hash.digest(key);
-                            Some(crate::block_cipher(alg, &salt, choice)?)
-                        } else {
-                            None
-                        };
-                        Kind::Cbc {
-                            data: crate::block_cipher(alg, key, choice)?,
-                            essiv,
-                        }
-                    }
-                    Mode::Ecb => Kind::Ecb {
-                        data: crate::block_cipher(alg, key, choice)?,
-                    },
-                    Mode::Lrw => Kind::Lrw(Lrw::new(alg, key, choice)?),
-                };
-                (kind, backend)
-            }
+        let backend = match spec.cipher {
+            CipherName::Null => Backend::Null,
+            CipherName::Block(alg) => opts.backend.resolve(alg)?,
         };
+        let choice = BackendChoice::Exact(backend);
+        let kind = Kind::new(spec, key, choice, &|alg, k| {
+            crate::block_cipher(alg, k, choice)
+        })?;
         let workers = if opts.threads > 1 && !matches!(kind, Kind::Null) {
             Some(Workers {
                 // The calling thread is one of the `threads`.
@@ -229,17 +300,9 @@ impl SectorCipher {
         } else {
             None
         };
-        let iv_shift = if opts.iv_large_sectors {
-            0
-        } else {
-            (opts.sector_size / 512).trailing_zeros()
-        };
         Ok(SectorCipher {
-            spec,
+            params: Params::new(spec, opts),
             key_bits: key.len() * 8,
-            sector_size: opts.sector_size,
-            iv_shift,
-            iv_offset: opts.iv_offset,
             backend,
             kind,
             workers,
@@ -248,7 +311,7 @@ impl SectorCipher {
 
     /// The cipher specification.
     pub fn spec(&self) -> CipherSpec {
-        self.spec
+        self.params.spec
     }
 
     /// The whole key size in bits.
@@ -258,7 +321,7 @@ impl SectorCipher {
 
     /// The encryption sector size in bytes.
     pub fn sector_size(&self) -> usize {
-        self.sector_size
+        self.params.sector_size
     }
 
     /// The backend running the block cipher.
@@ -284,29 +347,6 @@ impl SectorCipher {
         self.process(buf, first_sector, Direction::Decrypt)
     }
 
-    /// Check that `buf` is whole sectors whose IVs do not overflow; `false` if it is empty.
-    fn check(&self, buf: &[u8], first_sector: u64) -> Result<bool, Error> {
-        let ss = self.sector_size;
-        if !buf.len().is_multiple_of(ss) {
-            return Err(Error::NotWholeSectors {
-                len: buf.len(),
-                sector_size: ss,
-            });
-        }
-        if buf.is_empty() {
-            return Ok(false);
-        }
-        // Validate the IV arithmetic of the last sector once; the per-sector code can then use
-        // plain arithmetic.
-        let last = first_sector
-            .checked_add((buf.len() / ss) as u64 - 1)
-            .ok_or(Error::SectorOverflow)?;
-        last.checked_mul(1u64 << self.iv_shift)
-            .and_then(|v| v.checked_add(self.iv_offset))
-            .ok_or(Error::SectorOverflow)?;
-        Ok(true)
-    }
-
     /// Like [`process`](Self::process), but all on the calling thread whatever the size: for
     /// callers whose other requests already keep every core busy, where handing pieces to the
     /// worker threads would only add hand-off and waiting.
@@ -328,7 +368,7 @@ impl SectorCipher {
         if !self.check(buf, first_sector)? {
             return Ok(());
         }
-        let ss = self.sector_size;
+        let ss = self.params.sector_size;
         match &self.workers {
             Some(workers) if buf.len() >= PARALLEL_MIN => {
                 let pool = &workers.pool;
@@ -389,6 +429,58 @@ impl SectorCipher {
         Ok(())
     }
 
+    /// The IV input block of sector `sector` (before ESSIV or EBOIV encryption; zero for `lmk`,
+    /// whose IV depends on the data).
+    pub fn iv_block(&self, sector: u64) -> Block {
+        self.params.iv_block(sector)
+    }
+
+    fn check(&self, buf: &[u8], first_sector: u64) -> Result<bool, Error> {
+        self.params.check(buf, first_sector)
+    }
+
+    fn run(&self, buf: &mut [u8], first_sector: u64, dir: Direction) {
+        self.params.run(self.kind.engines(), buf, first_sector, dir);
+    }
+}
+
+impl Params {
+    pub(crate) fn new(spec: CipherSpec, opts: &SectorOptions) -> Params {
+        Params {
+            spec,
+            sector_size: opts.sector_size,
+            iv_shift: if opts.iv_large_sectors {
+                0
+            } else {
+                (opts.sector_size / 512).trailing_zeros()
+            },
+            iv_offset: opts.iv_offset,
+        }
+    }
+
+    /// Check that `buf` is whole sectors whose IVs do not overflow; `false` if it is empty.
+    pub(crate) fn check(&self, buf: &[u8], first_sector: u64) -> Result<bool, Error> {
+        let ss = self.sector_size;
+        if !buf.len().is_multiple_of(ss) {
+            return Err(Error::NotWholeSectors {
+                len: buf.len(),
+                sector_size: ss,
+            });
+        }
+        if buf.is_empty() {
+            return Ok(false);
+        }
+        // Validate the IV arithmetic of the last sector once; the per-sector code can then use
+        // plain arithmetic.
+        let last = first_sector
+            .checked_add((buf.len() / ss) as u64 - 1)
+            .ok_or(Error::SectorOverflow)?;
+        last.checked_mul(1u64 << self.iv_shift)
+            .and_then(|v| v.checked_add(self.iv_offset))
+            .ok_or(Error::SectorOverflow)?;
+        Ok(true)
+    }
+
     /// dm-crypt's IV sector number of sector `sector`: in 512-byte units unless the IVs count
     /// large sectors, plus the IV offset.
     fn iv_sector(&self, sector: u64) -> u64 {
@@ -397,7 +489,7 @@ impl SectorCipher {
 
     /// The IV input block of sector `sector` (before ESSIV or EBOIV encryption; zero for `lmk`,
     /// whose IV depends on the data).
-    pub fn iv_block(&self, sector: u64) -> Block {
+    pub(crate) fn iv_block(&self, sector: u64) -> Block {
         let n = self.iv_sector(sector);
         let mut iv = [0u8; BLOCK];
         match self.spec.iv {
@@ -419,31 +511,35 @@ impl SectorCipher {
     }
 
     /// One inline extended request: whole sectors, IV arithmetic already validated.
-    fn run(&self, buf: &mut [u8], first_sector: u64, dir: Direction) {
+    pub(crate) fn run(
+        &self,
+        engines: Engines<'_>,
+        buf: &mut [u8],
+        first_sector: u64,
+        dir: Direction,
+    ) {
         let ss = self.sector_size;
-        let (data, iv_cipher) = match &self.kind {
-            Kind::Null => return,
-            Kind::Ecb { data } => {
+        let (data, iv_cipher) = match engines {
+            Engines::Null => return,
+            Engines::Ecb { data } => {
                 match dir {
                     Direction::Encrypt => data.encrypt_ecb(buf),
                     Direction::Decrypt => data.decrypt_ecb(buf),
                 }
                 return;
             }
-            Kind::Lrw(lrw) => {
+            Engines::Lrw(lrw) => {
                 for (i, unit) in buf.chunks_exact_mut(ss).enumerate() {
                     // Sector sizes are whole blocks of at most 4096 bytes: cannot fail.
                     let _ = lrw.unit(unit, &self.iv_block(first_sector + i as u64), dir);
                 }
                 return;
             }
-            Kind::Xts(xts) => (&xts.data, Some(&xts.tweak)),
+            Engines::Xts { data, tweak } => (data, Some(tweak)),
             // EBOIV encrypts the IV block with the data key itself.
-            Kind::Cbc { data, essiv } => (
+            Engines::Cbc { data, essiv } => (
                 data,
-                essiv
-                    .as_ref()
-                    .or((self.spec.iv == IvMode::Eboiv).then_some(data)),
+                essiv.or((self.spec.iv == IvMode::Eboiv).then_some(data)),
             ),
         };
         let mut ivs = [[0u8; BLOCK]; IV_BATCH];
@@ -463,9 +559,13 @@ impl SectorCipher {
                     *iv = lmk::iv(sector, self.iv_sector(first + k as u64));
                 }
             }
-            match (&self.kind, dir) {
-                (Kind::Xts(_), Direction::Encrypt) => data.xts_encrypt_units(piece, ss, &ivs[..n]),
-                (Kind::Xts(_), Direction::Decrypt) => data.xts_decrypt_units(piece, ss, &ivs[..n]),
+            match (engines, dir) {
+                (Engines::Xts { .. }, Direction::Encrypt) => {
+                    data.xts_encrypt_units(piece, ss, &ivs[..n])
+                }
+                (Engines::Xts { .. }, Direction::Decrypt) => {
+                    data.xts_decrypt_units(piece, ss, &ivs[..n])
+                }
                 (_, Direction::Encrypt) => data.cbc_encrypt_units(piece, ss, &ivs[..n]),
                 (_, Direction::Decrypt) => data.cbc_decrypt_units(piece, ss, &ivs[..n]),
             }

@@ -138,7 +138,7 @@ impl Target {
     pub(crate) fn announce(&self) -> Result<Announced, VolumeError> {
         match self {
             Target::Volume(v) => Ok(v.announce()),
-            Target::Key(t, tag) => Ok(t.get(*tag)?.announce()),
+            Target::Key(t, tag) => t.announce(*tag),
         }
     }
 

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 
-use sectorcrypt_volume::{Announced, Error as VolumeError, Volume};
+use sectorcrypt_volume::{Announced, Error as VolumeError};
 
 use crate::exports::Target;
 use crate::proto::*;
@@ -179,7 +179,7 @@ impl Connection {
     }
 
     /// Read and decrypt, then send header and data in one write.
-    fn read(&self, req: &Request, volume: &Volume) {
+    fn read(&self, req: &Request, volume: &Announced) {
         let len = req.length as usize;
         if len == 0 {
             return self.reply_result(req, volume.read(&mut [], req.offset));
@@ -224,7 +224,7 @@ impl Connection {
             return self.reply_result(req, self.target.flush());
         }
         let volume = match &announced {
-            Ok(a) => a.volume(),
+            Ok(a) => a,
             Err(e) => {
                 if let Some(data) = payload {
                     self.buffers.give(data);

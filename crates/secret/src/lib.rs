@@ -22,11 +22,14 @@
 // The crate's one module with `unsafe`: the mappings and the raw pointer into them.
 #[allow(unsafe_code)]
 mod region;
+#[allow(unsafe_code)]
+mod table;
 
 use std::io::{self, Read};
 
 use region::Region;
 pub use region::SecretBox;
+pub use table::{Entry, InsertError, SecretTable};
 use zeroize::Zeroize;
 
 /// Bytes of secret memory locked in RAM right now (for `--verbose`).

@@ -281,7 +281,9 @@ impl Default for VolumeOptions {
 pub struct Volume {
     storage: Arc<dyn Storage>,
     layout: Layout,
-    cipher: SectorCipher,
+    /// `None` only for the request path a Key Per I/O table shares ([`kpio::KeyTable`]), whose
+    /// requests each bring their key.
+    cipher: Option<SectorCipher>,
     read_only: bool,
     allow_discards: bool,
     stripes: Vec<Mutex<()>>,
@@ -300,19 +302,107 @@ pub struct Volume {
     requests: AtomicU64,
 }
 
-/// A request a server has received and will run on the volume; see [`Volume::announce`].
-pub struct Announced(Arc<Volume>);
+/// A write of a buffer at an offset (scrambling the buffer), for [`Volume::zeroes`].
+pub(crate) type WriteAt<'a> = &'a mut dyn FnMut(&mut [u8], u64) -> Result<(), Error>;
+
+/// What a request encrypts with: a volume's own cipher, or a key of a Key Per I/O table.
+pub(crate) trait Key {
+    fn process(
+        &self,
+        buf: &mut [u8],
+        sector: u64,
+        dir: Direction,
+    ) -> Result<(), sectorcrypt_cipher::Error>;
+    /// [`Key::process`] all on the calling thread (the same for keys without worker threads).
+    fn process_inline(
+        &self,
+        buf: &mut [u8],
+        sector: u64,
+        dir: Direction,
+    ) -> Result<(), sectorcrypt_cipher::Error> {
+        self.process(buf, sector, dir)
+    }
+}
+
+impl Key for SectorCipher {
+    fn process(
+        &self,
+        buf: &mut [u8],
+        sector: u64,
+        dir: Direction,
+    ) -> Result<(), sectorcrypt_cipher::Error> {
+        SectorCipher::process(self, buf, sector, dir)
+    }
+    fn process_inline(
+        &self,
+        buf: &mut [u8],
+        sector: u64,
+        dir: Direction,
+    ) -> Result<(), sectorcrypt_cipher::Error> {
+        SectorCipher::process_inline(self, buf, sector, dir)
+    }
+}
+
+/// A request a server has received and will run, on a volume ([`Volume::announce`]) or under a
+/// tag of a Key Per I/O table ([`kpio::KeyTable::announce`]).
+pub struct Announced(Target);
+
+enum Target {
+    Volume(Arc<Volume>),
+    Key(Arc<kpio::KeyTable>, u32),
+}
 
 impl Announced {
-    /// The volume the request runs on.
-    pub fn volume(&self) -> &Volume {
-        &self.0
+    pub(crate) fn key(table: Arc<kpio::KeyTable>, tag: u32) -> Announced {
+        Announced(Target::Key(table, tag))
+    }
+
+    /// [`Volume::read`].
+    pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), Error> {
+        match &self.0 {
+            Target::Volume(v) => v.read(buf, offset),
+            Target::Key(t, tag) => t.read(*tag, buf, offset),
+        }
+    }
+
+    /// [`Volume::write_in_place`].
+    pub fn write_in_place(&self, data: &mut [u8], offset: u64) -> Result<(), Error> {
+        match &self.0 {
+            Target::Volume(v) => v.write_in_place(data, offset),
+            Target::Key(t, tag) => t.write_in_place(*tag, data, offset),
+        }
+    }
+
+    /// [`Volume::write_zeroes`].
+    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), Error> {
+        match &self.0 {
+            Target::Volume(v) => v.write_zeroes(offset, len),
+            Target::Key(t, tag) => t.write_zeroes(*tag, offset, len),
+        }
+    }
+
+    /// [`Volume::discard`].
+    pub fn discard(&self, offset: u64, len: u64) -> Result<(), Error> {
+        match &self.0 {
+            Target::Volume(v) => v.discard(offset, len),
+            Target::Key(t, tag) => t.discard(*tag, offset, len),
+        }
+    }
+
+    /// [`Volume::flush`].
+    pub fn flush(&self) -> Result<(), Error> {
+        match &self.0 {
+            Target::Volume(v) => v.flush(),
+            Target::Key(t, _) => t.flush(),
+        }
     }
 }
 
 impl Drop for Announced {
     fn drop(&mut self) {
-        self.0.announced.fetch_sub(1, Ordering::Relaxed);
+        if let Target::Volume(v) = &self.0 {
+            v.announced.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -356,7 +446,7 @@ impl Volume {
         opts: &VolumeOptions,
     ) -> Result<Self, Error> {
         let spec = layout.check_fits(&*storage)?;
-        let cipher = SectorCipher::new(
+        let cipher = Some(SectorCipher::new(
             spec,
             key,
             &SectorOptions {
@@ -369,8 +459,28 @@ impl Volume {
                 // request would only take a core from them.
                 linger: std::time::Duration::ZERO,
             },
-        )?;
-        Ok(Volume {
+        )?);
+        Ok(Volume::around(storage, layout, cipher, opts))
+    }
+
+    /// The request path over `layout` for a [`kpio::KeyTable`]: no key of its own; each request
+    /// runs with the one its tag names (the `*_with` methods).
+    pub(crate) fn keyless(
+        storage: Arc<dyn Storage>,
+        layout: Layout,
+        opts: &VolumeOptions,
+    ) -> Result<Self, Error> {
+        layout.check_fits(&*storage)?;
+        Ok(Volume::around(storage, layout, None, opts))
+    }
+
+    fn around(
+        storage: Arc<dyn Storage>,
+        layout: Layout,
+        cipher: Option<SectorCipher>,
+        opts: &VolumeOptions,
+    ) -> Self {
+        Volume {
             storage,
             size: AtomicU64::new(layout.size),
             requests: AtomicU64::new(0),
@@ -383,7 +493,7 @@ impl Volume {
             announced: AtomicUsize::new(0),
             live: RwLock::new(None),
             options: opts.clone(),
-        })
+        }
     }
 
     /// The routing of a served conversion, held for reading for one request.
@@ -453,7 +563,15 @@ impl Volume {
 
     /// The keyed cipher (for its name, backend and threads).
     pub fn cipher(&self) -> &SectorCipher {
-        &self.cipher
+        self.key()
+    }
+
+    /// The volume's own key (every volume has one but a key table's shared request path, which
+    /// only runs requests that bring theirs).
+    fn key(&self) -> &SectorCipher {
+        self.cipher
+            .as_ref()
+            .expect("only a key table's request path has no key, and it is never asked for one")
     }
 
     /// Whether writes are refused.
@@ -505,22 +623,22 @@ impl Volume {
     /// spread over the cipher threads while others wait for a core.
     pub fn announce(self: &Arc<Self>) -> Announced {
         self.announced.fetch_add(1, Ordering::Relaxed);
-        Announced(Arc::clone(self))
+        Announced(Target::Volume(Arc::clone(self)))
     }
 
     /// Read and decrypt whole sectors into `buf`, the first being `sector`.
-    fn read_sectors(&self, buf: &mut [u8], sector: u64) -> Result<(), Error> {
+    fn read_sectors(&self, key: &dyn Key, buf: &mut [u8], sector: u64) -> Result<(), Error> {
         let ss = self.layout.sector_size;
         let at = self.layout.offset + sector * ss as u64;
         if self.spread(buf.len()) {
             self.storage.read_at(buf, at)?;
-            self.cipher.process(buf, sector, Direction::Decrypt)?;
+            key.process(buf, sector, Direction::Decrypt)?;
             return Ok(());
         }
         // Inline: decrypt a cache-sized piece at a time, as it arrives, so the cipher finds the
         // data the read just brought in still in cache (and, on network storage, works while
         // the next pieces are on their way).
-        self.in_pieces(sector, Direction::Decrypt, |work| {
+        self.in_pieces(key, sector, Direction::Decrypt, |work| {
             self.storage.read_pieces(buf, at, CACHE_PIECE, work)
         })
     }
@@ -530,6 +648,7 @@ impl Volume {
     /// travels through the storage call as an I/O error and comes out as itself.
     fn in_pieces(
         &self,
+        key: &dyn Key,
         sector: u64,
         dir: Direction,
         call: impl FnOnce(&mut dyn FnMut(usize, &mut [u8]) -> io::Result<()>) -> io::Result<()>,
@@ -538,7 +657,7 @@ impl Volume {
         let mut refused = None;
         let result = call(&mut |i, piece| {
             let first = sector + i as u64 * sectors_per_piece;
-            self.cipher.process_inline(piece, first, dir).map_err(|e| {
+            key.process_inline(piece, first, dir).map_err(|e| {
                 let carried = io::Error::other(e.to_string());
                 refused = Some(e);
                 carried
@@ -552,42 +671,56 @@ impl Volume {
 
     /// Encrypt whole sectors of plaintext in `buf` in place and write them, the first being
     /// `sector`.
-    fn write_sectors(&self, buf: &mut [u8], sector: u64) -> Result<(), Error> {
+    fn write_sectors(&self, key: &dyn Key, buf: &mut [u8], sector: u64) -> Result<(), Error> {
         let ss = self.layout.sector_size;
         let at = self.layout.offset + sector * ss as u64;
         if self.spread(buf.len()) {
-            self.cipher.process(buf, sector, Direction::Encrypt)?;
+            key.process(buf, sector, Direction::Encrypt)?;
             self.storage.write_at(buf, at)?;
             return Ok(());
         }
         // Inline: each piece is written while its ciphertext is still in cache.
-        self.in_pieces(sector, Direction::Encrypt, |work| {
+        self.in_pieces(key, sector, Direction::Encrypt, |work| {
             self.storage.write_pieces(buf, at, CACHE_PIECE, work)
         })
     }
 
     /// Fill `buf` with the plaintext at `offset`.
     pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), Error> {
+        let route = self.route();
+        if let Some(live) = route.as_ref() {
+            self.check_range(offset, buf.len() as u64)?;
+            if buf.is_empty() {
+                return Ok(());
+            }
+            return live.read(buf, offset);
+        }
+        self.read_with(self.key(), buf, offset)
+    }
+
+    /// [`Volume::read`] with `key`, outside any conversion.
+    pub(crate) fn read_with(
+        &self,
+        key: &dyn Key,
+        buf: &mut [u8],
+        offset: u64,
+    ) -> Result<(), Error> {
         self.check_range(offset, buf.len() as u64)?;
         if buf.is_empty() {
             return Ok(());
-        }
-        let route = self.route();
-        if let Some(live) = route.as_ref() {
-            return live.read(buf, offset);
         }
         let _busy = self.begin();
         let ss = self.layout.sector_size as u64;
         let len = buf.len() as u64;
         if offset.is_multiple_of(ss) && len.is_multiple_of(ss) {
             // The common case: straight into the caller's buffer, one extended request.
-            return self.read_sectors(buf, offset / ss);
+            return self.read_sectors(key, buf, offset / ss);
         }
         // Head or tail unaligned: read the whole sector span once, decrypt it as one request.
         let first = offset / ss;
         let end = (offset + len).div_ceil(ss);
         let mut span = vec![0u8; ((end - first) * ss) as usize];
-        self.read_sectors(&mut span, first)?;
+        self.read_sectors(key, &mut span, first)?;
         let skip = (offset - first * ss) as usize;
         buf.copy_from_slice(&span[skip..skip + buf.len()]);
         Ok(())
@@ -602,12 +735,24 @@ impl Volume {
     /// Write `data` at `offset`, encrypting the aligned part in place: `data` is scrambled
     /// afterwards. Saves a copy for callers that own their buffer (network servers).
     pub fn write_in_place(&self, data: &mut [u8], offset: u64) -> Result<(), Error> {
-        self.check_writable()?;
-        self.check_range(offset, data.len() as u64)?;
         let route = self.route();
         if let Some(live) = route.as_ref() {
+            self.check_writable()?;
+            self.check_range(offset, data.len() as u64)?;
             return live.write_in_place(data, offset);
         }
+        self.write_in_place_with(self.key(), data, offset)
+    }
+
+    /// [`Volume::write_in_place`] with `key`, outside any conversion.
+    pub(crate) fn write_in_place_with(
+        &self,
+        key: &dyn Key,
+        data: &mut [u8],
+        offset: u64,
+    ) -> Result<(), Error> {
+        self.check_writable()?;
+        self.check_range(offset, data.len() as u64)?;
         let _busy = self.begin();
         let ss = self.layout.sector_size;
         let ss64 = ss as u64;
@@ -618,7 +763,7 @@ impl Volume {
         if head_skip != 0 && !rest.is_empty() {
             let n = (ss - head_skip).min(rest.len());
             let (head, body) = rest.split_at_mut(n);
-            self.patch_sector(pos / ss64, head_skip, head)?;
+            self.patch_sector(key, pos / ss64, head_skip, head)?;
             pos += n as u64;
             rest = body;
         }
@@ -626,30 +771,41 @@ impl Volume {
         let whole = rest.len() - rest.len() % ss;
         let (body, tail) = rest.split_at_mut(whole);
         if !body.is_empty() {
-            self.write_sectors(body, pos / ss64)?;
+            self.write_sectors(key, body, pos / ss64)?;
             pos += whole as u64;
         }
         // Tail: the start of the last sector.
         if !tail.is_empty() {
-            self.patch_sector(pos / ss64, 0, tail)?;
+            self.patch_sector(key, pos / ss64, 0, tail)?;
         }
         Ok(())
     }
 
     /// Read-modify-write: replace `bytes` of sector `sector` from byte `skip`, under the sector's
     /// stripe lock.
-    fn patch_sector(&self, sector: u64, skip: usize, bytes: &[u8]) -> Result<(), Error> {
+    fn patch_sector(
+        &self,
+        key: &dyn Key,
+        sector: u64,
+        skip: usize,
+        bytes: &[u8],
+    ) -> Result<(), Error> {
         let stripe = &self.stripes[(sector % STRIPES as u64) as usize];
         let _guard = stripe.lock().unwrap_or_else(PoisonError::into_inner);
         let mut buf = vec![0u8; self.layout.sector_size];
-        self.read_sectors(&mut buf, sector)?;
+        self.read_sectors(key, &mut buf, sector)?;
         buf[skip..skip + bytes.len()].copy_from_slice(bytes);
-        self.write_sectors(&mut buf, sector)
+        self.write_sectors(key, &mut buf, sector)
     }
 
     /// Make `len` bytes at `offset` read back as zeros (by writing encrypted zeros: a hole in
     /// the storage would decrypt to noise).
     pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), Error> {
+        self.zeroes(offset, len, &mut |zeros, at| self.write_in_place(zeros, at))
+    }
+
+    /// Write zeros over `len` bytes at `offset` with `write`, in pieces.
+    pub(crate) fn zeroes(&self, offset: u64, len: u64, write: WriteAt<'_>) -> Result<(), Error> {
         self.check_writable()?;
         self.check_range(offset, len)?;
         let mut zeros = Vec::new();
@@ -659,7 +815,7 @@ impl Volume {
             // The buffer is scrambled by each in-place write, so it is zeroed again each round.
             zeros.clear();
             zeros.resize(n, 0);
-            self.write_in_place(&mut zeros, offset + done)?;
+            write(&mut zeros, offset + done)?;
             done += n as u64;
         }
         Ok(())

@@ -28,6 +28,7 @@ mod x86;
 
 use crate::backend::Backend;
 use crate::engine::{keyed, BlockEngine};
+use crate::keys::{InSlot, Typed};
 
 /// A keyed AES engine on `backend`. `key` is 16, 24 or 32 bytes (checked by the caller); the
 /// backend has been checked to run on this CPU.
@@ -43,4 +44,31 @@ pub(crate) fn new_engine(key: &[u8], backend: Backend) -> Option<Box<dyn BlockEn
         Backend::Vaes256 => keyed(|| vaes256::Vaes256::new(key)),
         _ => None,
     }
+}
+
+/// A Key Per I/O table whose slots hold AES engines by value on `backend` (see `crate::keys`);
+/// `None` where the backend has no such engine.
+pub(crate) fn slots(backend: Backend, capacity: usize) -> Option<Box<dyn crate::keys::Slots>> {
+    use crate::error::Error;
+    fn unavailable(b: Backend) -> Error {
+        Error::BackendUnavailable(b)
+    }
+    Some(match backend {
+        Backend::Portable => Box::new(Typed::new(capacity, |_, key, _| {
+            Ok(InSlot(soft::AesSoft::new(key)))
+        })),
+        #[cfg(target_arch = "x86_64")]
+        Backend::AesNi => Box::new(Typed::new(capacity, |_, key, b| {
+            ni::AesNi::new(key).map(InSlot).ok_or(unavailable(b))
+        })),
+        #[cfg(target_arch = "x86_64")]
+        Backend::Vaes512 => Box::new(Typed::new(capacity, |_, key, b| {
+            vaes512::Vaes512::new(key).map(InSlot).ok_or(unavailable(b))
+        })),
+        #[cfg(target_arch = "x86_64")]
+        Backend::Vaes256 => Box::new(Typed::new(capacity, |_, key, b| {
+            vaes256::Vaes256::new(key).map(InSlot).ok_or(unavailable(b))
+        })),
+        _ => return None,
+    })
 }

@@ -3,14 +3,18 @@
 //! the keys, loads them into the device's table, and picks one per command.
 //!
 //! Design:
-//! - Each loaded key is a whole [`Volume`] over the shared storage and layout, so a tagged request
-//!   takes exactly the path every request takes (head / aligned body / tail, read-modify-write
-//!   under a stripe lock, one extended request for the cipher). Choosing the key costs one read
-//!   lock and one reference count per request.
+//! - One request path over the shared storage and layout (head / aligned body / tail,
+//!   read-modify-write under a stripe lock, one extended request for the cipher), as a volume's;
+//!   each request brings the key its tag names.
+//! - The keys are a flat table ([`SectorKeys`]): every key's expanded round keys sit by value in
+//!   one slot of secret memory, found through a small map from tag to slot, and prefetched while
+//!   the request moves its data. A table of 65,536 keys is far larger than the caches: a key per
+//!   request must cost one fetch of adjacent lines, not a chain of dependent misses through
+//!   per-key objects.
 //! - Keys are expanded once, when loaded, as a drive keeps its key cache: switching keys per
-//!   request costs a lookup and cache misses on round keys, never a key schedule.
-//! - The table holds the only lasting reference to a key; a request holds one while it runs.
-//!   [`KeyTable::evict`] takes the key out of the table (its material is zeroized when the last
+//!   request never runs a key schedule.
+//! - The table holds a key until it is evicted; a request using it keeps it until the request
+//!   ends. [`KeyTable::evict`] takes the key out of the table (its slot is zeroized when the last
 //!   request using it ends); [`KeyTable::destroy`] also waits for that moment, so that when it
 //!   returns no copy of the key is left in the process: the sectors written under it are
 //!   crypto-erased unless the host kept the key.
@@ -23,10 +27,11 @@
 mod reload;
 pub use reload::{read_key_table, Mirror, Reload};
 
-use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
+use sectorcrypt_cipher::keys::{LoadError, SectorKeys};
+use sectorcrypt_cipher::{CipherSpec, SectorOptions};
 use sectorcrypt_storage::Storage;
 
 use crate::{Error, Layout, Volume, VolumeOptions};
@@ -36,19 +41,17 @@ const DESTROY_WAIT: Duration = Duration::from_secs(60);
 
 /// A store whose requests are encrypted with keys chosen per request by tag.
 pub struct KeyTable {
-    storage: Arc<dyn Storage>,
-    layout: Layout,
-    options: VolumeOptions,
-    capacity: usize,
-    keys: RwLock<HashMap<u32, Arc<Volume>>>,
+    /// The request path, without a key of its own.
+    path: Volume,
+    keys: SectorKeys,
 }
 
 impl std::fmt::Debug for KeyTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KeyTable")
-            .field("storage", &self.storage.name())
-            .field("layout", &self.layout)
-            .field("capacity", &self.capacity)
+            .field("storage", &self.path.storage().name())
+            .field("layout", self.path.layout())
+            .field("capacity", &self.capacity())
             .field("loaded", &self.len())
             .finish_non_exhaustive()
     }
@@ -63,120 +66,75 @@ impl KeyTable {
         options: &VolumeOptions,
         capacity: usize,
     ) -> Result<Self, Error> {
-        layout.check_fits(&*storage)?;
         if capacity == 0 {
             return Err(Error::Refused(
                 "a key table needs room for at least one key".into(),
             ));
         }
-        Ok(KeyTable {
-            storage,
-            layout,
-            options: VolumeOptions {
-                threads: 1,
-                ..options.clone()
+        let options = VolumeOptions {
+            threads: 1,
+            ..options.clone()
+        };
+        let path = Volume::keyless(storage, layout.clone(), &options)?;
+        let keys = SectorKeys::new(
+            CipherSpec::parse(&layout.cipher)?,
+            &SectorOptions {
+                sector_size: layout.sector_size,
+                backend: options.backend,
+                iv_offset: layout.iv_offset,
+                ..SectorOptions::default()
             },
             capacity,
-            keys: RwLock::default(),
-        })
-    }
-
-    fn read_keys(&self) -> std::sync::RwLockReadGuard<'_, HashMap<u32, Arc<Volume>>> {
-        self.keys
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn write_keys(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<u32, Arc<Volume>>> {
-        self.keys
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        )?;
+        Ok(KeyTable { path, keys })
     }
 
     /// Load `key` under `tag`. A tag holds one key: replacing one means evicting or destroying it
     /// first, so that a key is never swapped under requests by mistake.
     pub fn load(&self, tag: u32, key: &[u8]) -> Result<(), Error> {
-        // The key schedule runs outside the lock: loading thousands of keys must not stall requests.
-        let volume = Volume::with_layout(
-            Arc::clone(&self.storage),
-            self.layout.clone(),
-            key,
-            &self.options,
-        )?;
-        let mut keys = self.write_keys();
-        if keys.contains_key(&tag) {
-            return Err(Error::Exists(format!(
+        self.keys.load(tag, key).map_err(|e| match e {
+            LoadError::Exists => Error::Exists(format!(
                 "a key is loaded under tag {tag} already; evict or destroy it first"
-            )));
-        }
-        if keys.len() >= self.capacity {
-            return Err(Error::Refused(format!(
-                "the key table is full ({} keys)",
-                self.capacity
-            )));
-        }
-        keys.insert(tag, Arc::new(volume));
-        Ok(())
+            )),
+            LoadError::Full => {
+                Error::Refused(format!("the key table is full ({} keys)", self.capacity()))
+            }
+            LoadError::Cipher(e) => Error::Cipher(e),
+            _ => Error::Refused(format!("cannot load a key under tag {tag}")),
+        })
     }
 
     /// Take the key under `tag` out of the table; requests that name it fail from now on, and its
     /// material is zeroized when the requests running with it end. False if none was loaded.
     pub fn evict(&self, tag: u32) -> bool {
-        self.write_keys().remove(&tag).is_some()
+        self.keys.evict(tag)
     }
 
     /// Evict the key under `tag` and wait until its material is zeroized (the requests running
     /// with it have ended). False if none was loaded.
     pub fn destroy(&self, tag: u32) -> Result<bool, Error> {
-        let Some(mut volume) = self.write_keys().remove(&tag) else {
-            return Ok(false);
-        };
-        let start = Instant::now();
-        loop {
-            match Arc::try_unwrap(volume) {
-                // The last reference: dropping it zeroizes the round keys.
-                Ok(last) => {
-                    drop(last);
-                    return Ok(true);
-                }
-                Err(shared) if start.elapsed() < DESTROY_WAIT => {
-                    volume = shared;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err(_) => {
-                    return Err(Error::Refused(format!(
-                        "the key under tag {tag} is evicted, but requests have used it for \
-                         {} s and it is not yet zeroized",
-                        DESTROY_WAIT.as_secs()
-                    )))
-                }
-            }
-        }
-    }
-
-    /// The volume for requests under `tag`, held for as long as the caller keeps it.
-    pub fn get(&self, tag: u32) -> Result<Arc<Volume>, Error> {
-        self.read_keys()
-            .get(&tag)
-            .cloned()
-            .ok_or(Error::KeyNotLoaded(tag))
+        self.keys.destroy(tag, DESTROY_WAIT).map_err(|()| {
+            Error::Refused(format!(
+                "the key under tag {tag} is evicted, but requests have used it for {} s and it \
+                 is not yet zeroized",
+                DESTROY_WAIT.as_secs()
+            ))
+        })
     }
 
     /// Whether a key is loaded under `tag`.
     pub fn contains(&self, tag: u32) -> bool {
-        self.read_keys().contains_key(&tag)
+        self.keys.contains(tag)
     }
 
     /// The loaded tags, in ascending order.
     pub fn tags(&self) -> Vec<u32> {
-        let mut tags: Vec<u32> = self.read_keys().keys().copied().collect();
-        tags.sort_unstable();
-        tags
+        self.keys.tags()
     }
 
     /// Keys loaded.
     pub fn len(&self) -> usize {
-        self.read_keys().len()
+        self.keys.len()
     }
 
     /// Whether no key is loaded.
@@ -186,48 +144,98 @@ impl KeyTable {
 
     /// Keys the table can hold.
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.keys.capacity()
     }
 
     /// Where the data is and how it is encrypted (the cipher of every key).
     pub fn layout(&self) -> &Layout {
-        &self.layout
+        self.path.layout()
     }
 
     /// Payload bytes (the same under every tag).
     pub fn size(&self) -> u64 {
-        self.layout.size
+        self.path.size()
     }
 
     /// The encryption sector size in bytes.
     pub fn sector_size(&self) -> usize {
-        self.layout.sector_size
+        self.path.sector_size()
     }
 
     /// Whether writes are refused.
     pub fn is_read_only(&self) -> bool {
-        self.options.read_only
+        self.path.is_read_only()
     }
 
     /// Whether discards reach the storage.
     pub fn allows_discards(&self) -> bool {
-        self.options.allow_discards
+        self.path.allows_discards()
+    }
+
+    /// Run `f` with the key under `tag`.
+    fn with_key<R>(
+        &self,
+        tag: u32,
+        f: impl FnOnce(&sectorcrypt_cipher::keys::SectorKey<'_>) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        self.keys
+            .with_key(tag, f)
+            .unwrap_or(Err(Error::KeyNotLoaded(tag)))
     }
 
     /// Fill `buf` with the data at `offset`, decrypted with the key under `tag`.
     pub fn read(&self, tag: u32, buf: &mut [u8], offset: u64) -> Result<(), Error> {
-        self.get(tag)?.read(buf, offset)
+        self.with_key(tag, |key| self.path.read_with(key, buf, offset))
     }
 
     /// Write `data` at `offset`, encrypted with the key under `tag`.
     pub fn write(&self, tag: u32, data: &[u8], offset: u64) -> Result<(), Error> {
-        self.get(tag)?.write(data, offset)
+        self.write_in_place(tag, &mut data.to_vec(), offset)
+    }
+
+    /// [`KeyTable::write`], encrypting `data` in place (it is scrambled afterwards).
+    pub fn write_in_place(&self, tag: u32, data: &mut [u8], offset: u64) -> Result<(), Error> {
+        self.with_key(tag, |key| self.path.write_in_place_with(key, data, offset))
+    }
+
+    /// Make `len` bytes at `offset` read back as zeros under the key of `tag`.
+    pub fn write_zeroes(&self, tag: u32, offset: u64, len: u64) -> Result<(), Error> {
+        self.with_key(tag, |key| {
+            self.path.zeroes(offset, len, &mut |zeros, at| {
+                self.path.write_in_place_with(key, zeros, at)
+            })
+        })
+    }
+
+    /// Discard `len` bytes at `offset` (as [`Volume::discard`]); needs no key, but the tag must
+    /// name one, as for every other request of a connection under it.
+    pub fn discard(&self, tag: u32, offset: u64, len: u64) -> Result<(), Error> {
+        self.with_key(tag, |_| self.path.discard(offset, len))
     }
 
     /// Make every completed write durable; needs no key.
     pub fn flush(&self) -> Result<(), Error> {
-        self.storage.sync()?;
-        Ok(())
+        self.path.flush()
+    }
+
+    /// A request a server has received under `tag`: an error at once if no key is loaded under
+    /// it (a key evicted before the request runs fails it then).
+    pub fn announce(self: &Arc<Self>, tag: u32) -> Result<crate::Announced, Error> {
+        if !self.contains(tag) {
+            return Err(Error::KeyNotLoaded(tag));
+        }
+        Ok(crate::Announced::key(Arc::clone(self), tag))
+    }
+}
+
+impl crate::Key for sectorcrypt_cipher::keys::SectorKey<'_> {
+    fn process(
+        &self,
+        buf: &mut [u8],
+        sector: u64,
+        dir: sectorcrypt_cipher::Direction,
+    ) -> Result<(), sectorcrypt_cipher::Error> {
+        sectorcrypt_cipher::keys::SectorKey::process(self, buf, sector, dir)
     }
 }
 
@@ -313,18 +321,17 @@ mod tests {
 
         let data = vec![0xa5u8; 1024];
         t.write(7, &data, 0).unwrap();
-        // A request that started before the eviction keeps its key until it ends.
-        let held = t.get(7).unwrap();
         assert!(t.evict(7));
         assert!(!t.evict(7));
         assert!(matches!(
             t.read(7, &mut [0; 16], 0),
             Err(Error::KeyNotLoaded(7))
         ));
+        assert!(matches!(
+            Arc::new(table(1).0).announce(7),
+            Err(Error::KeyNotLoaded(7))
+        ));
         let mut back = vec![0; 1024];
-        held.read(&mut back, 0).unwrap();
-        assert_eq!(back, data);
-        drop(held);
 
         // The host kept the key: loaded again, it reads the data.
         t.load(7, &key(7)).unwrap();
@@ -334,37 +341,95 @@ mod tests {
         // Destroyed: gone, and a different key under the same tag reads noise.
         assert!(t.destroy(7).unwrap());
         assert!(!t.destroy(7).unwrap());
-        assert!(matches!(t.get(7), Err(Error::KeyNotLoaded(7))));
+        assert!(matches!(
+            t.read(7, &mut back, 0),
+            Err(Error::KeyNotLoaded(7))
+        ));
         t.load(7, &key(1)).unwrap();
         t.read(7, &mut back, 0).unwrap();
         assert_ne!(back, data);
         t.flush().unwrap();
     }
 
+    /// A memory device whose reads wait, once `hold` is set, until it is cleared again.
+    #[derive(Default)]
+    struct Gated {
+        data: MemStorage,
+        hold: std::sync::atomic::AtomicBool,
+        waiting: std::sync::atomic::AtomicBool,
+    }
+
+    impl Storage for Gated {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            use std::sync::atomic::Ordering::SeqCst;
+            while self.hold.load(SeqCst) {
+                self.waiting.store(true, SeqCst);
+                std::thread::yield_now();
+            }
+            self.data.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            self.data.write_at(buf, offset)
+        }
+        fn sync(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn len(&self) -> std::io::Result<u64> {
+            self.data.len()
+        }
+        fn name(&self) -> String {
+            "gated".into()
+        }
+    }
+
+    /// A request running under a key keeps it: evicted or destroyed meanwhile, the request ends
+    /// with the key, and `destroy` returns only after it ended.
     #[test]
     fn destroy_waits_for_requests_in_flight() {
-        let (t, _) = table(4);
-        let t = Arc::new(t);
-        t.load(3, &key(3)).unwrap();
-        let held = t.get(3).unwrap();
-        let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (t2, released2) = (Arc::clone(&t), Arc::clone(&released));
-        let destroyer = std::thread::spawn(move || {
-            let destroyed = t2.destroy(3).unwrap();
-            // destroy returned: the last reference must have been dropped already.
-            (
-                destroyed,
-                released2.load(std::sync::atomic::Ordering::SeqCst),
-            )
+        use std::sync::atomic::Ordering::SeqCst;
+        let storage = Arc::new(Gated {
+            data: MemStorage::new(vec![0; 4096 + SIZE as usize]),
+            ..Default::default()
         });
-        // The key is out of the table at once, but destroy is still waiting for `held`.
+        let t = Arc::new(table_on(Arc::clone(&storage) as Arc<dyn Storage>, 4));
+        t.load(3, &key(3)).unwrap();
+        let data = vec![0x3cu8; 4096];
+        t.write(3, &data, 0).unwrap();
+        storage.hold.store(true, SeqCst);
+        let reader = {
+            let t = Arc::clone(&t);
+            std::thread::spawn(move || {
+                let mut back = vec![0u8; 4096];
+                t.read(3, &mut back, 0).map(|()| back)
+            })
+        };
+        while !storage.waiting.load(SeqCst) {
+            std::thread::yield_now();
+        }
+        let destroyer = {
+            let t = Arc::clone(&t);
+            std::thread::spawn(move || t.destroy(3).unwrap())
+        };
+        // The key is out of the table at once, but destroy waits for the read in flight.
         while t.contains(3) {
             std::thread::yield_now();
         }
-        assert!(!destroyer.is_finished());
-        released.store(true, std::sync::atomic::Ordering::SeqCst);
-        drop(held);
-        assert_eq!(destroyer.join().unwrap(), (true, true));
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(
+            !destroyer.is_finished(),
+            "destroy returned while a request used the key"
+        );
+        storage.hold.store(false, SeqCst);
+        assert_eq!(
+            reader.join().unwrap().unwrap(),
+            data,
+            "the request kept its key"
+        );
+        assert!(destroyer.join().unwrap());
+        assert!(matches!(
+            t.read(3, &mut [0; 16], 0),
+            Err(Error::KeyNotLoaded(3))
+        ));
     }
 
     /// A memory device that counts its syncs.
