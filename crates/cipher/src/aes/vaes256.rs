@@ -3,7 +3,8 @@
 //! (AMD Zen 3, Intel's client cores since Alder Lake), where `vaesenc ymm` issues as often as
 //! `aesenc xmm` and so does twice the AES-NI kernel's work per cycle.
 //!
-//! - Round keys are stored pre-broadcast to 32 bytes: every round is one `vaesenc` per register.
+//! - Round keys are stored as 16 bytes each (one `RoundKeys` for these kernels and the AES-NI
+//!   CBC ones) and broadcast to both lanes as they are loaded (`vbroadcasti128`, a plain load).
 //! - XTS: the 16 tweaks of a group are made in registers from the unit's first tweak:
 //!   `[T, Ta] .. [Ta^6, Ta^7]` from variable 64-bit shifts, the next four registers those times
 //!   `a^8`, and the next group of a long unit the current one times `a^16`. Multiplying by
@@ -19,7 +20,7 @@ use core::arch::x86_64::*;
 
 use zeroize::Zeroize;
 
-use super::x86::{RoundKeys, TweakSeq};
+use super::x86::{Rk128, RoundKeys, TweakSeq};
 use crate::backend::Backend;
 use crate::engine::{Block, BLOCK};
 
@@ -32,35 +33,13 @@ const GROUP: usize = REGS * REG;
 /// Blocks per group.
 const GROUP_BLOCKS: usize = GROUP / BLOCK;
 
-/// One round key repeated in both 128-bit lanes.
-#[derive(Clone, Copy)]
-#[repr(C, align(32))]
-struct Rk256([u8; 32]);
-
-/// Encryption and decryption round keys, pre-broadcast, and the 128-bit ones for CBC; zeroized
-/// on drop.
-struct Keys {
-    enc: [Rk256; 15],
-    dec: [Rk256; 15],
-    rounds: usize,
-    narrow: RoundKeys,
-}
-
-impl Drop for Keys {
-    fn drop(&mut self) {
-        for k in self.enc.iter_mut().chain(self.dec.iter_mut()) {
-            k.0.zeroize();
-        }
-    }
-}
-
 /// Proof that the CPU runs every feature the kernels enable: only [`Vaes256::new`] makes one.
 #[derive(Clone, Copy)]
 struct CpuHasVaes256(());
 
 /// AES on VAES + AVX2.
 pub(crate) struct Vaes256 {
-    keys: Keys,
+    keys: RoundKeys,
     _cpu: CpuHasVaes256,
 }
 
@@ -72,24 +51,7 @@ impl Vaes256 {
             return None;
         }
         // SAFETY: `aes` was detected just above.
-        let narrow = unsafe { RoundKeys::expand(key) };
-        let mut keys = Keys {
-            enc: [Rk256([0; 32]); 15],
-            dec: [Rk256([0; 32]); 15],
-            rounds: narrow.rounds,
-            narrow,
-        };
-        let Keys {
-            enc, dec, narrow, ..
-        } = &mut keys;
-        for (wide, k) in enc
-            .iter_mut()
-            .zip(&narrow.enc)
-            .chain(dec.iter_mut().zip(&narrow.dec))
-        {
-            wide.0[..16].copy_from_slice(&k.0);
-            wide.0[16..].copy_from_slice(&k.0);
-        }
+        let keys = unsafe { RoundKeys::expand(key) };
         Some(Vaes256 {
             keys,
             _cpu: CpuHasVaes256(()),
@@ -104,9 +66,9 @@ super::x86::x86_block_engine!(Vaes256, Backend::Vaes256);
 
 #[inline]
 #[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse4.1")]
-fn rk(k: &Rk256) -> __m256i {
-    // SAFETY: `Rk256` is 32 bytes with 32-byte alignment.
-    unsafe { _mm256_load_si256(k.0.as_ptr().cast()) }
+fn rk(k: &Rk128) -> __m256i {
+    // SAFETY: `Rk128` is 16 bytes with 16-byte alignment.
+    _mm256_broadcastsi128_si256(unsafe { _mm_load_si128(k.0.as_ptr().cast()) })
 }
 
 /// Register `i` of a whole group.
@@ -163,7 +125,7 @@ fn xor3(x: __m256i, y: __m256i, z: __m256i) -> __m256i {
 super::wide::vaes_common! {
     feature: "avx2,vaes,vpclmulqdq,aes,sse4.1",
     reg: __m256i,
-    keys: Keys,
+    keys: RoundKeys,
     group_step: mul_a16,
     align: 32,
     load_aligned: _mm256_load_si256,
@@ -217,7 +179,7 @@ fn unit_tweaks(t: &Block) -> [__m256i; REGS] {
 // Kernels.
 
 #[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse4.1")]
-fn ecb<const DEC: bool>(k: &Keys, buf: &mut [u8]) {
+fn ecb<const DEC: bool>(k: &RoundKeys, buf: &mut [u8]) {
     let (k0, kl) = (first_key::<DEC>(k), last_key::<DEC>(k));
     for_groups(buf, |g, _| {
         let mut x = [_mm256_setzero_si256(); REGS];
@@ -232,13 +194,13 @@ fn ecb<const DEC: bool>(k: &Keys, buf: &mut [u8]) {
 }
 
 #[target_feature(enable = "aes,sse4.1")]
-fn cbc_encrypt(k: &Keys, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
-    super::ni::cbc_encrypt(&k.narrow, buf, unit_len, ivs)
+fn cbc_encrypt(k: &RoundKeys, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
+    super::ni::cbc_encrypt(k, buf, unit_len, ivs)
 }
 
 #[target_feature(enable = "aes,sse4.1")]
-fn cbc_decrypt(k: &Keys, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
-    super::ni::cbc_decrypt(&k.narrow, buf, unit_len, ivs)
+fn cbc_decrypt(k: &RoundKeys, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
+    super::ni::cbc_decrypt(k, buf, unit_len, ivs)
 }
 
 #[cfg(test)]
