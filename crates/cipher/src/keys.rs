@@ -1,8 +1,8 @@
 //! Many keys of one cipher specification under 32-bit tags, for Key Per I/O: a table whose every
-//! key's engines sit by value in one slot of secret memory ([`SecretTable`]), so a request under
-//! one of 65,536 keys finds its round keys with a lookup in a small map and one fetch of
-//! adjacent cache lines (prefetched while the request moves its data), not a chain of pointers
-//! through boxes and pages of their own as a [`crate::SectorCipher`] per key would.
+//! key's engines sit by value in the slot of secret memory its tag indexes ([`SecretTable`]), so
+//! a request under one of 65,536 keys finds its round keys with one fetch of adjacent cache lines,
+//! not a chain of pointers through boxes and pages of their own as a [`crate::SectorCipher`] per
+//! key would.
 //!
 //! AES, the cipher of Key Per I/O, keeps its engines by value; other ciphers keep boxed engines
 //! in the slot (the table works, without the flat layout's gain).
@@ -23,8 +23,10 @@ use crate::spec::{CipherName, CipherSpec};
 pub enum LoadError {
     /// A key is loaded under the tag already.
     Exists,
-    /// The table is full.
-    Full,
+    /// The key evicted from the tag is still used by running requests.
+    InUse,
+    /// The tag is not below the table's capacity.
+    OutOfRange,
     /// The key does not fit the cipher.
     Cipher(Error),
 }
@@ -69,7 +71,7 @@ impl SectorKey<'_> {
 }
 
 impl SectorKeys {
-    /// A table for up to `capacity` keys of `spec` with the sector layout of `opts`
+    /// A table for keys of `spec` under tags `0..capacity`, with the sector layout of `opts`
     /// (`opts.threads` is ignored: requests run on their callers' threads).
     pub fn new(spec: CipherSpec, opts: &SectorOptions, capacity: usize) -> Result<Self, Error> {
         // The checks a SectorCipher makes, on a key of the right length.
@@ -224,8 +226,9 @@ impl<E: HeldEngine + 'static> Slots for Typed<E> {
             })
             .map_err(|e| match e {
                 InsertError::Exists => LoadError::Exists,
+                InsertError::InUse => LoadError::InUse,
                 InsertError::Make(e) => LoadError::Cipher(e),
-                _ => LoadError::Full,
+                _ => LoadError::OutOfRange,
             })?;
         // Building a key schedule leaves round keys in the vector registers.
         crate::wipe::vector_registers();
@@ -313,10 +316,10 @@ mod tests {
                     };
                     let keys = SectorKeys::new(spec, &opts, 300).unwrap();
                     let len = spec.default_key_bits() / 8;
-                    for tag in [0u32, 7, 299, 1 << 20] {
+                    for tag in [0u32, 7, 255, 256, 299] {
                         keys.load(tag, &key(tag, len)).unwrap();
                     }
-                    for tag in [0u32, 7, 299, 1 << 20] {
+                    for tag in [0u32, 7, 255, 256, 299] {
                         let one = SectorCipher::new(spec, &key(tag, len), &opts).unwrap();
                         let plain: Vec<u8> = (0..3 * sector_size).map(|i| i as u8).collect();
                         let mut want = plain.clone();
@@ -339,12 +342,15 @@ mod tests {
     #[test]
     fn load_evict_destroy_and_bad_keys() {
         let spec = CipherSpec::parse("aes-xts-plain64").unwrap();
-        let keys = SectorKeys::new(spec, &SectorOptions::default(), 2).unwrap();
+        let keys = SectorKeys::new(spec, &SectorOptions::default(), 3).unwrap();
         keys.load(1, &key(1, 64)).unwrap();
         assert!(matches!(keys.load(1, &key(2, 64)), Err(LoadError::Exists)));
         assert!(matches!(keys.load(2, &[0; 5]), Err(LoadError::Cipher(_))));
         keys.load(2, &key(2, 32)).unwrap();
-        assert!(matches!(keys.load(3, &key(3, 64)), Err(LoadError::Full)));
+        assert!(matches!(
+            keys.load(3, &key(3, 64)),
+            Err(LoadError::OutOfRange)
+        ));
         assert_eq!(keys.tags(), [1, 2]);
         assert!(keys.with_key(3, |_| ()).is_none());
         // A key evicted while in use is kept for that use.
@@ -358,7 +364,7 @@ mod tests {
         assert!(!keys.contains(1));
         assert_eq!(keys.destroy(2, Duration::from_secs(1)), Ok(true));
         assert!(keys.is_empty());
-        keys.load(3, &key(3, 64)).unwrap();
+        keys.load(1, &key(3, 64)).unwrap();
         assert_eq!(keys.len(), 1);
     }
 }

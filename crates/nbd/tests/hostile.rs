@@ -628,8 +628,9 @@ fn listed(h: &Harness) -> Vec<String> {
 #[test]
 fn key_table_exports_one_name_per_tag() {
     let storage = Arc::new(MemStorage::new(vec![0; SIZE as usize + 4096]));
-    let table =
-        Arc::new(KeyTable::new(storage.clone(), layout(), &VolumeOptions::default(), 8).unwrap());
+    let table = Arc::new(
+        KeyTable::new(storage.clone(), layout(), &VolumeOptions::default(), 70001).unwrap(),
+    );
     for tag in [0u32, 5, 70000] {
         table.load(tag, &[tag as u8 + 1; 64]).unwrap();
     }

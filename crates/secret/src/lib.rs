@@ -295,17 +295,25 @@ mod tests {
     #[test]
     fn the_kernel_sees_secret_pages_as_locked_and_not_dumped() {
         let s = SecretBytes::from_slice(&[0x5a; 100]);
-        let addr = s.as_ptr() as usize;
+        let (fields, flags) = mapping_of(s.as_ptr() as usize);
+        assert!(flags.split_whitespace().any(|f| f == "dd"), "{flags}");
+        if locked_bytes() > 0 {
+            assert!(flags.split_whitespace().any(|f| f == "lo"), "{flags}");
+            assert!(!fields.contains("Locked:                0 kB"), "{fields}");
+        }
+    }
+
+    /// The kernel's view of the mapping that holds `addr` (`/proc/self/smaps`): its fields, and
+    /// its `VmFlags`.
+    pub(crate) fn mapping_of(addr: usize) -> (String, String) {
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
         // Each mapping: a line "start-end perms ...", its fields, and a closing "VmFlags:" line.
-        let mut found = None;
         let mut inside = false;
         let mut fields = String::new();
         for line in smaps.lines() {
             if let Some(flags) = line.strip_prefix("VmFlags:") {
                 if inside {
-                    found = Some((fields.clone(), flags.to_string()));
-                    break;
+                    return (fields, flags.to_string());
                 }
                 continue;
             }
@@ -321,11 +329,6 @@ mod tests {
                 }
             }
         }
-        let (fields, flags) = found.expect("the secret's mapping is listed");
-        assert!(flags.split_whitespace().any(|f| f == "dd"), "{flags}");
-        if locked_bytes() > 0 {
-            assert!(flags.split_whitespace().any(|f| f == "lo"), "{flags}");
-            assert!(!fields.contains("Locked:                0 kB"), "{fields}");
-        }
+        panic!("no mapping holds {addr:#x}");
     }
 }

@@ -13,6 +13,8 @@ use std::sync::OnceLock;
 use rustix::mm::{self, Advice, MapFlags, ProtFlags};
 use zeroize::Zeroize;
 
+/// The size of an x86-64 (and most arm64) huge page.
+const HUGE_PAGE: usize = 2 << 20;
 /// Bytes locked right now, by every live region.
 static LOCKED: AtomicUsize = AtomicUsize::new(0);
 /// Whether a lock has failed yet: the warning is given once per process.
@@ -46,6 +48,17 @@ unsafe impl Sync for Region {}
 impl Region {
     /// At least `size` bytes. Panics only when the address space is exhausted, as `Vec` does.
     pub(crate) fn new(size: usize) -> Region {
+        Region::map(size, false)
+    }
+
+    /// At least `size` bytes (a whole number of 2 MiB), aligned to 2 MiB and asked to be backed by
+    /// huge pages: for tables that requests reach at random, where a TLB miss per request would
+    /// cost as much as the fetch itself. The kernel may still use small pages.
+    pub(crate) fn huge(size: usize) -> Region {
+        Region::map(size.next_multiple_of(HUGE_PAGE), true)
+    }
+
+    fn map(size: usize, huge: bool) -> Region {
         if size == 0 {
             return Region {
                 ptr: NonNull::dangling(),
@@ -55,17 +68,36 @@ impl Region {
         }
         let page = rustix::param::page_size();
         let len = size.div_ceil(page) * page;
+        // Room to align a huge mapping, trimmed off again below.
+        let spare = if huge { HUGE_PAGE } else { 0 };
         // SAFETY: a fresh private anonymous mapping at an address of the kernel's choosing
         // aliases nothing.
-        let ptr = unsafe {
+        let mapped = unsafe {
             mm::mmap_anonymous(
                 std::ptr::null_mut(),
-                len,
+                len + spare,
                 ProtFlags::READ | ProtFlags::WRITE,
                 MapFlags::PRIVATE,
             )
         }
         .unwrap_or_else(|e| panic!("cannot map {len} bytes of secret memory: {e}"));
+        let head = (mapped as usize).next_multiple_of(spare.max(1)) - mapped as usize;
+        let ptr: *mut std::ffi::c_void = mapped.cast::<u8>().wrapping_add(head).cast();
+        if huge {
+            // SAFETY: the mapping's unaligned head and unused tail, both whole pages (the mapping
+            // and `HUGE_PAGE` are page-aligned), untouched and owned by nothing else.
+            unsafe {
+                if head > 0 {
+                    let _ = mm::munmap(mapped, head);
+                }
+                if spare > head {
+                    let _ = mm::munmap(ptr.cast::<u8>().add(len).cast(), spare - head);
+                }
+            }
+            // SAFETY: the region's own pages, not yet touched; advice does not change contents.
+            // Without huge pages the region works as any other, so a refusal is not an error.
+            let _ = unsafe { mm::madvise(ptr, len, Advice::LinuxHugepage) };
+        }
         // SAFETY: `ptr..ptr+len` is the mapping just made, owned by this region alone. Neither
         // call changes its contents.
         let (dont_dump, lock) = unsafe {

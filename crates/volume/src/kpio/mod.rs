@@ -58,7 +58,8 @@ impl std::fmt::Debug for KeyTable {
 }
 
 impl KeyTable {
-    /// An empty table for the data at `layout` on `storage`, holding at most `capacity` keys.
+    /// An empty table for the data at `layout` on `storage`, for keys under tags `0..capacity`
+    /// (a key table file's entries).
     /// `options.threads` is ignored (see the module docs).
     pub fn new(
         storage: Arc<dyn Storage>,
@@ -96,9 +97,14 @@ impl KeyTable {
             LoadError::Exists => Error::Exists(format!(
                 "a key is loaded under tag {tag} already; evict or destroy it first"
             )),
-            LoadError::Full => {
-                Error::Refused(format!("the key table is full ({} keys)", self.capacity()))
-            }
+            LoadError::OutOfRange => Error::Refused(format!(
+                "tag {tag} is beyond the key table's {} entries",
+                self.capacity()
+            )),
+            LoadError::InUse => Error::Refused(format!(
+                "the key evicted from tag {tag} is still used by running requests; destroy it \
+                 first"
+            )),
             LoadError::Cipher(e) => Error::Cipher(e),
             _ => Error::Refused(format!("cannot load a key under tag {tag}")),
         })
@@ -274,7 +280,7 @@ mod tests {
 
     #[test]
     fn each_tag_encrypts_with_its_own_key() {
-        let (t, storage) = table(16);
+        let (t, storage) = table(301);
         for tag in [1, 2, 300] {
             t.load(tag, &key(tag)).unwrap();
         }
@@ -311,7 +317,7 @@ mod tests {
 
     #[test]
     fn load_evict_destroy() {
-        let (t, _) = table(2);
+        let (t, _) = table(9);
         t.load(7, &key(7)).unwrap();
         assert!(matches!(t.load(7, &key(8)), Err(Error::Exists(_))));
         t.load(8, &key(8)).unwrap();
