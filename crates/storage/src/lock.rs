@@ -12,7 +12,9 @@
 //! - Open-file-description (OFD) `fcntl` locks, as QEMU uses: they belong to the open file, not
 //!   to the process (closing another descriptor of the same file does not drop them, unlike
 //!   classic POSIX locks), and the kernel drops them with the last descriptor, so a process killed
-//!   with SIGKILL leaves no stale lock behind: there is no lock file.
+//!   with SIGKILL leaves no stale lock behind: there is no lock file. A process that lets a lock
+//!   go unlocks it explicitly, because a child it forks meanwhile shares the open file until it
+//!   execs, and would otherwise keep the lock for that moment.
 //! - The whole file is locked, not a byte of it: QEMU's own locks (bytes 100 and up, taken by
 //!   qemu-img, qemu-nbd and virtual machines on a raw image) then conflict with a sectorcrypt
 //!   writer too, which is what a user who points both at one image needs.
@@ -67,6 +69,16 @@ struct Held {
 impl Held {
     fn state(&self) -> std::sync::MutexGuard<'_, (File, Access)> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for Held {
+    /// Unlock explicitly rather than by closing: a child forked meanwhile (any `Command` of this
+    /// process, until it execs) shares the open file description, and closing ours would leave
+    /// the lock held by it, refusing this process's next open of the device.
+    fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let _ = set(&state.0, None);
     }
 }
 
@@ -278,6 +290,44 @@ mod tests {
         // descriptor of the open file that took it).
         drop((shared, exclusive, a, b));
         assert!(other_process_can_lock(&path, true));
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// A child that inherited the locked open file description (as any child does between its
+    /// fork and its exec) does not keep the device locked once this process lets it go.
+    #[test]
+    fn a_released_lock_is_not_kept_by_a_child_sharing_the_file() {
+        let path = scratch_file("child");
+        let f = File::options().read(true).write(true).open(&path).unwrap();
+        let held = lock(&f, &path, Access::Exclusive).unwrap().unwrap();
+        // The child gets a descriptor of the locked description without close-on-exec, and
+        // keeps it until it is told to exit.
+        let inherited: std::os::fd::OwnedFd = std::os::fd::AsFd::as_fd(&held.held.state().0)
+            .try_clone_to_owned()
+            .unwrap();
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&inherited);
+        nix::fcntl::fcntl(&inherited, FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty())).unwrap();
+        let mut child = Command::new("sh")
+            .args([
+                "-c",
+                &format!("test -e /proc/self/fd/{raw} || exit 3; read line; exit 0"),
+            ])
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(inherited);
+        drop((held, f));
+        assert!(
+            other_process_can_lock(&path, true),
+            "the lock went with this process's last handle"
+        );
+        let again = File::options().read(true).write(true).open(&path).unwrap();
+        assert!(lock(&again, &path, Access::Exclusive).unwrap().is_some());
+        drop(child.stdin.take());
+        assert!(
+            child.wait().unwrap().success(),
+            "the child held the descriptor"
+        );
         std::fs::remove_file(&path).unwrap();
     }
 
