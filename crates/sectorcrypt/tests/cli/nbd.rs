@@ -357,12 +357,7 @@ impl Served {
     fn stop_with(mut self, sig: &str) {
         self.done = true;
         let pid = if self.wrapped {
-            let children = format!("/proc/{0}/task/{0}/children", self.child.id());
-            let list = std::fs::read_to_string(children).unwrap_or_default();
-            list.split_whitespace()
-                .next()
-                .and_then(|p| p.parse().ok())
-                .expect("the wrapper runs the server")
+            self.wrapped_server().expect("the wrapper runs the server")
         } else {
             self.child.id()
         };
@@ -384,8 +379,25 @@ impl Served {
     /// SIGKILL: no clean-up at all (leaves a stale socket file).
     pub(crate) fn kill(mut self) {
         self.done = true;
+        if self.wrapped {
+            // A wrapper killed first would leave its server running, detached from it: kill
+            // the server, and let the wrapper end by itself (strace writes out its trace).
+            if let Some(server) = self.wrapped_server() {
+                signal(server, "-KILL");
+            }
+            if wait_within(&mut self.child, SERVER_DEADLINE).is_some() {
+                return;
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// The server a wrapper runs, while it runs.
+    fn wrapped_server(&self) -> Option<u32> {
+        let children = format!("/proc/{0}/task/{0}/children", self.child.id());
+        let list = std::fs::read_to_string(children).unwrap_or_default();
+        list.split_whitespace().next().and_then(|p| p.parse().ok())
     }
 }
 
