@@ -39,7 +39,8 @@ pub fn luks_header(data: &[u8]) {
 
 /// The input as the JSON area of a LUKS2 header (both copies, checksums right): the JSON parser,
 /// the validation cryptsetup does (tokens, digests, segments, keyslots, reencrypt keyslots,
-/// config, areas, requirements), the typed model, the reencryption state and the dumps.
+/// config, areas, requirements), the typed model, the reencryption state, the checks of the
+/// tokens sectorcrypt can unlock by, and the dumps.
 /// Metadata that reads must also serialise to text that reads back the same.
 pub fn luks2_json(data: &[u8]) {
     // The smallest header size whose JSON area holds the input and its terminating NUL.
@@ -72,6 +73,10 @@ pub fn luks2_json(data: &[u8]) {
     let _ = metadata.unknown_requirements();
     let _ = reencrypt::state(metadata);
     let _ = reencrypt::parse(metadata);
+    // Tokens as `token import` and an unlock check them (URIs, base64 keys, keyslot lists).
+    for (_, token) in metadata.tokens.iter() {
+        let _ = sectorcrypt_token::validate(token);
+    }
     let _ = Layout::from_header(&Header::Luks2(Box::new(header.clone())), DATA_DEVICE_LEN);
 
     // Writing a header back starts from this text: it must be metadata that reads again.

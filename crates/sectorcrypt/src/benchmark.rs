@@ -269,6 +269,7 @@ fn run_io(
         device: device.to_path_buf(),
         header: args.header.clone(),
         key: args.key.clone(),
+        tokens: crate::unlock::TokenArgs::default(),
         key_slot: args.key_slot,
         readonly: io_type == IoType::Read,
         allow_discards: false,

@@ -223,6 +223,9 @@ pub(crate) fn token(command: TokenCommand) -> Result<(), CliError> {
             }
             let value: serde_json::Value = serde_json::from_slice(&text)
                 .map_err(|e| CliError::usage(format!("the token is not JSON: {e}")))?;
+            // As cryptsetup's plugins validate the types they know before the token is stored.
+            sectorcrypt_token::validate(&value)
+                .map_err(|e| CliError::usage(format!("the token is not valid: {e}")))?;
             let (dev, mut header) = args.target.open(true)?;
             let h = args.target.luks2(&mut header, "token")?;
             h.put_token(&*dev, args.token_id, value, args.replace)?;

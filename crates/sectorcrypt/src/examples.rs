@@ -44,6 +44,12 @@ pub(crate) const KILL_SLOT: &str = "Examples:
   sectorcrypt kill-slot disk.img 3                      # asks for a passphrase that remains
   sectorcrypt kill-slot -q disk.img 3                   # without asking";
 
+pub(crate) const ENROLL: &str = "Examples:
+  sectorcrypt enroll disk.img --pkcs11-token-uri auto --key-file pass.txt   # the one certificate present
+  sectorcrypt enroll disk.img --pkcs11-token-uri 'pkcs11:token=mytoken;id=%01' --wipe-slot password
+  sectorcrypt test-passphrase disk.img --token-only                         # asks the token's PIN
+  sectorcrypt serve disk.img --token-only --token-pin-file pin.txt --socket /tmp/disk.sock";
+
 pub(crate) const HEADER_BACKUP: &str = "Examples:
   sectorcrypt header-backup disk.img --header-backup-file disk.hdr.bak
   sectorcrypt header-backup rbd:rbd/vm1 --header-backup-file vm1.hdr.bak";

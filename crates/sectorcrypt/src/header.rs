@@ -12,6 +12,7 @@ use crate::chip::open_header;
 use crate::exit::{CliError, Code};
 use crate::keyfile::KeyArgs;
 use crate::keyslots::confirm;
+use crate::unlock::{unlock, TokenArgs, Tokens};
 
 /// A device, or a detached header beside it.
 #[derive(clap::Args, Debug)]
@@ -49,6 +50,8 @@ pub(crate) struct DumpArgs {
     dump_volume_key: bool,
     #[command(flatten)]
     key: KeyArgs,
+    #[command(flatten)]
+    tokens: TokenArgs,
     /// With --unbound, the unbound keyslot whose key to print; otherwise accepted and ignored,
     /// as by `cryptsetup luksDump` (the volume key comes from any keyslot bound to the data).
     #[arg(short = 'S', long = "key-slot", value_name = "N")]
@@ -73,14 +76,18 @@ pub(crate) fn dump(args: DumpArgs) -> Result<(), CliError> {
             "The header dump with the volume key is sensitive information that allows access \
              to the encrypted partition without a passphrase.",
         )?;
-        let pass = args.key.read(&format!(
-            "Enter passphrase for {}: ",
-            args.target.device.display()
-        ))?;
         // cryptsetup reads the key from any slot (`CRYPT_ANY_SLOT`, whatever `-S` says) and,
         // since printing a key activates nothing, checks no conversion metadata.
         let _ = args.key_slot;
-        let unlocked = header.unlock(&*dev, &pass, None)?;
+        let (unlocked, _) = unlock(
+            &args.key,
+            &args.tokens,
+            Tokens::WhenAsked,
+            &header,
+            &args.target.device,
+            None,
+            |pass, slot| header.unlock(&*dev, pass, slot),
+        )?;
         let key_hex = hex::encode(&unlocked.volume_key[..]);
         if args.json {
             let v = serde_json::json!({
@@ -238,6 +245,8 @@ pub(crate) struct TestArgs {
     target: DeviceArgs,
     #[command(flatten)]
     key: KeyArgs,
+    #[command(flatten)]
+    tokens: TokenArgs,
     /// Only try this keyslot (it may be unbound, as with cryptsetup's `open --test-passphrase`).
     #[arg(short = 'S', long = "key-slot", value_name = "N")]
     key_slot: Option<usize>,
@@ -251,12 +260,16 @@ pub(crate) struct TestArgs {
 /// conversion, the old and new keys and the conversion metadata's digest too).
 pub(crate) fn test_passphrase(args: TestArgs) -> Result<(), CliError> {
     let (dev, header) = args.target.read()?;
-    let pass = args.key.read(&format!(
-        "Enter passphrase for {}: ",
-        args.target.device.display()
-    ))?;
     let unbound = args.unbound || args.key_slot.is_some();
-    let unlocked = header.unlock_checked(&*dev, &pass, args.key_slot, unbound)?;
+    let (unlocked, _) = unlock(
+        &args.key,
+        &args.tokens,
+        Tokens::ByDefault,
+        &header,
+        &args.target.device,
+        args.key_slot,
+        |pass, slot| header.unlock_checked(&*dev, pass, slot, unbound),
+    )?;
     eprintln!("Key slot {} unlocked.", unlocked.slot);
     Ok(())
 }

@@ -76,7 +76,8 @@ impl KeyArgs {
     }
 }
 
-fn prompt_terminal(prompt: &str) -> Result<SecretBytes, CliError> {
+/// Ask for a secret on the terminal, without echo; refused when standard input is not one.
+pub(crate) fn prompt_terminal(prompt: &str) -> Result<SecretBytes, CliError> {
     if !std::io::stdin().is_terminal() {
         return Err(CliError::usage(
             "no --key-file given and standard input is not a terminal, so there is no way to ask for the passphrase",

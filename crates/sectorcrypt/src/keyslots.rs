@@ -19,6 +19,7 @@ use crate::chip::open_header;
 use crate::exit::{open_failed, CliError};
 use crate::keyfile::KeyArgs;
 use crate::pbkdf_args::{NewKeyArgs, PbkdfArgs};
+use crate::unlock::{unlock, TokenArgs, Tokens};
 
 /// Open `path` (a file, block device or RBD image) for writing, locked against every other
 /// process until it is dropped: exit 4 if it is missing or not writable, 5 if another process
@@ -117,6 +118,8 @@ pub(crate) struct AddKeyArgs {
     slot: SlotArgs,
     #[command(flatten)]
     new: NewKeyArgs,
+    #[command(flatten)]
+    tokens: TokenArgs,
     /// Add a keyslot bound to no segment (LUKS2), holding a new random key of --key-size bits
     /// (default: the volume key's size) or the key in --volume-key-file; no existing passphrase
     /// is asked, as with cryptsetup.
@@ -148,8 +151,15 @@ pub(crate) fn add_key(args: AddKeyArgs) -> Result<(), CliError> {
     if args.unbound {
         return add_unbound_key(&args, &*dev, &mut header, &pbkdf);
     }
-    let existing = s.key.read("Enter any existing passphrase: ")?;
-    let unlocked = header.unlock(&*dev, &existing, None)?;
+    let (unlocked, _) = unlock(
+        &s.key,
+        &args.tokens,
+        Tokens::WhenAsked,
+        &header,
+        &s.device,
+        None,
+        |pass, slot| header.unlock(&*dev, pass, slot),
+    )?;
     let new = new_passphrase(
         args.new.new_key_file.as_ref(),
         &KeyArgs::default(),

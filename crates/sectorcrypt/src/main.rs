@@ -7,6 +7,7 @@ mod benchmark;
 mod chip;
 mod config;
 mod device;
+mod enroll;
 mod examples;
 mod exit;
 mod flash;
@@ -25,6 +26,7 @@ mod progress;
 mod resize;
 mod secrets;
 mod serve;
+mod unlock;
 
 use std::process::ExitCode;
 
@@ -90,6 +92,10 @@ enum Command {
     #[command(name = "kill-slot", alias = "luksKillSlot")]
     #[command(after_help = examples::KILL_SLOT)]
     KillSlot(keyslots::KillSlotArgs),
+    /// Add a keyslot that a PKCS#11 security token unlocks, with the token that releases it
+    /// (systemd-cryptenroll); optionally remove other keyslots (--wipe-slot).
+    #[command(after_help = examples::ENROLL)]
+    Enroll(enroll::EnrollArgs),
     /// Save the header and keyslots to a file (cryptsetup luksHeaderBackup).
     #[command(name = "header-backup", alias = "luksHeaderBackup")]
     #[command(after_help = examples::HEADER_BACKUP)]
@@ -190,6 +196,7 @@ fn main() -> ExitCode {
         Command::RemoveKey(args) => keyslots::remove_key(args),
         Command::ChangeKey(args) => keyslots::change_key(args),
         Command::KillSlot(args) => keyslots::kill_slot(args),
+        Command::Enroll(args) => enroll::enroll(args),
         Command::HeaderBackup(args) => backup::header_backup(args),
         Command::HeaderRestore(args) => backup::header_restore(args),
         Command::Config(args) => config::config(args),

@@ -18,6 +18,7 @@ use crate::device;
 use crate::exit::{open_failed, CliError};
 use crate::keyfile::KeyArgs;
 use crate::online::{Host, Served};
+use crate::unlock::{unlock, TokenArgs, Tokens};
 
 /// The volume to open and how.
 #[derive(clap::Args, Debug)]
@@ -30,6 +31,8 @@ pub(crate) struct VolumeArgs {
     pub header: Option<PathBuf>,
     #[command(flatten)]
     pub key: KeyArgs,
+    #[command(flatten)]
+    pub tokens: TokenArgs,
     /// Only try this keyslot.
     #[arg(short = 'S', long = "key-slot", value_name = "N")]
     pub key_slot: Option<usize>,
@@ -122,12 +125,18 @@ impl VolumeArgs {
             None => Arc::clone(&data),
         };
         let mut header = Header::read(&*header_dev)?;
-        let pass = self
-            .key
-            .read(&format!("Enter passphrase for {}: ", self.device.display()))?;
-        // As `cryptsetup open` checks before activating: the passphrase, and during an in-place
-        // conversion its metadata's digest, before anything is finished or written.
-        let mut unlocked = header.unlock_checked(&*header_dev, &pass, self.key_slot, false)?;
+        // As `cryptsetup open` checks before activating: the passphrase (or a token's), and
+        // during an in-place conversion its metadata's digest, before anything is finished or
+        // written.
+        let (mut unlocked, pass) = unlock(
+            &self.key,
+            &self.tokens,
+            Tokens::ByDefault,
+            &header,
+            &self.device,
+            self.key_slot,
+            |pass, slot| header.unlock_checked(&*header_dev, pass, slot, false),
+        )?;
         let options = VolumeOptions {
             read_only: self.readonly,
             allow_discards: self.allow_discards,

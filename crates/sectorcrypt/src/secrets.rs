@@ -20,12 +20,17 @@ pub(crate) fn protect_process(verbose: bool) {
     }
 }
 
+/// Whether `--verbose` was given (for the reasons a token was passed over, too).
+pub(crate) fn verbose() -> bool {
+    VERBOSE.load(Ordering::Relaxed)
+}
+
 /// The keys are in place: wipe what unlocking left on this thread's stack, and say (with
 /// `--verbose`) how much key memory is locked. Called from the frame that did the unlocking, so
 /// the frames below it, where the key schedules and hashes ran, are the ones overwritten.
 pub(crate) fn keys_ready() {
     sectorcrypt_secret::scrub_stack();
-    if VERBOSE.load(Ordering::Relaxed) {
+    if verbose() {
         eprintln!(
             "sectorcrypt: {} KiB of memory holding keys is locked",
             sectorcrypt_secret::locked_bytes() / 1024

@@ -30,7 +30,8 @@ use super::limits::{DIGESTS_MAX, DIGEST_ITER_TIME_MS, KDF_SALT_LEN, KEYSLOTS_MAX
 use super::metadata::{
     Af, Area, Digest, Keyslot, KeyslotKdf, Luks2Keyslot, Metadata, Pbkdf2Digest, Priority,
 };
-use super::pbkdf::Pbkdf;
+use super::pbkdf::{Pbkdf, PbkdfKind};
+use super::token::TOKENS_MAX;
 use super::Header;
 use crate::error::Error;
 use crate::hash::Hash;
@@ -525,15 +526,72 @@ impl Header {
         slot: Option<usize>,
         pbkdf: &Pbkdf,
     ) -> Result<usize, Error> {
+        let (slot, _) =
+            self.add_keyslot_and_token(dev, volume_key, passphrase, slot, pbkdf, None)?;
+        Ok(slot)
+    }
+
+    /// [`Header::add_keyslot`] with a token that releases its passphrase (what
+    /// `systemd-cryptenroll` and `clevis luks bind` add): `token`'s `keyslots` is set to the new
+    /// slot, and the token takes the first free number. Returns the slot and token numbers.
+    ///
+    /// Crash safety: keyslot and token are named by one metadata write, so a power cut never
+    /// leaves a keyslot whose passphrase nothing holds (systemd and clevis write them one after
+    /// the other).
+    pub fn add_keyslot_with_token(
+        &mut self,
+        dev: &dyn Storage,
+        volume_key: &[u8],
+        passphrase: &[u8],
+        slot: Option<usize>,
+        pbkdf: &Pbkdf,
+        token: Value,
+    ) -> Result<(usize, u32), Error> {
+        let (slot, token) =
+            self.add_keyslot_and_token(dev, volume_key, passphrase, slot, pbkdf, Some(token))?;
+        Ok((slot, token.expect("a token was given")))
+    }
+
+    fn add_keyslot_and_token(
+        &mut self,
+        dev: &dyn Storage,
+        volume_key: &[u8],
+        passphrase: &[u8],
+        slot: Option<usize>,
+        pbkdf: &Pbkdf,
+        token: Option<Value>,
+    ) -> Result<(usize, Option<u32>), Error> {
         self.check_writable()?;
         let digest = self.verified_digest(volume_key)?;
         let slot = self.pick_slot(slot)?;
-        let ks = self.stage_keyslot(dev, volume_key, passphrase, pbkdf, &[], Hash::Sha256, None)?;
+        let token_id = match token {
+            Some(_) => Some(
+                (0..TOKENS_MAX)
+                    .find(|n| self.metadata.tokens.get(*n).is_none())
+                    .ok_or_else(|| Error::Unsupported("every token number is taken".into()))?,
+            ),
+            None => None,
+        };
+        // cryptsetup splits a keyslot's key with its PBKDF2 hash (the token keyslots systemd
+        // writes are sha512 throughout), else with sha256.
+        let af_hash = match pbkdf.kind {
+            PbkdfKind::Pbkdf2 { hash } => hash,
+            PbkdfKind::Argon2 { .. } => Hash::Sha256,
+        };
+        let ks = self.stage_keyslot(dev, volume_key, passphrase, pbkdf, &[], af_hash, None)?;
         let mut md = self.metadata.clone();
         md.keyslots.0.push((slot, Keyslot::Luks2(Box::new(ks))));
         md.assign_digest(digest, slot)?;
+        if let (Some(id), Some(mut token)) = (token_id, token) {
+            let Some(object) = token.as_object_mut() else {
+                return Err(Error::Unsupported("a token is a JSON object".into()));
+            };
+            object.insert("keyslots".into(), Value::from(vec![slot.to_string()]));
+            md.tokens.0.push((id, token));
+            md.tokens.0.sort_by_key(|(n, _)| *n);
+        }
         self.commit(dev, &md)?;
-        Ok(slot as usize)
+        Ok((slot as usize, token_id))
     }
 
     /// Stage a keyslot holding a *new* volume key `new_vk` for `passphrase`, under a pbkdf2
@@ -727,6 +785,49 @@ impl Header {
             self.wipe_area(dev, offset, size)?;
         }
         Ok(())
+    }
+
+    /// Remove several keyslots and the tokens that released only their passphrases
+    /// (`systemd-cryptenroll --wipe-slot`), in one metadata write, then overwrite their areas.
+    /// Returns the numbers of the tokens removed. Nothing is written when a slot is not in use.
+    pub fn kill_keyslots_and_tokens(
+        &mut self,
+        dev: &dyn Storage,
+        slots: &[usize],
+    ) -> Result<Vec<u32>, Error> {
+        self.check_writable()?;
+        let mut md = self.metadata.clone();
+        let mut areas = Vec::new();
+        for &slot in slots {
+            let Some(k) = u32::try_from(slot).ok().and_then(|s| md.keyslots.get(s)) else {
+                return Err(Error::Unsupported(format!("keyslot {slot} is not in use")));
+            };
+            areas.extend(k.area());
+            md.remove_keyslot(slot as u32);
+        }
+        // A token whose every keyslot went releases nothing any more.
+        let emptied: Vec<u32> = md
+            .tokens
+            .iter()
+            .filter(|(n, t)| {
+                let now_empty = t
+                    .get("keyslots")
+                    .and_then(Value::as_array)
+                    .is_some_and(Vec::is_empty);
+                let before = self.metadata.tokens.get(*n).and_then(|t| t.get("keyslots"));
+                now_empty
+                    && before
+                        .and_then(Value::as_array)
+                        .is_some_and(|k| !k.is_empty())
+            })
+            .map(|(n, _)| n)
+            .collect();
+        md.tokens.0.retain(|(n, _)| !emptied.contains(n));
+        self.commit(dev, &md)?;
+        for (offset, size) in areas {
+            self.wipe_area(dev, offset, size)?;
+        }
+        Ok(emptied)
     }
 
     /// Overwrite a keyslot area no keyslot uses any more, within the keyslots area only.

@@ -183,6 +183,94 @@ fn change_keyslot_survives_every_power_cut() {
     sweep_change("change_keyslot (same number)", 0);
 }
 
+/// A `systemd-pkcs11` token, its keyslots still to be filled in.
+fn pkcs11_token() -> serde_json::Value {
+    serde_json::json!({"type": "systemd-pkcs11", "keyslots": [],
+        "pkcs11-uri": "pkcs11:token=t", "pkcs11-key": "AAAA"})
+}
+
+/// Whether the header on `bytes` has a token, and the keyslots it names.
+fn token_slots(bytes: &[u8]) -> Option<Vec<String>> {
+    let dev = MemStorage::new(bytes.to_vec());
+    let h = Header::read(&dev).ok()?;
+    let (_, t) = h.token_of_type("systemd-pkcs11")?;
+    Some(
+        t["keyslots"]
+            .as_array()?
+            .iter()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect(),
+    )
+}
+
+/// A keyslot enrolled with its token (`enroll`): at every cut, either neither is there or both
+/// are, the token naming the new keyslot; never a keyslot whose passphrase nothing holds.
+#[test]
+fn add_keyslot_with_token_survives_every_power_cut() {
+    let (start, vk) = formatted(b"A");
+    let cands: &[&[u8]] = &[b"A", b"T"];
+    let token = pkcs11_token();
+    let report = sweep::sweep(
+        &[start],
+        |devs| {
+            let dev = &devs[0];
+            let mut h = Header::read(dev)?;
+            h.add_keyslot_with_token(dev, &vk, b"T", None, &pbkdf(), token.clone())
+                .map(|_| ())
+        },
+        |s| {
+            let bytes = s.devices[0].contents();
+            let (set, key) = opening_set(&bytes, cands)?.ok_or("no usable header")?;
+            if key.as_deref() != Some(&vk[..]) {
+                return Err("the volume key changed".into());
+            }
+            match (set.as_slice(), token_slots(&bytes)) {
+                ([0, 1], Some(slots)) if slots == ["1"] => Ok(()),
+                ([0], None) if !s.complete => Ok(()),
+                other => Err(format!("neither old nor new: {other:?}")),
+            }
+        },
+    );
+    report.assert_no_loss("add_keyslot_with_token");
+    assert!(report.operations + 1 >= 9, "cut points");
+}
+
+/// `enroll --wipe-slot`: keyslots 1 and 2 and the token that held only keyslot 1 go in one
+/// metadata write; at every cut either all are there or none is.
+#[test]
+fn kill_keyslots_and_tokens_survives_every_power_cut() {
+    let (start, vk) = formatted(b"A");
+    let dev = MemStorage::new(start);
+    let mut h = Header::read(&dev).unwrap();
+    let token = pkcs11_token();
+    h.add_keyslot_with_token(&dev, &vk, b"T", None, &pbkdf(), token)
+        .unwrap();
+    h.add_keyslot(&dev, &vk, b"C", None, &pbkdf()).unwrap();
+    let cands: &[&[u8]] = &[b"A", b"T", b"C"];
+    let report = sweep::sweep(
+        &[dev.contents()],
+        |devs| {
+            let dev = &devs[0];
+            let removed = Header::read(dev)?.kill_keyslots_and_tokens(dev, &[1, 2])?;
+            assert_eq!(removed, [0], "the token of keyslot 1 is removed");
+            Ok::<_, Error>(())
+        },
+        |s| {
+            let bytes = s.devices[0].contents();
+            let (set, key) = opening_set(&bytes, cands)?.ok_or("no usable header")?;
+            if key.as_deref() != Some(&vk[..]) {
+                return Err("the volume key changed".into());
+            }
+            match (set.as_slice(), token_slots(&bytes)) {
+                ([0, 1, 2], Some(slots)) if slots == ["1"] && !s.complete => Ok(()),
+                ([0], None) => Ok(()),
+                other => Err(format!("neither old nor new: {other:?}")),
+            }
+        },
+    );
+    report.assert_no_loss("kill_keyslots_and_tokens");
+}
+
 /// The restored backup's keyslot 0 area is the one the current keyslot 0 uses with other
 /// material: the restore must move the current keyslot away first.
 #[test]

@@ -82,3 +82,20 @@ pub(crate) fn sc_exits(args: &[&str], code: i32) -> String {
     assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
     err
 }
+
+/// A sparse `len`-byte LUKS2 volume made by cryptsetup with the passphrase in `key`.
+pub(crate) fn luks2_volume(path: &Path, len: u64, key: &Path) {
+    std::fs::File::create(path).unwrap().set_len(len).unwrap();
+    ok(
+        cs_fast(&[
+            "luksFormat",
+            "-q",
+            "--type",
+            "luks2",
+            "--key-file",
+            p(key),
+            p(path),
+        ]),
+        "luksFormat",
+    );
+}

@@ -283,19 +283,8 @@ fn refused_commands_change_nothing() {
 fn requirements_and_damage_are_refused_without_writing() {
     let dir = scratch("luks_write-requirements");
     let (a, new) = (key(&dir, "a"), key(&dir, "new"));
-    let img = image(&dir, "reenc", 32);
-    ok(
-        cs_fast(&[
-            "luksFormat",
-            "-q",
-            "--type",
-            "luks2",
-            "--key-file",
-            p(&a),
-            p(&img),
-        ]),
-        "format",
-    );
+    let img = dir.join("reenc.img");
+    crate::common::luks2_volume(&img, 32 << 20, &a);
     ok(
         cs_fast(&[
             "reencrypt",

@@ -27,3 +27,4 @@ mod secrets;
 mod serve_converting;
 mod study;
 mod tls;
+mod tokens;

@@ -261,6 +261,12 @@ impl Served {
         Served::launch(dir, program, args, ready)
     }
 
+    /// `program ARGS`: a serving command built by the caller (with an environment of its own),
+    /// started as [`Served::start`].
+    pub(crate) fn start_program(dir: &Path, program: Command, args: &[&str]) -> Served {
+        Served::launch(dir, program, args, "sectorcrypt: serving ")
+    }
+
     /// `sectorcrypt serve ARGS` run by `wrapper` (`strace ... --`), started as
     /// [`Served::start`].
     pub(crate) fn start_wrapped(dir: &Path, wrapper: &[&str], args: &[&str]) -> Served {

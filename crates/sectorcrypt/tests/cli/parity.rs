@@ -14,7 +14,9 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::common::{cs, cs_fast, key, ok, p, sc, sc_exits, scratch, with_fast_pbkdf};
+use crate::common::{
+    cs, cs_fast, key, luks2_volume, ok, p, sc, sc_exits, scratch, with_fast_pbkdf,
+};
 use crate::nbd::serve_refused;
 use sectorcrypt_testkit::luks2_json::{edit_json, json_at, reencrypt_keyslot, require_unknown};
 
@@ -41,23 +43,6 @@ fn assert_same(device: &Path, cases: &[(&[&str], &Path, i32)], what: &str) {
             key.display()
         );
     }
-}
-
-/// A sparse `len`-byte LUKS2 volume made by cryptsetup with the passphrase in `key`.
-fn luks2_volume(path: &Path, len: u64, key: &Path) {
-    std::fs::File::create(path).unwrap().set_len(len).unwrap();
-    ok(
-        cs_fast(&[
-            "luksFormat",
-            "-q",
-            "--type",
-            "luks2",
-            "--key-file",
-            p(key),
-            p(path),
-        ]),
-        "luksFormat",
-    );
 }
 
 #[test]

@@ -1,0 +1,542 @@
+//! Unlocking by token (issue 33) against the real tools on the other side: SoftHSM as the
+//! security token (through p11-kit's proxy, as systemd loads it), `systemd-cryptenroll` to
+//! enroll, and cryptsetup with systemd's token plugin to unlock. Each test has a SoftHSM token
+//! store of its own (`SOFTHSM2_CONF`, passed to each child, never set in this process).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+use crate::common::{
+    cryptsetup_volume_key, cs_fast, key, luks2_volume, ok, p, run, sc_fast, scratch, Scratch,
+};
+use crate::nbd::{assert_same, read_file, tool, write_file, Served, BIN};
+
+const PIN: &str = "123456";
+const SOFTHSM_MODULE: &str = "/usr/lib/softhsm/libsofthsm2.so";
+
+/// A SoftHSM token "sc-test" holding an RSA-2048 key and its certificate under id 01.
+struct Hsm {
+    dir: Scratch,
+    conf: PathBuf,
+}
+
+impl Hsm {
+    fn new(name: &str) -> Hsm {
+        let dir = scratch(&format!("token-{name}"));
+        let conf = dir.join("softhsm2.conf");
+        std::fs::create_dir(dir.join("tokens")).unwrap();
+        std::fs::write(
+            &conf,
+            format!(
+                "directories.tokendir = {}\nobjectstore.backend = file\nlog.level = ERROR\n",
+                dir.join("tokens").display()
+            ),
+        )
+        .unwrap();
+        let hsm = Hsm { dir, conf };
+        ok(
+            run(hsm.cmd("softhsm2-util").args([
+                "--init-token",
+                "--free",
+                "--label",
+                "sc-test",
+                "--so-pin",
+                "87654321",
+                "--pin",
+                PIN,
+            ])),
+            "softhsm2-util --init-token",
+        );
+        let d = |n: &str| hsm.dir.join(n);
+        let openssl = |args: &[&str]| ok(run(Command::new("openssl").args(args)), "openssl");
+        let (key_pem, cert_pem) = (d("key.pem"), d("cert.pem"));
+        let (key_der, cert_der) = (d("key.der"), d("cert.der"));
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=sc-test",
+            "-days",
+            "3650",
+            "-keyout",
+            p(&key_pem),
+            "-out",
+            p(&cert_pem),
+        ]);
+        openssl(&[
+            "pkcs8",
+            "-topk8",
+            "-nocrypt",
+            "-outform",
+            "DER",
+            "-in",
+            p(&key_pem),
+            "-out",
+            p(&key_der),
+        ]);
+        openssl(&[
+            "x509",
+            "-outform",
+            "DER",
+            "-in",
+            p(&cert_pem),
+            "-out",
+            p(&cert_der),
+        ]);
+        for (file, kind) in [("key.der", "privkey"), ("cert.der", "cert")] {
+            ok(
+                run(hsm.cmd("pkcs11-tool").args([
+                    "--module",
+                    SOFTHSM_MODULE,
+                    "--login",
+                    "--pin",
+                    PIN,
+                    "--token-label",
+                    "sc-test",
+                    "--id",
+                    "01",
+                    "--label",
+                    "sc-key",
+                    "--type",
+                    kind,
+                    "--write-object",
+                    p(&d(file)),
+                ])),
+                "pkcs11-tool --write-object",
+            );
+        }
+        hsm
+    }
+
+    fn cmd(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        c.env("SOFTHSM2_CONF", &self.conf);
+        c
+    }
+
+    /// `sectorcrypt ARGS` (with fast key derivation where a keyslot is made) seeing the token.
+    fn sc(&self, args: &[&str]) -> Output {
+        run(self.cmd(BIN).args(args))
+    }
+
+    /// `sectorcrypt ARGS`, which must exit with `code`; its standard error.
+    fn sc_exits(&self, args: &[&str], code: i32) -> String {
+        let out = self.sc(args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(code), "sectorcrypt {args:?}: {err}");
+        err
+    }
+
+    /// A file holding `pin` and a newline.
+    fn pin_file(&self, name: &str, pin: &str) -> PathBuf {
+        let f = self.dir.join(name);
+        std::fs::write(&f, format!("{pin}\n")).unwrap();
+        f
+    }
+
+    /// Whether `cryptsetup open --test-passphrase --token-only` (systemd's plugin) opens `img`
+    /// with `pin` on its standard input.
+    fn opens_in_cryptsetup(&self, img: &Path, pin: &str) -> bool {
+        let mut child = self
+            .cmd("cryptsetup")
+            .args(["open", "--test-passphrase", "--token-only", p(img)])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cryptsetup");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(format!("{pin}\n").as_bytes())
+            .unwrap();
+        child.wait().unwrap().success()
+    }
+}
+
+/// A LUKS2 image formatted by cryptsetup with the passphrase in `pass`.
+fn cryptsetup_image(dir: &Path, pass: &Path) -> PathBuf {
+    let img = dir.join("disk.img");
+    luks2_volume(&img, 32 << 20, pass);
+    img
+}
+
+/// `systemd-cryptenroll --pkcs11-token-uri URI` of `img`, unlocked by the passphrase in `pass`.
+fn systemd_enroll(hsm: &Hsm, pass: &Path, img: &Path, uri: &str) {
+    ok(
+        run(hsm.cmd("systemd-cryptenroll").env("PIN", PIN).args([
+            &format!("--unlock-key-file={}", p(pass)),
+            &format!("--pkcs11-token-uri={uri}"),
+            p(img),
+        ])),
+        "systemd-cryptenroll",
+    );
+}
+
+fn header_json(img: &Path) -> Value {
+    let out = ok(
+        crate::common::sc(&["dump", "--json", p(img)]),
+        "dump --json",
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// 1. A volume `systemd-cryptenroll` enrolled opens here by its token, with the same volume key
+///    as its passphrase gives (the token URI says `type=cert`, which systemd 252's own plugin
+///    refuses; the private key beside the certificate is used).
+/// 2. A wrong PIN, and no PIN at all, are refused with exit 2 and leave the image unchanged.
+#[test]
+fn a_volume_systemd_enrolled_unlocks_here_and_a_wrong_pin_changes_nothing() {
+    let hsm = Hsm::new("systemd");
+    let pass = key(&hsm.dir, "pass");
+    let img = cryptsetup_image(&hsm.dir, &pass);
+    systemd_enroll(&hsm, &pass, &img, "pkcs11:token=sc-test;id=%01;type=cert");
+    let pin = hsm.pin_file("pin", PIN);
+    let err = hsm.sc_exits(
+        &[
+            "test-passphrase",
+            "--token-only",
+            "--token-pin-file",
+            p(&pin),
+            p(&img),
+        ],
+        0,
+    );
+    assert!(err.contains("Key slot 1 unlocked."), "{err}");
+    let out = ok(
+        hsm.sc(&[
+            "dump",
+            "--dump-volume-key",
+            "--json",
+            "-q",
+            "--token-type",
+            "systemd-pkcs11",
+            "--token-only",
+            "--token-pin-file",
+            p(&pin),
+            p(&img),
+        ]),
+        "dump --dump-volume-key by token",
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["volume_key"], cryptsetup_volume_key(&img, &pass));
+
+    let before = std::fs::read(&img).unwrap();
+    let bad = hsm.pin_file("bad", "000000");
+    let err = hsm.sc_exits(
+        &[
+            "test-passphrase",
+            "--token-only",
+            "--token-pin-file",
+            p(&bad),
+            p(&img),
+        ],
+        2,
+    );
+    assert!(err.contains("refused the PIN"), "{err}");
+    let err = hsm.sc_exits(&["test-passphrase", "--token-only", p(&img)], 2);
+    assert!(err.contains("needs a PIN"), "{err}");
+    assert!(
+        std::fs::read(&img).unwrap() == before,
+        "a refused PIN wrote to the image"
+    );
+}
+
+/// 1. `enroll` writes the token systemd writes: cryptsetup with systemd's plugin opens the
+///    volume by it, and refuses a wrong PIN.
+/// 2. The stored URI has no `type=cert` (systemd 252's plugin would refuse it), the keyslot is
+///    PBKDF2-SHA512 at 1,000 iterations as systemd's, and the encrypted key is one RSA-2048 block.
+/// 3. A second enrolment with `--wipe-slot password` removes the passphrase keyslot only: the
+///    passphrase no longer opens the volume, both tokens still do, in both tools.
+#[test]
+fn a_volume_enrolled_here_unlocks_in_cryptsetup_and_wipe_slot_retires_the_passphrase() {
+    let hsm = Hsm::new("enroll");
+    let pass = key(&hsm.dir, "pass");
+    let img = hsm.dir.join("disk.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    ok(
+        sc_fast(&["format", "-q", "--key-file", p(&pass), p(&img)]),
+        "format",
+    );
+    let pin = hsm.pin_file("pin", PIN);
+    let out = ok(
+        hsm.sc(&[
+            "enroll",
+            "--key-file",
+            p(&pass),
+            "--token-pin-file",
+            p(&pin),
+            "--json",
+            "--pkcs11-token-uri",
+            "pkcs11:token=sc-test;id=%01;type=cert",
+            p(&img),
+        ]),
+        "enroll",
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["keyslot"].as_u64(), v["token"].as_u64()),
+        (Some(1), Some(0))
+    );
+    let h = header_json(&img);
+    let token = &h["tokens"]["0"];
+    assert_eq!(token["type"], "systemd-pkcs11");
+    assert_eq!(token["keyslots"], serde_json::json!(["1"]));
+    assert_eq!(token["pkcs11-uri"], "pkcs11:token=sc-test;id=%01");
+    let encrypted = token["pkcs11-key"].as_str().unwrap();
+    assert_eq!(encrypted.len(), 344, "one 256-byte RSA block in base64");
+    let kdf = &h["keyslots"]["1"]["kdf"];
+    assert_eq!(
+        (kdf["type"].as_str(), kdf["hash"].as_str()),
+        (Some("pbkdf2"), Some("sha512"))
+    );
+    assert_eq!(kdf["iterations"], 1000);
+
+    assert!(
+        hsm.opens_in_cryptsetup(&img, PIN),
+        "cryptsetup's plugin opens it"
+    );
+    assert!(
+        !hsm.opens_in_cryptsetup(&img, "000000"),
+        "a wrong PIN opens it"
+    );
+
+    let out = ok(
+        hsm.sc(&[
+            "enroll",
+            "--key-file",
+            p(&pass),
+            "--json",
+            "--pkcs11-token-uri",
+            "pkcs11:token=sc-test;object=sc-key",
+            "--wipe-slot",
+            "password",
+            p(&img),
+        ]),
+        "enroll --wipe-slot password",
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["keyslot"], 2);
+    assert_eq!(v["wiped_keyslots"], serde_json::json!([0]));
+    assert!(
+        !crate::common::opens_in_cryptsetup(&img, &pass),
+        "the passphrase still opens it"
+    );
+    for token in ["0", "1"] {
+        hsm.sc_exits(
+            &[
+                "test-passphrase",
+                "--token-id",
+                token,
+                "--token-only",
+                "--token-pin-file",
+                p(&pin),
+                p(&img),
+            ],
+            0,
+        );
+    }
+    assert!(
+        hsm.opens_in_cryptsetup(&img, PIN),
+        "cryptsetup's plugin opens it"
+    );
+}
+
+/// 1. Without `--token-only`, a token that fails gives way to the passphrase, and `--verbose`
+///    says why it failed.
+/// 2. A token of a type sectorcrypt does not use is passed over with its reason.
+/// 3. Malformed systemd-pkcs11 tokens are refused by `token import`, each with its reason.
+/// 4. Bad option combinations and a LUKS1 volume are refused before anything is asked.
+#[test]
+fn a_failed_token_gives_way_to_the_passphrase() {
+    let hsm = Hsm::new("fallback");
+    let pass = key(&hsm.dir, "pass");
+    let img = cryptsetup_image(&hsm.dir, &pass);
+    systemd_enroll(&hsm, &pass, &img, "pkcs11:token=sc-test;id=%01");
+    let bad = hsm.pin_file("bad", "000000");
+    let err = hsm.sc_exits(
+        &[
+            "-v",
+            "test-passphrase",
+            "--token-id",
+            "0",
+            "--token-pin-file",
+            p(&bad),
+            "--key-file",
+            p(&pass),
+            p(&img),
+        ],
+        0,
+    );
+    assert!(
+        err.contains("token 0 (systemd-pkcs11): security token 'sc-test' refused the PIN")
+            && err.contains("Key slot 0 unlocked."),
+        "{err}"
+    );
+
+    // A systemd-pkcs11 token is checked on import as cryptsetup's plugin checks it.
+    let bad = hsm.dir.join("bad.json");
+    for (text, why) in [
+        (
+            r#"{"type":"systemd-pkcs11","keyslots":["0"],"pkcs11-key":"AAAA"}"#,
+            "pkcs11-uri",
+        ),
+        (
+            r#"{"type":"systemd-pkcs11","keyslots":["0"],"pkcs11-uri":"pkcs11:","pkcs11-key":7}"#,
+            "pkcs11-key",
+        ),
+        (
+            r#"{"type":"systemd-pkcs11","keyslots":[0],"pkcs11-uri":"pkcs11:","pkcs11-key":"AAAA"}"#,
+            "keyslots",
+        ),
+        (
+            r#"{"type":"systemd-pkcs11","keyslots":["0"],"pkcs11-uri":"pkcs11:?pin-value=1","pkcs11-key":"AAAA"}"#,
+            "PIN",
+        ),
+    ] {
+        std::fs::write(&bad, text).unwrap();
+        let err = hsm.sc_exits(&["token", "import", "--json-file", p(&bad), p(&img)], 1);
+        assert!(
+            err.contains("the token is not valid") && err.contains(why),
+            "{text}: {err}"
+        );
+    }
+    let long = format!(
+        r#"{{"type":"systemd-pkcs11","keyslots":["0"],"pkcs11-uri":"pkcs11:","pkcs11-key":"{}"}}"#,
+        "A".repeat(4000)
+    );
+    std::fs::write(&bad, long).unwrap();
+    let err = hsm.sc_exits(&["token", "import", "--json-file", p(&bad), p(&img)], 1);
+    assert!(err.contains("longer than"), "{err}");
+
+    let json = hsm.dir.join("other.json");
+    std::fs::write(&json, r#"{"type":"x-other","keyslots":["0"]}"#).unwrap();
+    ok(
+        hsm.sc(&["token", "import", "--json-file", p(&json), p(&img)]),
+        "token import",
+    );
+    let luks1 = hsm.dir.join("luks1.img");
+    std::fs::File::create(&luks1)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    ok(
+        cs_fast(&[
+            "luksFormat",
+            "-q",
+            "--type",
+            "luks1",
+            "--key-file",
+            p(&pass),
+            p(&luks1),
+        ]),
+        "luksFormat luks1",
+    );
+    let (img, pass, luks1) = (p(&img), p(&pass), p(&luks1));
+    let refused: [(&[&str], i32, &str); 6] = [
+        (
+            &["--token-only", "--token-type", "x-other", img],
+            2,
+            "token 1 (x-other): sectorcrypt does not use tokens of this type",
+        ),
+        (
+            &["--token-only", "--token-type", "systemd-tpm9", img],
+            2,
+            "it has no such token",
+        ),
+        (&["--token-only", "--key-file", pass, img], 1, "--key-file"),
+        (
+            &[
+                "--token-id",
+                "0",
+                "--token-pin-file",
+                "-",
+                "--key-file",
+                "-",
+                img,
+            ],
+            1,
+            "standard input",
+        ),
+        (&["--token-only", luks1], 1, "LUKS1"),
+        (&["--token-id", "0", "--key-file", pass, luks1], 1, "LUKS1"),
+    ];
+    for (args, code, why) in refused {
+        let err = hsm.sc_exits(&[&["test-passphrase"], args].concat(), code);
+        assert!(err.contains(why), "{args:?}: {err}");
+    }
+    let err = hsm.sc_exits(
+        &[
+            "enroll",
+            "--key-file",
+            pass,
+            "--pkcs11-token-uri",
+            "auto",
+            luks1,
+        ],
+        1,
+    );
+    assert!(err.contains("LUKS1"), "{err}");
+}
+
+/// `serve` unlocks by token alone: data written through a server unlocked by the passphrase
+/// reads back through one unlocked by the token.
+#[test]
+fn serve_unlocks_by_token() {
+    let hsm = Hsm::new("serve");
+    let pass = key(&hsm.dir, "pass");
+    let img = cryptsetup_image(&hsm.dir, &pass);
+    let pin = hsm.pin_file("pin", PIN);
+    ok(
+        hsm.sc(&[
+            "enroll",
+            "--key-file",
+            p(&pass),
+            "--token-pin-file",
+            p(&pin),
+            "--pkcs11-token-uri",
+            "pkcs11:token=sc-test;id=%01",
+            p(&img),
+        ]),
+        "enroll",
+    );
+    let data = sectorcrypt_testkit::pattern(1 << 20, 33);
+    let src = hsm.dir.join("data.bin");
+    write_file(&src, &data);
+    let sock = hsm.dir.join("s");
+    let by_pass = Served::unix(&hsm.dir, "s", &img, &pass, &[]);
+    tool("nbdcopy", &[p(&src), &by_pass.uri]);
+    by_pass.stop();
+    let mut program = hsm.cmd(BIN);
+    program.arg("serve");
+    let by_token = Served::start_program(
+        &hsm.dir,
+        program,
+        &[
+            p(&img),
+            "--token-only",
+            "--token-pin-file",
+            p(&pin),
+            "--socket",
+            p(&sock),
+        ],
+    );
+    let out = hsm.dir.join("back.bin");
+    tool("nbdcopy", &[&by_token.uri, p(&out)]);
+    by_token.stop();
+    assert_same(
+        &read_file(&out)[..data.len()],
+        &data,
+        "read back through the token's server",
+    );
+}
