@@ -1,11 +1,13 @@
-//! `enroll` (systemd-cryptenroll): a new keyslot with a random passphrase, and the token that
-//! releases it, written in one header update; then, with `--wipe-slot`, the keyslots to retire.
+//! `enroll` (systemd-cryptenroll, `clevis luks bind`): a new keyslot with a random passphrase,
+//! and the token that releases it, written in one header update; then, with `--wipe-slot`, the
+//! keyslots to retire.
 
 use std::path::PathBuf;
 
 use sectorcrypt_luks::Header;
 use sectorcrypt_storage::Storage;
-use sectorcrypt_token::{pkcs11, token_keyslot_pbkdf};
+use sectorcrypt_token::clevis::{self, Trust};
+use sectorcrypt_token::{pkcs11, Enrolment};
 use serde_json::Value;
 
 use crate::chip::open_header;
@@ -14,6 +16,7 @@ use crate::keyfile::KeyArgs;
 use crate::unlock::{pin_source, unlock, TokenArgs, Tokens};
 
 #[derive(clap::Args, Debug)]
+#[command(group = clap::ArgGroup::new("what").required(true).args(["pkcs11_token_uri", "clevis"]))]
 pub(crate) struct EnrollArgs {
     /// The LUKS2 device or image file, an RBD image or an encrypted flash.
     #[arg(value_name = "DEVICE")]
@@ -28,8 +31,19 @@ pub(crate) struct EnrollArgs {
     tokens: TokenArgs,
     /// Enroll the RSA certificate of a PKCS#11 security token (smart card, HSM) that this URI
     /// names, or 'auto' for the one certificate on the tokens present.
-    #[arg(long = "pkcs11-token-uri", value_name = "URI", required = true)]
-    pkcs11_token_uri: String,
+    #[arg(long = "pkcs11-token-uri", value_name = "URI")]
+    pkcs11_token_uri: Option<String>,
+    /// Bind to a clevis pin, as `clevis luks bind PIN`: `--clevis tang URL` (a tang server; its
+    /// signing keys are trusted by --tang-thumbprint, -q, or an answer on the terminal).
+    #[arg(long, num_args = 2, value_names = ["PIN", "URL"])]
+    clevis: Vec<String>,
+    /// Trust the tang server only if one of its signing keys has this thumbprint (as `clevis
+    /// encrypt tang '{"thp": ...}'`).
+    #[arg(long = "tang-thumbprint", value_name = "THP")]
+    tang_thumbprint: Option<String>,
+    /// Trust the tang server's signing keys without asking (clevis' -y).
+    #[arg(short = 'q', long = "batch-mode")]
+    batch: bool,
     /// Then remove these keyslots, comma-separated: numbers, 'all' (every other one), 'empty'
     /// (those with an empty passphrase), 'password' (those no token holds), 'recovery',
     /// 'pkcs11', 'fido2', 'tpm2' (those such tokens hold). The new keyslot is never removed.
@@ -65,24 +79,21 @@ pub(crate) fn enroll(args: EnrollArgs) -> Result<(), CliError> {
         None,
         |pass, slot| header.unlock(&*dev, pass, slot),
     )?;
-    let mut pins = pin_source(&args.tokens)?;
-    let enrolment = pkcs11::enroll(&args.pkcs11_token_uri, &mut pins).map_err(|e| CliError {
-        code: match e {
-            sectorcrypt_token::Error::WrongPin(_) => Code::Permission,
-            _ => Code::Usage,
-        },
-        message: format!("cannot enroll the PKCS#11 token: {e}"),
-    })?;
+    let (enrolment, what) = make_enrolment(&args)?;
+    let kind = enrolment.token["type"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let (slot, token) = h.add_keyslot_with_token(
         &*dev,
         &unlocked.volume_key,
         &enrolment.passphrase,
         args.key_slot,
-        &token_keyslot_pbkdf(),
+        &enrolment.pbkdf,
         enrolment.token,
     )?;
     drop((unlocked, enrolment.passphrase));
-    eprintln!("New PKCS#11 token enrolled as key slot {slot}.");
+    eprintln!("New {what} enrolled as key slot {slot}.");
     let doomed = wipe.slots(&h, &*dev, slot);
     let removed_tokens = if doomed.is_empty() {
         Vec::new()
@@ -105,13 +116,71 @@ pub(crate) fn enroll(args: EnrollArgs) -> Result<(), CliError> {
             serde_json::json!({
                 "keyslot": slot,
                 "token": token,
-                "type": pkcs11::TYPE,
+                "type": kind,
                 "wiped_keyslots": doomed,
                 "removed_tokens": removed_tokens,
             })
         );
     }
     Ok(())
+}
+
+/// The new passphrase and its token, from the token device or server asked for; and what it
+/// is, for the message.
+fn make_enrolment(args: &EnrollArgs) -> Result<(Enrolment, &'static str), CliError> {
+    let failed = |what: &'static str| {
+        move |e: sectorcrypt_token::Error| CliError {
+            code: match e {
+                sectorcrypt_token::Error::WrongPin(_) => Code::Permission,
+                _ => Code::Usage,
+            },
+            message: format!("cannot enroll {what}: {e}"),
+        }
+    };
+    if let Some(uri) = &args.pkcs11_token_uri {
+        let mut pins = pin_source(&args.tokens)?;
+        let e = pkcs11::enroll(uri, &mut pins).map_err(failed("the PKCS#11 token"))?;
+        return Ok((e, "PKCS#11 token"));
+    }
+    let (pin, url) = (&args.clevis[0], &args.clevis[1]);
+    if pin != "tang" {
+        return Err(CliError::usage(format!(
+            "--clevis {pin}: sectorcrypt binds the tang pin (--clevis tang URL)"
+        )));
+    }
+    let mut ask = |thumbprints: &[String]| ask_trust(url, thumbprints);
+    let trust = match (&args.tang_thumbprint, args.batch) {
+        (Some(t), _) => Trust::Thumbprint(t),
+        (None, true) => Trust::Any,
+        (None, false) => Trust::Ask(&mut ask),
+    };
+    let e = clevis::enroll_tang(url, trust).map_err(|e| {
+        let mut err = failed("the tang server")(e);
+        if err.message.contains("not trusted") {
+            err.message += "; trust them with --tang-thumbprint THP or -q";
+        }
+        err
+    })?;
+    Ok((e, "clevis (tang) token"))
+}
+
+/// Ask on the terminal whether to trust a tang server's signing keys, as clevis asks; without a
+/// terminal, no (the error then names the thumbprints and the options that trust them).
+fn ask_trust(url: &str, thumbprints: &[String]) -> bool {
+    use std::io::IsTerminal;
+    if !std::io::stdin().is_terminal() {
+        return false;
+    }
+    eprintln!(
+        "The advertisement of {url} contains the following signing keys:
+"
+    );
+    for t in thumbprints {
+        eprintln!("{t}");
+    }
+    eprint!("\nDo you wish to trust these keys? [yn] ");
+    let mut answer = String::new();
+    std::io::stdin().read_line(&mut answer).is_ok() && answer.trim().eq_ignore_ascii_case("y")
 }
 
 /// What `--wipe-slot` names, as systemd-cryptenroll reads it.

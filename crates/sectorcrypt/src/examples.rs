@@ -47,7 +47,7 @@ pub(crate) const KILL_SLOT: &str = "Examples:
 pub(crate) const ENROLL: &str = "Examples:
   sectorcrypt enroll disk.img --pkcs11-token-uri auto --key-file pass.txt   # the one certificate present
   sectorcrypt enroll disk.img --pkcs11-token-uri 'pkcs11:token=mytoken;id=%01' --wipe-slot password
-  sectorcrypt test-passphrase disk.img --token-only                         # asks the token's PIN
+  sectorcrypt enroll disk.img --clevis tang http://tang.example --tang-thumbprint THP --key-file pass.txt
   sectorcrypt serve disk.img --token-only --token-pin-file pin.txt --socket /tmp/disk.sock";
 
 pub(crate) const HEADER_BACKUP: &str = "Examples:

@@ -22,7 +22,7 @@ pub(crate) struct TokenArgs {
     /// Try only token N.
     #[arg(long = "token-id", value_name = "N", value_parser = clap::value_parser!(u32).range(0..32))]
     pub token_id: Option<u32>,
-    /// Try only tokens of this type (systemd-pkcs11).
+    /// Try only tokens of this type (systemd-pkcs11, clevis).
     #[arg(long = "token-type", value_name = "TYPE")]
     pub token_type: Option<String>,
     /// Read a token's PIN from the first line of FILE ('-' = standard input) instead of asking
@@ -103,17 +103,14 @@ pub(crate) fn unlock<T>(
         }
     }
     if tokens.token_only {
-        let why = match reasons.as_slice() {
-            [] => "it has no such token".to_string(),
-            [one] => one.to_string(),
-            many => format!(
-                "{} tokens failed ({}; --verbose says why each)",
-                many.len(),
-                many.iter()
-                    .map(|r| r.token.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
+        let why = if reasons.is_empty() {
+            "it has no such token".to_string()
+        } else {
+            reasons
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
         };
         return Err(CliError {
             code: Code::Permission,

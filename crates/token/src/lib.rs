@@ -10,6 +10,8 @@
 //!
 //! - `systemd-pkcs11` ([`pkcs11`]): a random key encrypted to an RSA key on a smart card or HSM,
 //!   decrypted there; the passphrase is that key in base64.
+//! - `clevis` ([`clevis`]): the passphrase is a JWE's plaintext; with the `tang` pin its key is
+//!   recovered from a tang server without the server learning it.
 //!
 //! A token that cannot be used here and now (no such device, a PIN refused, a type this crate
 //! does not know) is one [`Reason`] among the others; the caller decides whether to fall back to
@@ -18,12 +20,13 @@
 //! Secrets: a released passphrase and a PIN are [`SecretBytes`] (locked, not dumped, zeroized);
 //! what a PKCS#11 module returns is copied there at once and its buffer zeroized.
 
+pub mod clevis;
 pub mod pkcs11;
 
 use std::fmt;
 
 use base64::Engine;
-use sectorcrypt_luks::luks2::{self, Pbkdf, PbkdfKind};
+use sectorcrypt_luks::luks2::{self, Pbkdf};
 use sectorcrypt_luks::Error as LuksError;
 use sectorcrypt_secret::SecretBytes;
 use serde_json::Value;
@@ -117,7 +120,7 @@ pub enum Outcome<T> {
 }
 
 /// The token types this crate can use.
-pub const KNOWN_TYPES: &[&str] = &[pkcs11::TYPE];
+pub const KNOWN_TYPES: &[&str] = &[pkcs11::TYPE, clevis::TYPE];
 
 /// Try the tokens of `header` that `choice` allows, in number order (as cryptsetup does). Each
 /// released passphrase goes to `attempt` with each keyslot the token names; the first that
@@ -163,6 +166,7 @@ pub fn unlock<T>(
         }
         let released = match kind {
             pkcs11::TYPE => pkcs11::release(token, pins),
+            clevis::TYPE => clevis::release(token),
             _ => Err(Error::Unavailable(format!(
                 "sectorcrypt does not use tokens of this type (it uses {})",
                 KNOWN_TYPES.join(", ")
@@ -209,6 +213,10 @@ pub fn validate(token: &Value) -> Result<(), Error> {
         Some(pkcs11::TYPE) => {
             keyslots(token)?;
             pkcs11::parse(token).map(drop)
+        }
+        Some(clevis::TYPE) => {
+            keyslots(token)?;
+            clevis::parse(token).map(drop)
         }
         _ => Ok(()),
     }
@@ -257,26 +265,16 @@ fn base64_passphrase(key: &[u8]) -> SecretBytes {
     out
 }
 
-/// What enrolment makes: the new keyslot's passphrase and the token that releases it (its
-/// `keyslots` still empty).
+/// What enrolment makes: the new keyslot's passphrase, the token that releases it (its
+/// `keyslots` still empty), and the KDF the other tool gives such a keyslot (its passphrase is
+/// random, so the cheapest: an expensive KDF would only slow every unlock down).
 pub struct Enrolment {
     /// The passphrase for the new keyslot.
     pub passphrase: SecretBytes,
     /// The token object to store with it.
     pub token: Value,
-}
-
-/// The KDF of a keyslot whose passphrase a token holds: the passphrase is a random key, so
-/// PBKDF2 with 1,000 iterations, as systemd-cryptenroll writes (an expensive KDF would only
-/// slow every unlock down).
-pub fn token_keyslot_pbkdf() -> Pbkdf {
-    Pbkdf {
-        kind: PbkdfKind::Pbkdf2 {
-            hash: sectorcrypt_luks::hash::Hash::Sha512,
-        },
-        forced_iterations: Some(1000),
-        ..Pbkdf::default()
-    }
+    /// The new keyslot's KDF.
+    pub pbkdf: Pbkdf,
 }
 
 #[cfg(test)]

@@ -355,7 +355,8 @@ fn a_volume_enrolled_here_unlocks_in_cryptsetup_and_wipe_slot_retires_the_passph
 /// 1. Without `--token-only`, a token that fails gives way to the passphrase, and `--verbose`
 ///    says why it failed.
 /// 2. A token of a type sectorcrypt does not use is passed over with its reason.
-/// 3. Malformed systemd-pkcs11 tokens are refused by `token import`, each with its reason.
+/// 3. Malformed systemd-pkcs11 and clevis tokens are refused by `token import`, each with its
+///    reason.
 /// 4. Bad option combinations and a LUKS1 volume are refused before anything is asked.
 #[test]
 fn a_failed_token_gives_way_to_the_passphrase() {
@@ -384,7 +385,7 @@ fn a_failed_token_gives_way_to_the_passphrase() {
         "{err}"
     );
 
-    // A systemd-pkcs11 token is checked on import as cryptsetup's plugin checks it.
+    // systemd-pkcs11 and clevis tokens are checked on import as cryptsetup's plugins check them.
     let bad = hsm.dir.join("bad.json");
     for (text, why) in [
         (
@@ -402,6 +403,11 @@ fn a_failed_token_gives_way_to_the_passphrase() {
         (
             r#"{"type":"systemd-pkcs11","keyslots":["0"],"pkcs11-uri":"pkcs11:?pin-value=1","pkcs11-key":"AAAA"}"#,
             "PIN",
+        ),
+        (r#"{"type":"clevis","keyslots":["0"]}"#, "jwe"),
+        (
+            r#"{"type":"clevis","keyslots":["0"],"jwe":{"protected":"!!","iv":"","ciphertext":"","tag":""}}"#,
+            "protected",
         ),
     ] {
         std::fs::write(&bad, text).unwrap();
@@ -538,5 +544,184 @@ fn serve_unlocks_by_token() {
         &read_file(&out)[..data.len()],
         &data,
         "read back through the token's server",
+    );
+}
+
+/// A tang server on loopback: Debian's `tangd` run per connection (as its systemd socket unit
+/// runs it), its keys made by `tangd-keygen` in the test's folder. Stopped when dropped.
+struct Tang {
+    url: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    addr: std::net::SocketAddr,
+}
+
+impl Tang {
+    fn start(db: &Path) -> Tang {
+        std::fs::create_dir_all(db).unwrap();
+        ok(
+            run(Command::new("/usr/libexec/tangd-keygen").arg(db)),
+            "tangd-keygen",
+        );
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (db, flag) = (db.to_path_buf(), stop.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if flag.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(conn) = conn else { continue };
+                let input = std::os::fd::OwnedFd::from(conn.try_clone().unwrap());
+                let output = std::os::fd::OwnedFd::from(conn);
+                let child = Command::new("/usr/libexec/tangd")
+                    .arg(&db)
+                    .stdin(Stdio::from(input))
+                    .stdout(Stdio::from(output))
+                    .stderr(Stdio::null())
+                    .spawn();
+                if let Ok(mut child) = child {
+                    std::thread::spawn(move || child.wait());
+                }
+            }
+        });
+        Tang {
+            url: format!("http://{addr}"),
+            stop,
+            addr,
+        }
+    }
+}
+
+impl Drop for Tang {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Wake the accept loop so that it sees the flag and closes the listener.
+        let _ = std::net::TcpStream::connect(self.addr);
+    }
+}
+
+/// 1. A volume `clevis luks bind ... tang` bound opens here by its token, with the volume key
+///    its passphrase gives.
+/// 2. `enroll --clevis tang` refuses a server whose signing keys it was not told to trust (and
+///    names their thumbprints), then, given the thumbprint, writes the token clevis writes:
+///    `clevis luks pass` recovers the passphrase from it, and cryptsetup opens the volume with
+///    that passphrase.
+/// 3. With the tang server gone, the tokens cannot unlock: exit 2 with the reason, and nothing
+///    written.
+#[test]
+fn tang_bindings_work_both_ways_with_clevis() {
+    let dir = scratch("token-tang");
+    let tang = Tang::start(&dir.join("db"));
+    let pass = key(&dir, "pass");
+    let img = cryptsetup_image(&dir, &pass);
+    let config = format!(r#"{{"url":"{}"}}"#, tang.url);
+    ok(
+        run(Command::new("clevis").args([
+            "luks",
+            "bind",
+            "-y",
+            "-d",
+            p(&img),
+            "-k",
+            p(&pass),
+            "tang",
+            &config,
+        ])),
+        "clevis luks bind",
+    );
+    let err = crate::common::sc_exits(&["test-passphrase", "--token-only", p(&img)], 0);
+    assert!(err.contains("Key slot 1 unlocked."), "{err}");
+    let out = ok(
+        crate::common::sc(&[
+            "dump",
+            "--dump-volume-key",
+            "--json",
+            "-q",
+            "--token-only",
+            "--token-type",
+            "clevis",
+            p(&img),
+        ]),
+        "dump --dump-volume-key by the clevis token",
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["volume_key"], cryptsetup_volume_key(&img, &pass));
+
+    let enroll = |extra: &[&str]| {
+        let mut args = vec![
+            "enroll",
+            "--key-file",
+            p(&pass),
+            "--json",
+            "--clevis",
+            "tang",
+        ];
+        args.push(&tang.url);
+        args.extend_from_slice(extra);
+        args.push(p(&img));
+        crate::common::sc(&args)
+    };
+    let before = std::fs::read(&img).unwrap();
+    let refused = enroll(&[]);
+    let err = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert_eq!(refused.status.code(), Some(1), "{err}");
+    assert!(
+        std::fs::read(&img).unwrap() == before,
+        "a refused enrolment wrote"
+    );
+    let thp = err
+        .split("thumbprints: ")
+        .nth(1)
+        .and_then(|t| t.split(')').next())
+        .unwrap_or_else(|| panic!("no thumbprint in {err}"))
+        .to_string();
+    let refused = enroll(&["--tang-thumbprint", "AAAA"]);
+    assert_eq!(refused.status.code(), Some(1));
+    let out = ok(enroll(&["--tang-thumbprint", &thp]), "enroll --clevis tang");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["keyslot"].as_u64(), v["token"].as_u64()),
+        (Some(2), Some(1))
+    );
+    let h = header_json(&img);
+    let token = &h["tokens"]["1"];
+    assert_eq!(token["type"], "clevis");
+    assert_eq!(token["keyslots"], serde_json::json!(["2"]));
+    assert_eq!(token["jwe"]["encrypted_key"], "");
+    let kdf = &h["keyslots"]["2"]["kdf"];
+    assert_eq!(
+        (kdf["type"].as_str(), kdf["iterations"].as_u64()),
+        (Some("pbkdf2"), Some(1000))
+    );
+    let recovered = ok(
+        run(Command::new("clevis").args(["luks", "pass", "-d", p(&img), "-s", "2"])),
+        "clevis luks pass",
+    );
+    let pass2 = dir.join("recovered.key");
+    std::fs::write(&pass2, &recovered.stdout).unwrap();
+    assert!(
+        crate::common::opens_in_cryptsetup(&img, &pass2),
+        "clevis' passphrase opens it"
+    );
+    let err = crate::common::sc_exits(
+        &[
+            "test-passphrase",
+            "--token-id",
+            "1",
+            "--token-only",
+            p(&img),
+        ],
+        0,
+    );
+    assert!(err.contains("Key slot 2 unlocked."), "{err}");
+
+    drop(tang);
+    let before = std::fs::read(&img).unwrap();
+    let err = crate::common::sc_exits(&["test-passphrase", "--token-only", p(&img)], 2);
+    assert!(err.contains("cannot reach tang server"), "{err}");
+    assert!(
+        std::fs::read(&img).unwrap() == before,
+        "a failed unlock wrote"
     );
 }

@@ -29,6 +29,8 @@ use openssl::pkey::Id;
 use openssl::rsa::Padding;
 use openssl::x509::X509;
 use rand::RngCore;
+use sectorcrypt_luks::hash::Hash;
+use sectorcrypt_luks::luks2::{Pbkdf, PbkdfKind};
 use sectorcrypt_secret::SecretBytes;
 use serde_json::{json, Value};
 use zeroize::Zeroizing;
@@ -139,6 +141,12 @@ pub fn enroll(uri_text: &str, pins: &mut dyn Pins) -> Result<Enrolment, Error> {
             "pkcs11-uri": stored,
             "pkcs11-key": base64::engine::general_purpose::STANDARD.encode(&encrypted),
         }),
+        // As systemd-cryptenroll: PBKDF2-SHA512 at 1,000 iterations.
+        pbkdf: Pbkdf {
+            kind: PbkdfKind::Pbkdf2 { hash: Hash::Sha512 },
+            forced_iterations: Some(1000),
+            ..Pbkdf::default()
+        },
     })
 }
 
