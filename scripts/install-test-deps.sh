@@ -5,8 +5,8 @@
 # and peers of the NBD and FUSE exports (qemu-img, libnbd's nbdcopy/nbdinfo, fio, nbdkit with its
 # luks filter, fuse3, e2fsprogs and fuse2fs), mtd-utils, squashfs-tools and ubi_reader for raw flash (ubinize,
 # mkfs.ubifs and the readers that check exported images), Ceph (a monitor, an OSD, rbd, librbd and
-# python3-rbd) for the RBD tests, SoftHSM, opensc, p11-kit, systemd, clevis and tang for
-# the token tests, the kernel oracle (QEMU and Debian's kernel package), and
+# python3-rbd) for the RBD tests, SoftHSM, opensc, p11-kit, systemd, clevis, tang, swtpm and
+# tpm2-tools for the token tests, the kernel oracle (QEMU and Debian's kernel package), and
 # openssl(1) for the peer benchmarks and the TLS tests' certificates. Two tools
 # keep the suite independent of the host's speed: qemu-user runs qemu-img emulated when the CPU is
 # too fast for qemu's PBKDF2 calibration, and strace stops processes at an exact write (the
@@ -30,8 +30,10 @@ debs=(libssl-dev pkg-config g++ libcrypto++-dev libcrypto++-utils openssl python
   ceph-mon ceph-osd ceph-common librbd-dev qemu-block-extra python3-rbd
   # Tokens: SoftHSM as a PKCS#11 security token (pkcs11-tool from opensc fills it), p11-kit's
   # proxy module, and systemd's cryptenroll and cryptsetup token plugins on the other side;
-  # clevis (with its LUKS commands) and a tang server for the network-bound tokens.
-  softhsm2 opensc p11-kit-modules systemd clevis clevis-luks tang)
+  # clevis (with its LUKS commands) and a tang server for the network-bound tokens; swtpm as the
+  # TPM 2.0, tpm2-tools (and the TSS's swtpm transport) to check sealed objects independently.
+  softhsm2 opensc p11-kit-modules systemd clevis clevis-luks tang swtpm tpm2-tools
+  libtss2-tcti-swtpm0)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -16,7 +16,7 @@ use crate::keyfile::KeyArgs;
 use crate::unlock::{pin_source, unlock, TokenArgs, Tokens};
 
 #[derive(clap::Args, Debug)]
-#[command(group = clap::ArgGroup::new("what").required(true).args(["pkcs11_token_uri", "clevis"]))]
+#[command(group = clap::ArgGroup::new("what").required(true).args(["pkcs11_token_uri", "clevis", "tpm2_device"]))]
 pub(crate) struct EnrollArgs {
     /// The LUKS2 device or image file, an RBD image or an encrypted flash.
     #[arg(value_name = "DEVICE")]
@@ -37,6 +37,15 @@ pub(crate) struct EnrollArgs {
     /// signing keys are trusted by --tang-thumbprint, -q, or an answer on the terminal).
     #[arg(long, num_args = 2, value_names = ["PIN", "URL"])]
     clevis: Vec<String>,
+    /// With --tpm2-device: the PCRs to seal to, '+' or ',' separated ("" for none; default 7, as
+    /// systemd-cryptenroll).
+    #[arg(long = "tpm2-pcrs", value_name = "PCRS", default_value = "7")]
+    tpm2_pcrs: String,
+    /// With --tpm2-device: also require a PIN (asked twice, or the first line of
+    /// --token-pin-file).
+    #[arg(long = "tpm2-with-pin", value_name = "BOOL", num_args = 0..=1, default_missing_value = "yes",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    tpm2_with_pin: Option<bool>,
     /// Trust the tang server only if one of its signing keys has this thumbprint (as `clevis
     /// encrypt tang '{"thp": ...}'`).
     #[arg(long = "tang-thumbprint", value_name = "THP")]
@@ -137,6 +146,21 @@ fn make_enrolment(args: &EnrollArgs) -> Result<(Enrolment, &'static str), CliErr
             message: format!("cannot enroll {what}: {e}"),
         }
     };
+    if let Some(device) = &args.tokens.tpm2_device {
+        let device = match device.as_str() {
+            "auto" => std::env::var("SYSTEMD_TPM2_DEVICE")
+                .unwrap_or_else(|_| sectorcrypt_token::tpm2::DEFAULT_DEVICE.to_string()),
+            d => d.to_string(),
+        };
+        let pcrs = parse_pcrs(&args.tpm2_pcrs)?;
+        let pin = match args.tpm2_with_pin {
+            Some(true) => Some(new_pin(&args.tokens)?),
+            _ => None,
+        };
+        let e = sectorcrypt_token::tpm2::enroll(&device, &pcrs, pin.as_deref())
+            .map_err(failed("the TPM2 chip"))?;
+        return Ok((e, "TPM2 token"));
+    }
     if let Some(uri) = &args.pkcs11_token_uri {
         let mut pins = pin_source(&args.tokens)?;
         let e = pkcs11::enroll(uri, &mut pins).map_err(failed("the PKCS#11 token"))?;
@@ -162,6 +186,40 @@ fn make_enrolment(args: &EnrollArgs) -> Result<(Enrolment, &'static str), CliErr
         err
     })?;
     Ok((e, "clevis (tang) token"))
+}
+
+/// `7+11`, `7,11` or `` (none), as systemd-cryptenroll's `--tpm2-pcrs`.
+fn parse_pcrs(text: &str) -> Result<Vec<u32>, CliError> {
+    text.split(['+', ','])
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| {
+            s.trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|&p| p < 24)
+                .ok_or_else(|| {
+                    CliError::usage(format!("--tpm2-pcrs {text}: {s:?} is not a PCR (0 to 23)"))
+                })
+        })
+        .collect()
+}
+
+/// A new TPM2 PIN: the first line of --token-pin-file, or asked twice on the terminal.
+fn new_pin(tokens: &TokenArgs) -> Result<sectorcrypt_secret::SecretBytes, CliError> {
+    let mut pins = pin_source(tokens)?;
+    let ask = |pins: &mut dyn sectorcrypt_token::Pins, prompt: &str| {
+        pins.pin(prompt).ok_or_else(|| {
+            CliError::usage("a TPM2 PIN is needed: give --token-pin-file FILE or run on a terminal")
+        })
+    };
+    let first = ask(&mut pins, "Please enter TPM2 PIN: ")?;
+    if tokens.pin_file.is_none() {
+        let again = ask(&mut pins, "Please enter TPM2 PIN (repeat): ")?;
+        if first[..] != again[..] {
+            return Err(CliError::usage("the PINs do not match"));
+        }
+    }
+    Ok(first)
 }
 
 /// Ask on the terminal whether to trust a tang server's signing keys, as clevis asks; without a

@@ -45,8 +45,8 @@ pub(crate) const KILL_SLOT: &str = "Examples:
   sectorcrypt kill-slot -q disk.img 3                   # without asking";
 
 pub(crate) const ENROLL: &str = "Examples:
-  sectorcrypt enroll disk.img --pkcs11-token-uri auto --key-file pass.txt   # the one certificate present
-  sectorcrypt enroll disk.img --pkcs11-token-uri 'pkcs11:token=mytoken;id=%01' --wipe-slot password
+  sectorcrypt enroll disk.img --tpm2-device auto --tpm2-pcrs 7 --key-file pass.txt
+  sectorcrypt enroll disk.img --pkcs11-token-uri auto --wipe-slot password
   sectorcrypt enroll disk.img --clevis tang http://tang.example --tang-thumbprint THP --key-file pass.txt
   sectorcrypt serve disk.img --token-only --token-pin-file pin.txt --socket /tmp/disk.sock";
 

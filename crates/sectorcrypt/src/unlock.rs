@@ -22,16 +22,27 @@ pub(crate) struct TokenArgs {
     /// Try only token N.
     #[arg(long = "token-id", value_name = "N", value_parser = clap::value_parser!(u32).range(0..32))]
     pub token_id: Option<u32>,
-    /// Try only tokens of this type (systemd-pkcs11, clevis).
+    /// Try only tokens of this type (systemd-pkcs11, systemd-tpm2, clevis).
     #[arg(long = "token-type", value_name = "TYPE")]
     pub token_type: Option<String>,
     /// Read a token's PIN from the first line of FILE ('-' = standard input) instead of asking
     /// on the terminal.
     #[arg(long = "token-pin-file", value_name = "FILE")]
     pub pin_file: Option<PathBuf>,
+    /// The TPM for systemd-tpm2 tokens: a device (default /dev/tpmrm0, or $SYSTEMD_TPM2_DEVICE
+    /// as systemd reads it) or swtpm:host=H,port=P / swtpm:path=SOCKET.
+    #[arg(long = "tpm2-device", value_name = "PATH|TCTI")]
+    pub tpm2_device: Option<String>,
 }
 
 impl TokenArgs {
+    /// The TPM to use: --tpm2-device, else $SYSTEMD_TPM2_DEVICE (a device name, not a secret).
+    pub(crate) fn tpm2_device(&self) -> Option<String> {
+        self.tpm2_device
+            .clone()
+            .or_else(|| std::env::var("SYSTEMD_TPM2_DEVICE").ok())
+    }
+
     fn asked_for(&self) -> bool {
         self.token_only || self.token_id.is_some() || self.token_type.is_some()
     }
@@ -75,6 +86,7 @@ pub(crate) fn unlock<T>(
                 id: tokens.token_id,
                 kind: tokens.token_type.clone(),
                 keyslot: key_slot,
+                tpm2_device: tokens.tpm2_device(),
             };
             match sectorcrypt_token::unlock(h, &choice, &mut pins, |p, s| attempt(p, Some(s)))? {
                 Outcome::Unlocked(u) => {

@@ -10,6 +10,8 @@
 //!
 //! - `systemd-pkcs11` ([`pkcs11`]): a random key encrypted to an RSA key on a smart card or HSM,
 //!   decrypted there; the passphrase is that key in base64.
+//! - `systemd-tpm2` ([`tpm2`]): random bytes sealed by a TPM 2.0 to PCR values and a PIN; the
+//!   passphrase is their base64.
 //! - `clevis` ([`clevis`]): the passphrase is a JWE's plaintext; with the `tang` pin its key is
 //!   recovered from a tang server without the server learning it.
 //!
@@ -22,6 +24,7 @@
 
 pub mod clevis;
 pub mod pkcs11;
+pub mod tpm2;
 
 use std::fmt;
 
@@ -80,6 +83,8 @@ pub struct Choice {
     pub kind: Option<String>,
     /// Only tokens that release this keyslot's passphrase.
     pub keyslot: Option<usize>,
+    /// The TPM for `systemd-tpm2` tokens (default [`tpm2::DEFAULT_DEVICE`]).
+    pub tpm2_device: Option<String>,
 }
 
 /// A token that unlocked the volume.
@@ -120,7 +125,7 @@ pub enum Outcome<T> {
 }
 
 /// The token types this crate can use.
-pub const KNOWN_TYPES: &[&str] = &[pkcs11::TYPE, clevis::TYPE];
+pub const KNOWN_TYPES: &[&str] = &[pkcs11::TYPE, tpm2::TYPE, clevis::TYPE];
 
 /// Try the tokens of `header` that `choice` allows, in number order (as cryptsetup does). Each
 /// released passphrase goes to `attempt` with each keyslot the token names; the first that
@@ -167,6 +172,14 @@ pub fn unlock<T>(
         let released = match kind {
             pkcs11::TYPE => pkcs11::release(token, pins),
             clevis::TYPE => clevis::release(token),
+            tpm2::TYPE => tpm2::release(
+                token,
+                choice
+                    .tpm2_device
+                    .as_deref()
+                    .unwrap_or(tpm2::DEFAULT_DEVICE),
+                pins,
+            ),
             _ => Err(Error::Unavailable(format!(
                 "sectorcrypt does not use tokens of this type (it uses {})",
                 KNOWN_TYPES.join(", ")
@@ -217,6 +230,10 @@ pub fn validate(token: &Value) -> Result<(), Error> {
         Some(clevis::TYPE) => {
             keyslots(token)?;
             clevis::parse(token).map(drop)
+        }
+        Some(tpm2::TYPE) => {
+            keyslots(token)?;
+            tpm2::Sealed::parse(token).map(drop)
         }
         _ => Ok(()),
     }

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
+use sha2::Digest;
 
 use crate::common::{
     cryptsetup_volume_key, cs_fast, key, luks2_volume, ok, p, run, sc_fast, scratch, Scratch,
@@ -724,4 +725,282 @@ fn tang_bindings_work_both_ways_with_clevis() {
         std::fs::read(&img).unwrap() == before,
         "a failed unlock wrote"
     );
+}
+
+/// A software TPM 2.0 (swtpm) on a Unix socket in `dir`, started and stopped by the test; its
+/// TCTI string is what sectorcrypt, systemd and tpm2-tools are given.
+struct Swtpm {
+    child: std::process::Child,
+    tcti: String,
+}
+
+impl Swtpm {
+    fn start(dir: &Path) -> Swtpm {
+        let state = dir.join("tpm");
+        std::fs::create_dir_all(&state).unwrap();
+        let sock = dir.join("tpm.sock");
+        let child = Command::new("swtpm")
+            .args(["socket", "--tpm2", "--tpmstate"])
+            .arg(format!("dir={}", p(&state)))
+            .args(["--server", &format!("type=unixio,path={}", p(&sock))])
+            .args(["--ctrl", &format!("type=unixio,path={}.ctrl", p(&sock))])
+            .args(["--flags", "not-need-init,startup-clear"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("swtpm (run scripts/install-test-deps.sh)");
+        // swtpm creates the socket before it accepts: wait for it (a bounded wait, not a timing).
+        for _ in 0..1000 {
+            if sock.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(sock.exists(), "swtpm did not create its socket");
+        Swtpm {
+            child,
+            tcti: format!("swtpm:path={}", p(&sock)),
+        }
+    }
+
+    /// `tpm2_TOOL ARGS` against this TPM; it must succeed.
+    fn tools(&self, tool: &str, args: &[&str]) -> Output {
+        ok(
+            run(Command::new(tool)
+                .env("TPM2TOOLS_TCTI", &self.tcti)
+                .args(args)),
+            tool,
+        )
+    }
+
+    /// The secret a `systemd-tpm2` token seals, unsealed by tpm2-tools (an independent TSS): the
+    /// primary key from tpm2-tools' default storage template, which must be systemd's, the
+    /// blob loaded under it, and a policy session of PolicyPCR over `pcrs` and, with `pin`,
+    /// PolicyAuthValue with SHA-256(PIN) as the authValue.
+    fn unseal_with_tpm2_tools(
+        &self,
+        dir: &Path,
+        token: &Value,
+        pcrs: &str,
+        pin: Option<&str>,
+    ) -> Vec<u8> {
+        use base64::Engine;
+        let blob = base64::engine::general_purpose::STANDARD
+            .decode(token["tpm2-blob"].as_str().unwrap())
+            .unwrap();
+        let n = u16::from_be_bytes([blob[0], blob[1]]) as usize;
+        let f = |name: &str| dir.join(name);
+        std::fs::write(f("priv"), &blob[..2 + n]).unwrap();
+        std::fs::write(f("pub"), &blob[2 + n..]).unwrap();
+        // No resource manager: every tool's objects are flushed before the next one loads its own.
+        self.tools("tpm2_flushcontext", &["-t"]);
+        self.tools(
+            "tpm2_createprimary",
+            &[
+                "-Q",
+                "-C",
+                "o",
+                "-G",
+                "ecc256:aes128cfb",
+                "-g",
+                "sha256",
+                "-c",
+                p(&f("primary.ctx")),
+            ],
+        );
+        self.tools("tpm2_flushcontext", &["-t"]);
+        self.tools(
+            "tpm2_load",
+            &[
+                "-Q",
+                "-C",
+                p(&f("primary.ctx")),
+                "-u",
+                p(&f("pub")),
+                "-r",
+                p(&f("priv")),
+                "-c",
+                p(&f("obj.ctx")),
+            ],
+        );
+        self.tools("tpm2_flushcontext", &["-t"]);
+        let session = f("session.ctx");
+        self.tools(
+            "tpm2_startauthsession",
+            &["-Q", "--policy-session", "-S", p(&session)],
+        );
+        self.tools(
+            "tpm2_policypcr",
+            &["-Q", "-S", p(&session), "-l", &format!("sha256:{pcrs}")],
+        );
+        let mut auth = format!("session:{}", p(&session));
+        if let Some(pin) = pin {
+            self.tools("tpm2_policyauthvalue", &["-Q", "-S", p(&session)]);
+            let hash = sha2::Sha256::digest(pin.as_bytes());
+            auth += &format!("+hex:{}", hex::encode(hash));
+        }
+        let out = self.tools("tpm2_unseal", &["-c", p(&f("obj.ctx")), "-p", &auth]);
+        let _ = run(Command::new("tpm2_flushcontext")
+            .env("TPM2TOOLS_TCTI", &self.tcti)
+            .arg(p(&session)));
+        self.tools("tpm2_flushcontext", &["-t"]);
+        out.stdout
+    }
+}
+
+impl Drop for Swtpm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// 1. Volumes `systemd-cryptenroll --tpm2-device` sealed (PCR 7; and PCR 7 with a PIN) open here
+///    by their tokens, with the volume key the passphrase gives.
+/// 2. Once PCR 7 is extended, the tokens no longer unseal: exit 2 naming the changed PCRs, and
+///    nothing written; a wrong PIN exits 2.
+#[test]
+fn tpm2_tokens_systemd_sealed_unlock_here_until_a_pcr_changes() {
+    let dir = scratch("token-tpm2-systemd");
+    let tpm = Swtpm::start(&dir);
+    let pass = key(&dir, "pass");
+    let img = cryptsetup_image(&dir, &pass);
+    for with_pin in ["no", "yes"] {
+        ok(
+            run(Command::new("systemd-cryptenroll")
+                .env("NEWPIN", "4321")
+                .args([
+                    &format!("--unlock-key-file={}", p(&pass)),
+                    &format!("--tpm2-device={}", tpm.tcti),
+                    "--tpm2-pcrs=7",
+                    &format!("--tpm2-with-pin={with_pin}"),
+                    p(&img),
+                ])),
+            "systemd-cryptenroll --tpm2-device",
+        );
+    }
+    let pin = dir.join("pin");
+    std::fs::write(&pin, "4321\n").unwrap();
+    let bad = dir.join("bad");
+    std::fs::write(&bad, "1111\n").unwrap();
+    let sc = |extra: &[&str], code: i32| {
+        let mut args = vec![
+            "test-passphrase",
+            "--token-only",
+            "--tpm2-device",
+            &tpm.tcti,
+        ];
+        args.extend_from_slice(extra);
+        args.push(p(&img));
+        crate::common::sc_exits(&args, code)
+    };
+    assert!(sc(&["--token-id", "0"], 0).contains("Key slot 1 unlocked."));
+    assert!(
+        sc(&["--token-id", "1", "--token-pin-file", p(&pin)], 0).contains("Key slot 2 unlocked.")
+    );
+    let out = ok(
+        crate::common::sc(&[
+            "dump",
+            "--dump-volume-key",
+            "--json",
+            "-q",
+            "--token-id",
+            "0",
+            "--tpm2-device",
+            &tpm.tcti,
+            p(&img),
+        ]),
+        "dump --dump-volume-key by the TPM2 token",
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["volume_key"], cryptsetup_volume_key(&img, &pass));
+
+    // A wrong PIN counts against the TPM's dictionary-attack protection (swtpm locks out at
+    // once, so no PIN-protected unseal can follow); the PCR check below comes before any
+    // authorization.
+    let err = sc(&["--token-id", "1", "--token-pin-file", p(&bad)], 2);
+    assert!(err.contains("the PIN is wrong"), "{err}");
+    tpm.tools(
+        "tpm2_pcrextend",
+        &["7:sha256=0000000000000000000000000000000000000000000000000000000000000001"],
+    );
+    let before = std::fs::read(&img).unwrap();
+    let err = sc(&["--token-id", "0"], 2);
+    assert!(err.contains("PCRs [7] changed"), "{err}");
+    assert!(
+        std::fs::read(&img).unwrap() == before,
+        "a refused unseal wrote"
+    );
+}
+
+/// `enroll --tpm2-device` seals as systemd does: tpm2-tools, from its own default primary
+/// template, unseals the blob under the policy the token names (PCRs 0 and 7; and with a PIN),
+/// and the base64 of what it unseals opens the keyslot in cryptsetup. sectorcrypt unlocks by
+/// both tokens; a wrong PIN exits 2.
+#[test]
+fn tpm2_tokens_enrolled_here_unseal_with_tpm2_tools() {
+    let dir = scratch("token-tpm2-enroll");
+    let tpm = Swtpm::start(&dir);
+    let pass = key(&dir, "pass");
+    let img = cryptsetup_image(&dir, &pass);
+    let pin = dir.join("pin");
+    std::fs::write(&pin, "4321\n").unwrap();
+    for (pcrs, with_pin) in [("0+7", false), ("7", true)] {
+        let mut args = vec![
+            "enroll",
+            "--key-file",
+            p(&pass),
+            "--json",
+            "--tpm2-device",
+            &tpm.tcti,
+            "--tpm2-pcrs",
+            pcrs,
+        ];
+        if with_pin {
+            args.extend(["--tpm2-with-pin", "--token-pin-file", p(&pin)]);
+        }
+        args.push(p(&img));
+        let out = ok(crate::common::sc(&args), "enroll --tpm2-device");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let token = &header_json(&img)["tokens"][v["token"].as_u64().unwrap().to_string()];
+        assert_eq!(token["type"], "systemd-tpm2");
+        assert_eq!(token["tpm2-pin"], with_pin);
+        assert_eq!(token["tpm2-primary-alg"], "ecc");
+        let secret = tpm.unseal_with_tpm2_tools(
+            &dir,
+            token,
+            &pcrs.replace('+', ","),
+            with_pin.then_some("4321"),
+        );
+        use base64::Engine;
+        let unsealed = dir.join("unsealed.key");
+        std::fs::write(
+            &unsealed,
+            base64::engine::general_purpose::STANDARD.encode(&secret),
+        )
+        .unwrap();
+        assert!(
+            crate::common::opens_in_cryptsetup(&img, &unsealed),
+            "{pcrs}: tpm2-tools' secret"
+        );
+    }
+    let sc = |extra: &[&str], code: i32| {
+        let mut args = vec![
+            "test-passphrase",
+            "--token-only",
+            "--tpm2-device",
+            &tpm.tcti,
+        ];
+        args.extend_from_slice(extra);
+        args.push(p(&img));
+        crate::common::sc_exits(&args, code)
+    };
+    assert!(sc(&["--token-id", "0"], 0).contains("Key slot 1 unlocked."));
+    assert!(
+        sc(&["--token-id", "1", "--token-pin-file", p(&pin)], 0).contains("Key slot 2 unlocked.")
+    );
+    let bad = dir.join("bad");
+    std::fs::write(&bad, "1111\n").unwrap();
+    sc(&["--token-id", "1", "--token-pin-file", p(&bad)], 2);
 }

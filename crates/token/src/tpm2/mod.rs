@@ -1,0 +1,336 @@
+//! `systemd-tpm2` tokens: 32 random bytes sealed by a TPM 2.0 under a policy (PCR values, and a
+//! PIN as PolicyAuthValue), as systemd 252 writes them; the keyslot's passphrase is the bytes in
+//! base64. The token object:
+//!
+//! ```json
+//! {"type": "systemd-tpm2", "keyslots": ["1"], "tpm2-blob": "<TPM2B_PRIVATE || TPM2B_PUBLIC>",
+//!  "tpm2-pcrs": [7], "tpm2-pcr-bank": "sha256", "tpm2-primary-alg": "ecc",
+//!  "tpm2-policy-hash": "<hex>", "tpm2-pin": false}
+//! ```
+//!
+//! Unsealing: the primary key is recreated from the owner seed with systemd's template (the same
+//! template gives the same key), the blob loaded under it, a policy session started, PolicyPCR
+//! (and PolicyAuthValue) run, the session's digest compared with the stored one (a mismatch means
+//! the PCRs changed), and the object unsealed. The session is unsalted and carries no parameter
+//! encryption (systemd's carries both): the unsealed bytes cross the TPM's bus in the clear.
+//! Public-key PCR policies (`tpm2_pubkey`) and systemd 254's salted PINs are reported as not used.
+
+mod device;
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use rand::RngCore;
+use sectorcrypt_luks::hash::Hash;
+use sectorcrypt_luks::luks2::{Pbkdf, PbkdfKind};
+use sectorcrypt_secret::SecretBytes;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use zeroize::Zeroizing;
+
+use self::device::{pcr_selection, PrimaryAlg, Reader, Tpm, CC_POLICY_AUTH_VALUE, CC_POLICY_PCR};
+use crate::{base64_field, base64_passphrase, Enrolment, Error, Pins};
+
+/// The token type.
+pub const TYPE: &str = "systemd-tpm2";
+
+/// The TPM used when none is named: the kernel's resource manager.
+pub const DEFAULT_DEVICE: &str = "/dev/tpmrm0";
+
+/// systemd's persistent SRK handle (systemd 253 and later seal under it).
+const SRK_HANDLE: u32 = 0x8100_0001;
+
+/// A `systemd-tpm2` token, checked.
+pub(crate) struct Sealed {
+    private: Vec<u8>,
+    public: Vec<u8>,
+    pcrs: Vec<u32>,
+    primary: Option<PrimaryAlg>,
+    policy_hash: Option<Vec<u8>>,
+    pin: bool,
+}
+
+impl Sealed {
+    pub(crate) fn parse(token: &Value) -> Result<Sealed, Error> {
+        let bad = |why: String| Error::BadToken(why);
+        for unused in ["tpm2_pubkey_pcrs", "tpm2_salt"] {
+            let present = token
+                .get(unused)
+                .is_some_and(|v| !v.is_null() && v.as_array().is_none_or(|a| !a.is_empty()));
+            if present {
+                return Err(Error::Unavailable(format!(
+                    "its {unused} (a signed PCR policy or a salted PIN, systemd 254 and later) \
+                     is not used by sectorcrypt"
+                )));
+            }
+        }
+        let blob = base64_field(token, "tpm2-blob", 4096)?;
+        let mut rd = Reader::new(&blob);
+        let private = rd
+            .tpm2b_raw()
+            .map_err(|_| bad("its tpm2-blob is cut short".into()))?;
+        let public = rd
+            .tpm2b_raw()
+            .map_err(|_| bad("its tpm2-blob is cut short".into()))?;
+        if !rd.is_empty() || public.len() < 6 {
+            return Err(bad(
+                "its tpm2-blob is not a private and a public part".into()
+            ));
+        }
+        let pcrs = token
+            .get("tpm2-pcrs")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad("it has no \"tpm2-pcrs\" list".into()))?
+            .iter()
+            .map(|v| v.as_u64().filter(|&p| p < 24).map(|p| p as u32))
+            .collect::<Option<Vec<u32>>>()
+            .ok_or_else(|| bad("its tpm2-pcrs are not PCR numbers 0 to 23".into()))?;
+        match token.get("tpm2-pcr-bank").and_then(Value::as_str) {
+            None | Some("sha256") => {}
+            Some(other) => {
+                return Err(Error::Unavailable(format!(
+                    "its PCR bank {other} is not used by sectorcrypt (it uses sha256)"
+                )))
+            }
+        }
+        let primary = match token.get("tpm2-primary-alg").and_then(Value::as_str) {
+            None => None,
+            Some(a) => Some(
+                PrimaryAlg::parse(a)
+                    .ok_or_else(|| bad(format!("unknown tpm2-primary-alg {a:?}")))?,
+            ),
+        };
+        let policy_hash = match token.get("tpm2-policy-hash").and_then(Value::as_str) {
+            None => None,
+            Some(h) => {
+                Some(hex_decode(h).ok_or_else(|| bad("its tpm2-policy-hash is not hex".into()))?)
+            }
+        };
+        let pin = match token.get("tpm2-pin") {
+            None => false,
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| bad("its tpm2-pin is not a boolean".into()))?,
+        };
+        Ok(Sealed {
+            private,
+            public,
+            pcrs,
+            primary,
+            policy_hash,
+            pin,
+        })
+    }
+
+    /// The loaded object's name: its name algorithm and the hash of its public area.
+    fn name(&self) -> Result<Vec<u8>, Error> {
+        let area = &self.public[2..];
+        if area[2..4] != device::TPM_ALG_SHA256.to_be_bytes() {
+            return Err(Error::BadToken(
+                "its sealed object is not named with SHA-256".into(),
+            ));
+        }
+        Ok([&area[2..4], &Sha256::digest(area)[..]].concat())
+    }
+}
+
+/// The passphrase a `systemd-tpm2` token releases, from the TPM `device`.
+pub(crate) fn release(
+    token: &Value,
+    device: &str,
+    pins: &mut dyn Pins,
+) -> Result<SecretBytes, Error> {
+    let sealed = Sealed::parse(token)?;
+    let srk = token.get("tpm2_srk").is_some();
+    let auth = if sealed.pin {
+        let pin = pins
+            .pin("Please enter TPM2 PIN: ")
+            .ok_or_else(|| Error::NeedsPin("the TPM2 token needs a PIN".into()))?;
+        Some(hash_pin(&pin))
+    } else {
+        None
+    };
+    let mut tpm = Tpm::open(device)?;
+    let parent = if srk {
+        SRK_HANDLE
+    } else {
+        tpm.create_primary(sealed.primary.unwrap_or(PrimaryAlg::Ecc))?
+    };
+    let item = tpm.load(parent, &sealed.private, &sealed.public)?;
+    let mut nonce = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut nonce);
+    let (session, nonce_tpm) = tpm.start_policy_session(&nonce)?;
+    if !sealed.pcrs.is_empty() {
+        tpm.policy_pcr(session, &sealed.pcrs)?;
+    }
+    if auth.is_some() {
+        tpm.policy_auth_value(session)?;
+    }
+    if let Some(expected) = &sealed.policy_hash {
+        if tpm.policy_get_digest(session)? != *expected {
+            return Err(Error::Rejected(format!(
+                "the TPM's policy does not match the sealed one: PCRs {:?} changed since \
+                 enrolment (or the token belongs to another TPM)",
+                sealed.pcrs
+            )));
+        }
+    }
+    let secret = tpm.unseal(
+        item,
+        &sealed.name()?,
+        session,
+        &nonce_tpm,
+        auth.as_deref().map_or(&[][..], |a| &a[..]),
+    )?;
+    Ok(base64_passphrase(&secret))
+}
+
+/// systemd's PIN: its SHA-256 is the sealed object's authValue.
+fn hash_pin(pin: &[u8]) -> Zeroizing<Vec<u8>> {
+    Zeroizing::new(Sha256::digest(pin).to_vec())
+}
+
+/// The policy digest of PolicyPCR over PCRs with `values` (in index order), then PolicyAuthValue
+/// with `pin`, from the empty policy: what a trial session would compute.
+fn policy_digest(pcrs: &[u32], values: &[Vec<u8>], pin: bool) -> Vec<u8> {
+    let mut digest = vec![0u8; 32];
+    if !pcrs.is_empty() {
+        let pcr_digest = values
+            .iter()
+            .fold(Sha256::new(), |h, v| h.chain_update(v))
+            .finalize();
+        digest = Sha256::new()
+            .chain_update(&digest)
+            .chain_update(CC_POLICY_PCR.to_be_bytes())
+            .chain_update(pcr_selection(pcrs))
+            .chain_update(pcr_digest)
+            .finalize()
+            .to_vec();
+    }
+    if pin {
+        digest = Sha256::new()
+            .chain_update(&digest)
+            .chain_update(CC_POLICY_AUTH_VALUE.to_be_bytes())
+            .finalize()
+            .to_vec();
+    }
+    digest
+}
+
+/// Seal 32 random bytes in the TPM `device` to the current values of `pcrs` (SHA-256 bank) and
+/// `pin`: what `systemd-cryptenroll --tpm2-device=... --tpm2-pcrs=... [--tpm2-with-pin=yes]`
+/// makes.
+pub fn enroll(device: &str, pcrs: &[u32], pin: Option<&[u8]>) -> Result<Enrolment, Error> {
+    if let Some(&p) = pcrs.iter().find(|&&p| p >= 24) {
+        return Err(Error::BadToken(format!("PCR {p} (a TPM has 0 to 23)")));
+    }
+    let mut pcrs = pcrs.to_vec();
+    pcrs.sort_unstable();
+    pcrs.dedup();
+    let mut tpm = Tpm::open(device)?;
+    // systemd tries ECC first (fast), RSA if the TPM cannot.
+    let (primary, alg) = match tpm.create_primary(PrimaryAlg::Ecc) {
+        Ok(h) => (h, PrimaryAlg::Ecc),
+        Err(_) => (tpm.create_primary(PrimaryAlg::Rsa)?, PrimaryAlg::Rsa),
+    };
+    let values = if pcrs.is_empty() {
+        Vec::new()
+    } else {
+        tpm.pcr_read(&pcrs)?
+    };
+    let policy = policy_digest(&pcrs, &values, pin.is_some());
+    let mut secret = SecretBytes::zeroed(32);
+    rand::rngs::OsRng.fill_bytes(&mut secret);
+    let auth = pin.map(hash_pin);
+    let (private, public) = tpm.create_sealed(
+        primary,
+        &secret,
+        auth.as_deref().map_or(&[][..], |a| &a[..]),
+        &policy,
+    )?;
+    Ok(Enrolment {
+        passphrase: base64_passphrase(&secret),
+        token: json!({
+            "type": TYPE,
+            "keyslots": [],
+            "tpm2-blob": STANDARD.encode([private, public].concat()),
+            "tpm2-pcrs": pcrs,
+            "tpm2-pcr-bank": "sha256",
+            "tpm2-primary-alg": alg.name(),
+            "tpm2-policy-hash": hex::encode(&policy),
+            "tpm2-pin": pin.is_some(),
+        }),
+        // As systemd-cryptenroll: PBKDF2-SHA512 at 1,000 iterations.
+        pbkdf: Pbkdf {
+            kind: PbkdfKind::Pbkdf2 { hash: Hash::Sha512 },
+            forced_iterations: Some(1000),
+            ..Pbkdf::default()
+        },
+    })
+}
+
+fn hex_decode(s: &str) -> Option<Vec<u8>> {
+    (s.len() <= 128).then(|| hex::decode(s).ok()).flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The token systemd-cryptenroll 252 wrote for PCR 7 on a fresh swtpm (PCR 7 all zeros): our
+    /// policy digest for the same PCR values is the one it stored, and the blob's object is
+    /// policy-only (fixedTPM | fixedParent) with that policy.
+    #[test]
+    fn a_systemd_token_parses_and_its_policy_is_recomputed() {
+        let token = json!({"type":"systemd-tpm2","keyslots":["1"],
+            "tpm2-blob":"AJ4AIK8gft/kByPKMW0WEj3jix0FV5ENpNPb8mpcJSdTLDMqABAFuMAmPj1kCHRZPE7y/eGhYyk/wF4MDG5E1kEZStRBFcZJ0P4lKpZgjkKM8Jy2RCsLjw+BXgzUZIqkEAT77MV2Ran7Mnm36QD9Oc6Usp4KHW+OXrTMFJEu5b8NnuEHpZOJyM4L825caa06dlIek5Cb0rLs7QjtlahY/QBOAAgACwAAABIAIItWgtgbKUNdCNeSeBUGEdx+WSOy/vzOaEoJV3tAEwqLABAAIONUkKea0KOtBfwE25wyEieDncX1Jt3IV0SUBIorOfH8",
+            "tpm2-pcrs":[7],"tpm2-pcr-bank":"sha256","tpm2-primary-alg":"ecc",
+            "tpm2-policy-hash":"8b5682d81b29435d08d79278150611dc7e5923b2fefcce684a09577b40130a8b",
+            "tpm2-pin":false});
+        let s = Sealed::parse(&token).unwrap();
+        assert_eq!(s.pcrs, [7]);
+        assert_eq!(s.primary, Some(PrimaryAlg::Ecc));
+        let policy = policy_digest(&s.pcrs, &[vec![0u8; 32]], false);
+        assert_eq!(Some(policy.clone()), s.policy_hash);
+        assert_eq!(&s.public[2..10], &[0, 8, 0, 0x0b, 0, 0, 0, 0x12]);
+        assert_eq!(&s.public[12..44], &policy[..]);
+        assert_eq!(s.name().unwrap().len(), 34);
+    }
+
+    #[test]
+    fn malformed_tokens_are_refused() {
+        let base = json!({"type":"systemd-tpm2","keyslots":["1"],"tpm2-blob":"AAIAAAACAAA=",
+            "tpm2-pcrs":[7],"tpm2-pcr-bank":"sha256","tpm2-primary-alg":"ecc",
+            "tpm2-policy-hash":"00","tpm2-pin":false});
+        assert!(Sealed::parse(&base).is_err(), "a public part too short");
+        for (field, value) in [
+            ("tpm2-blob", json!("AAE=")),
+            ("tpm2-blob", json!(5)),
+            ("tpm2-pcrs", json!([24])),
+            ("tpm2-pcrs", json!("7")),
+            ("tpm2-pcr-bank", json!("sha1")),
+            ("tpm2-primary-alg", json!("dsa")),
+            ("tpm2-policy-hash", json!("xyz")),
+            ("tpm2-pin", json!("yes")),
+            ("tpm2_pubkey_pcrs", json!([7])),
+        ] {
+            let mut t = base.clone();
+            t["tpm2-blob"] = json!("AAIAAAAIAAAACwAAABIAAAAQAAA=");
+            t[field] = value;
+            assert!(Sealed::parse(&t).is_err(), "{field}");
+        }
+    }
+
+    #[test]
+    fn pins_and_pcr_policies_extend_the_digest_as_the_tpm_does() {
+        // PolicyAuthValue alone: SHA-256(zeros || TPM_CC_PolicyAuthValue).
+        let mut h = Sha256::new();
+        h.update([0u8; 32]);
+        h.update(0x16Bu32.to_be_bytes());
+        assert_eq!(policy_digest(&[], &[], true), h.finalize().to_vec());
+        assert_eq!(policy_digest(&[], &[], false), vec![0u8; 32]);
+        assert_ne!(
+            policy_digest(&[7], &[vec![0; 32]], false),
+            policy_digest(&[7], &[vec![1; 32]], false)
+        );
+    }
+}
