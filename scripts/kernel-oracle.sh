@@ -24,7 +24,9 @@
 #
 # Environment: SECTORCRYPT_ORACLE_TIMEOUT (seconds, default 900: only a hang's limit, TCG speed
 # follows the host's), SECTORCRYPT_ORACLE_MEMORY (MiB, default 1024), SECTORCRYPT_ORACLE_APPEND
-# (more kernel parameters; the boot check's test breaks the boot with it).
+# (more kernel parameters; the boot check's test breaks the boot with it), SECTORCRYPT_ORACLE_TPM
+# (the control socket of a `swtpm socket --tpm2 --ctrl type=unixio,path=SOCKET` the caller runs:
+# the guest then has it as a TIS TPM 2.0, /dev/tpmrm0).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
@@ -164,6 +166,11 @@ run() {
     ;;
   esac
   local share="security_model=none,multidevs=remap"
+  local tpm=()
+  if [ -n "${SECTORCRYPT_ORACLE_TPM:-}" ]; then
+    tpm=(-chardev "socket,id=chrtpm,path=$SECTORCRYPT_ORACLE_TPM" -tpmdev emulator,id=tpm0,chardev=chrtpm
+      -device tpm-tis,tpmdev=tpm0)
+  fi
   local status=0
   timeout "${SECTORCRYPT_ORACLE_TIMEOUT:-900}" qemu-system-x86_64 \
     -accel tcg -cpu max -smp 1 -m "${SECTORCRYPT_ORACLE_MEMORY:-1024}" \
@@ -174,6 +181,7 @@ run() {
     -virtfs "local,path=/,mount_tag=hostroot,readonly=on,$share" \
     -virtfs "local,path=$dir/root/lib/modules/$release,mount_tag=modules,readonly=on,$share" \
     -virtfs "local,path=$work,mount_tag=work,$share" \
+    "${tpm[@]}" \
     </dev/null >"$ctl/qemu.log" 2>&1 || status=$?
   if [ -f "$ctl/output" ]; then cat "$ctl/output"; fi
   if [ -f "$ctl/status" ]; then

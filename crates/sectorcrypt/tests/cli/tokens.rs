@@ -735,16 +735,42 @@ struct Swtpm {
 }
 
 impl Swtpm {
+    /// A TPM whose command socket sectorcrypt, systemd and tpm2-tools connect to, started up.
     fn start(dir: &Path) -> Swtpm {
+        let sock = dir.join("tpm.sock");
+        Swtpm::launch(
+            dir,
+            &sock,
+            &[
+                "--server",
+                &format!("type=unixio,path={}", p(&sock)),
+                "--ctrl",
+                &format!("type=unixio,path={}.ctrl", p(&sock)),
+                "--flags",
+                "not-need-init,startup-clear",
+            ],
+        )
+    }
+
+    /// The same TPM (its state in `dir`) for QEMU: only a control socket, through which QEMU
+    /// passes the data channel, and the guest's firmware starts it up.
+    fn start_for_qemu(dir: &Path) -> Swtpm {
+        let ctrl = dir.join("qemu-tpm.ctrl");
+        Swtpm::launch(
+            dir,
+            &ctrl,
+            &["--ctrl", &format!("type=unixio,path={}", p(&ctrl))],
+        )
+    }
+
+    fn launch(dir: &Path, sock: &Path, args: &[&str]) -> Swtpm {
         let state = dir.join("tpm");
         std::fs::create_dir_all(&state).unwrap();
-        let sock = dir.join("tpm.sock");
+        let _ = std::fs::remove_file(sock);
         let child = Command::new("swtpm")
             .args(["socket", "--tpm2", "--tpmstate"])
             .arg(format!("dir={}", p(&state)))
-            .args(["--server", &format!("type=unixio,path={}", p(&sock))])
-            .args(["--ctrl", &format!("type=unixio,path={}.ctrl", p(&sock))])
-            .args(["--flags", "not-need-init,startup-clear"])
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -757,10 +783,10 @@ impl Swtpm {
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        assert!(sock.exists(), "swtpm did not create its socket");
+        assert!(sock.exists(), "swtpm did not create {}", sock.display());
         Swtpm {
             child,
-            tcti: format!("swtpm:path={}", p(&sock)),
+            tcti: format!("swtpm:path={}", p(sock)),
         }
     }
 
@@ -1003,4 +1029,74 @@ fn tpm2_tokens_enrolled_here_unseal_with_tpm2_tools() {
     let bad = dir.join("bad");
     std::fs::write(&bad, "1111\n").unwrap();
     sc(&["--token-id", "1", "--token-pin-file", p(&bad)], 2);
+}
+
+/// systemd's own TPM2 token plugin, in a real kernel that drives the test's swtpm as a TIS chip
+/// (`/dev/tpmrm0` in the kernel oracle's guest):
+/// 1. `cryptsetup open --test-passphrase --token-only` opens, by the plugin, both tokens enrolled
+///    here (PCR 23; PCR 23 with a PIN);
+/// 2. `systemd-cryptenroll --tpm2-device=auto` in the guest seals a third (PCR 16), and
+///    sectorcrypt, back on the host with the same TPM, opens the volume by it.
+#[test]
+fn tpm2_tokens_work_both_ways_with_systemds_plugin_in_a_real_kernel() {
+    let dir = scratch("token-tpm2-oracle");
+    let pass = key(&dir, "pass");
+    let pin = dir.join("pin");
+    std::fs::write(&pin, "4321\n").unwrap();
+    let img = cryptsetup_image(&dir, &pass);
+    let tpm = Swtpm::start(&dir);
+    for extra in [
+        &[][..],
+        &["--tpm2-with-pin", "--token-pin-file", p(&pin)][..],
+    ] {
+        let mut args = vec![
+            "enroll",
+            "--key-file",
+            p(&pass),
+            "--tpm2-device",
+            &tpm.tcti,
+            "--tpm2-pcrs",
+            "23",
+        ];
+        args.extend_from_slice(extra);
+        args.push(p(&img));
+        ok(crate::common::sc(&args), "enroll --tpm2-device");
+    }
+    drop(tpm);
+
+    let qemu_tpm = Swtpm::start_for_qemu(&dir);
+    let ctrl = dir.join("qemu-tpm.ctrl");
+    let out = sectorcrypt_testkit::kernel_oracle::run_with(
+        &dir,
+        &sectorcrypt_testkit::kernel_oracle::script("kernel-oracle-tpm2.sh"),
+        &[p(&img), p(&pass), p(&pin), "0", "1", "--", "16"],
+        &[("SECTORCRYPT_ORACLE_TPM", p(&ctrl))],
+    );
+    drop(qemu_tpm);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "the guest: {text}{err}");
+    for line in ["open 0 ok", "open 1 ok", "enroll ok"] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "no {line:?} from the guest: {text}"
+        );
+    }
+
+    let tpm = Swtpm::start(&dir);
+    let h = header_json(&img);
+    assert_eq!(h["tokens"]["2"]["tpm2-pcrs"], serde_json::json!([16]));
+    let err = crate::common::sc_exits(
+        &[
+            "test-passphrase",
+            "--token-only",
+            "--token-id",
+            "2",
+            "--tpm2-device",
+            &tpm.tcti,
+            p(&img),
+        ],
+        0,
+    );
+    assert!(err.contains("Key slot 3 unlocked."), "{err}");
 }
