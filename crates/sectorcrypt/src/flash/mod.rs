@@ -19,9 +19,11 @@ use sectorcrypt_ubi::{AttachOptions, Info, Ubi, VolumeInfo};
 use crate::chip::{require_chip, Chip};
 use crate::exit::CliError;
 use crate::keyfile::KeyArgs;
+use crate::unlock::{unlock, TokenArgs, Tokens};
 use format::{convert, format, ConvertArgs, FormatArgs};
 use images::{export, import, ExportArgs, ImportArgs};
 use info::{info, InfoArgs};
+use sectorcrypt_luks::Error as LuksError;
 use sectorcrypt_storage::units::parse_size;
 use study::{benchmark, study, BenchArgs, StudyArgs};
 use volumes::{mkvol, read, rsvol, update, MkvolArgs, ReadArgs, RsvolArgs, UpdateArgs};
@@ -157,6 +159,8 @@ pub(crate) struct OpenArgs {
     device: PathBuf,
     #[command(flatten)]
     key: KeyArgs,
+    #[command(flatten)]
+    tokens: TokenArgs,
     /// Only try this keyslot (no short form here: `-S` is a volume's size in LEBs, as
     /// ubimkvol has it).
     #[arg(long = "key-slot", value_name = "N")]
@@ -167,12 +171,25 @@ impl OpenArgs {
     pub(crate) fn unlock(&self, read_only: bool) -> Result<(Chip, EncryptedFlash), CliError> {
         let chip = require_chip(&self.device, read_only)?;
         let header = sectorcrypt_flashvol::read_header(chip.flash())?;
-        let pass = self
-            .key
-            .read(&format!("Enter passphrase for {}: ", self.device.display()))?;
-        drop(header);
-        let opened = sectorcrypt_flashvol::unlock(chip.flash(), &pass, self.key_slot)?;
-        drop(pass);
+        let header = sectorcrypt_luks::Header::Luks2(Box::new(header.header));
+        // A token's passphrase, or the one typed, goes straight to the unlock: one key
+        // derivation, whichever it is. Errors other than a wrong passphrase come back whole.
+        let (opened, pass) = unlock(
+            &self.key,
+            &self.tokens,
+            Tokens::ByDefault,
+            &header,
+            &self.device,
+            self.key_slot,
+            |pass, slot| match sectorcrypt_flashvol::unlock(chip.flash(), pass, slot) {
+                Err(sectorcrypt_flashvol::Error::Luks(LuksError::WrongPassphrase)) => {
+                    Err(LuksError::WrongPassphrase)
+                }
+                other => Ok(other),
+            },
+        )?;
+        let opened = opened?;
+        drop((pass, header));
         crate::secrets::keys_ready();
         Ok((chip, opened))
     }

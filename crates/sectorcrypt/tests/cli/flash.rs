@@ -88,7 +88,7 @@ fn static_volume(img: &Path, key: &Path, name: &str, lebs: &str, data: &Path) {
 }
 
 /// The names of the volumes `flash info --json` lists.
-fn volume_names(info: &Value) -> Vec<&str> {
+pub(crate) fn volume_names(info: &Value) -> Vec<&str> {
     info["ubi"]["volumes"]
         .as_array()
         .unwrap()
@@ -97,7 +97,7 @@ fn volume_names(info: &Value) -> Vec<&str> {
         .collect()
 }
 
-fn info(img: &Path, key: &Path) -> Value {
+pub(crate) fn info(img: &Path, key: &Path) -> Value {
     let out = ok(
         sc(&["flash", "info", p(img), "--key-file", p(key), "--json"]),
         "flash info",

@@ -1100,3 +1100,46 @@ fn tpm2_tokens_work_both_ways_with_systemds_plugin_in_a_real_kernel() {
     );
     assert!(err.contains("Key slot 3 unlocked."), "{err}");
 }
+
+/// An encrypted flash takes a token as a volume does: `enroll --tpm2-device` on the NAND image,
+/// then `flash mkvol --token-only` unlocks it by the TPM alone; the new volume is there when
+/// read back with the passphrase.
+#[test]
+fn an_encrypted_flash_unlocks_by_its_tpm2_token() {
+    let dir = scratch("token-flash");
+    let (img, pass) = crate::flash::new_flash(&dir, &[]);
+    let tpm = Swtpm::start(&dir);
+    ok(
+        crate::common::sc(&[
+            "enroll",
+            "--key-file",
+            p(&pass),
+            "--tpm2-device",
+            &tpm.tcti,
+            "--tpm2-pcrs",
+            "7",
+            p(&img),
+        ]),
+        "enroll on a flash",
+    );
+    ok(
+        crate::common::sc(&[
+            "flash",
+            "mkvol",
+            p(&img),
+            "-N",
+            "tokened",
+            "-s",
+            "1MiB",
+            "--token-only",
+            "--tpm2-device",
+            &tpm.tcti,
+        ]),
+        "flash mkvol by token",
+    );
+    let names = crate::flash::info(&img, &pass);
+    assert!(
+        crate::flash::volume_names(&names).contains(&"tokened"),
+        "{names}"
+    );
+}
