@@ -68,8 +68,24 @@ pub(crate) fn unlock<T>(
     header: &Header,
     device: &Path,
     key_slot: Option<usize>,
-    mut attempt: impl FnMut(&[u8], Option<usize>) -> Result<T, LuksError>,
+    attempt: impl FnMut(&[u8], Option<usize>) -> Result<T, LuksError>,
 ) -> Result<(T, SecretBytes), CliError> {
+    let (value, pass, _) =
+        unlock_noting_token(key, tokens, when, header, device, key_slot, attempt)?;
+    Ok((value, pass))
+}
+
+/// [`unlock`], also saying which token released the passphrase (`None`: the passphrase was
+/// typed or read from `--key-file`).
+pub(crate) fn unlock_noting_token<T>(
+    key: &KeyArgs,
+    tokens: &TokenArgs,
+    when: Tokens,
+    header: &Header,
+    device: &Path,
+    key_slot: Option<usize>,
+    mut attempt: impl FnMut(&[u8], Option<usize>) -> Result<T, LuksError>,
+) -> Result<(T, SecretBytes, Option<u32>), CliError> {
     let try_tokens = tokens.asked_for() || (when == Tokens::ByDefault && key.key_file.is_none());
     let mut reasons = Vec::new();
     match header {
@@ -96,7 +112,7 @@ pub(crate) fn unlock<T>(
                             u.token, u.keyslot
                         );
                     }
-                    return Ok((u.value, u.passphrase));
+                    return Ok((u.value, u.passphrase, Some(u.token)));
                 }
                 Outcome::NotUnlocked(r) => reasons = r,
             }
@@ -131,7 +147,7 @@ pub(crate) fn unlock<T>(
     }
     let pass = key.read(&format!("Enter passphrase for {}: ", device.display()))?;
     let value = attempt(&pass, key_slot)?;
-    Ok((value, pass))
+    Ok((value, pass, None))
 }
 
 /// Where tokens get a PIN: `--token-pin-file`, else the terminal.

@@ -284,17 +284,20 @@ pub struct NewKey {
 
 /// Start re-encrypting the data of the LUKS2 volume whose header `h` is on `header`, whose current
 /// volume key is `old_volume_key`, to `new` (a random key, cipher and sector size), opened by
-/// `passphrase` through a new keyslot made with `pbkdf`. Returns the header as written;
+/// `passphrase` through a new keyslot made with `pbkdf` (and, when `token` released the
+/// passphrase, named by that token too). Returns the header as written;
 /// [`crate::reencrypt::run`] then converts the data.
 ///
 /// Errors: [`Error::Luks`] for a key that is not this volume's, no free keyslot or digest, or a
 /// target the cipher layer refuses (nothing is written then); [`Error::Luks`] with an I/O error
 /// if a write fails.
+#[allow(clippy::too_many_arguments)] // each is a separate choice of the caller
 pub fn start_reencryption(
     header: &dyn Storage,
     h: &Luks2Header,
     old_volume_key: &[u8],
     passphrase: &[u8],
+    token: Option<u32>,
     new: &NewKey,
     pbkdf: &Pbkdf,
     init: &InitOptions,
@@ -304,8 +307,20 @@ pub fn start_reencryption(
     // The keyslot area is encrypted like the data it will open: with the new cipher if it
     // changes, else like the current segment.
     let keyslot_cipher = (target.cipher != segment.cipher).then_some(target.cipher.as_str());
-    let staged =
+    let mut staged =
         h.stage_keyslot_for_new_key(header, &new_vk, passphrase, None, pbkdf, keyslot_cipher)?;
+    // A passphrase a token released: the token names the new keyslot too (in the same metadata
+    // write), so that it still releases it when the old keyslots go at the end.
+    if let Some(id) = token {
+        let new_slot = staged
+            .metadata()
+            .keyslots
+            .iter()
+            .map(|(n, _)| n)
+            .find(|n| h.metadata().keyslots.get(*n).is_none())
+            .expect("the staged header has one more keyslot");
+        staged.assign_token(id, new_slot as usize)?;
+    }
     let md = reencrypt::init_reencrypt(&staged, old_volume_key, &new_vk, target, init)?;
     Ok(reencrypt::write_metadata(header, h, &md)?)
 }

@@ -82,6 +82,35 @@ impl Header {
         Ok((Header::read(dev)?, id))
     }
 
+    /// Add keyslot `slot` to token `id`'s keyslots in this header's metadata, **in memory
+    /// only**: for a header staged to be written whole (the keyslot of a new volume key that a
+    /// reencryption adds for a token's passphrase, so that the token still releases it once the
+    /// old keyslots are gone).
+    ///
+    /// Errors: [`Error::Unsupported`] if there is no such token or keyslot.
+    pub fn assign_token(&mut self, id: u32, slot: usize) -> Result<(), Error> {
+        if u32::try_from(slot)
+            .ok()
+            .and_then(|s| self.metadata.keyslots.get(s))
+            .is_none()
+        {
+            return Err(Error::Unsupported(format!("keyslot {slot} is not in use")));
+        }
+        let Some((_, token)) = self.metadata.tokens.0.iter_mut().find(|(n, _)| *n == id) else {
+            return Err(Error::Unsupported(format!("token {id} is not in use")));
+        };
+        let Some(list) = token.get_mut("keyslots").and_then(Value::as_array_mut) else {
+            return Err(Error::Unsupported(format!(
+                "token {id} has no keyslot list"
+            )));
+        };
+        let name = Value::from(slot.to_string());
+        if !list.contains(&name) {
+            list.push(name);
+        }
+        Ok(())
+    }
+
     /// Token `id`, if the header has it.
     pub fn token(&self, id: u32) -> Option<&Value> {
         self.metadata().tokens.get(id)

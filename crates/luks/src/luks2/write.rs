@@ -138,7 +138,7 @@ impl Metadata {
     }
 
     /// Drop keyslot `slot` and every reference to it from digests and tokens.
-    fn remove_keyslot(&mut self, slot: u32) {
+    pub(crate) fn remove_keyslot(&mut self, slot: u32) {
         let name = slot.to_string();
         self.keyslots.0.retain(|(n, _)| *n != slot);
         for (_, d) in self.digests.0.iter_mut() {

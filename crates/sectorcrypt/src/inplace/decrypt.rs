@@ -67,7 +67,7 @@ pub(crate) fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
     let h = read_luks2(&header)?;
     let name = header_path.display().to_string();
     let in_progress = convert::resuming(&h, &name, Mode::Decrypt, args.run.resume_only)?;
-    let pass = args.run.passphrase(&args.device)?;
+    let (pass, _) = args.run.passphrase(&args.device, Some((&header, &h)))?;
     if !in_progress {
         start_detached(&args, &header, &h, &header_path, &pass, &|| {
             confirm(
@@ -123,7 +123,11 @@ fn decrypt_attached(
     let (dir, name) = directory_of(header_path)?;
     let plan = convert::plan_exported_decryption(dev, &dir, &name, args.run.resume_only)
         .map_err(|e| with_resume_hint(e, &args.device))?;
-    let pass = args.run.passphrase(&args.device)?;
+    let header = match &plan {
+        ExportPlan::Fresh(h) => Some((dev, &**h)),
+        _ => None,
+    };
+    let (pass, _) = args.run.passphrase(&args.device, header)?;
     if let ExportPlan::Fresh(h) = &plan {
         // A wrong passphrase is refused before anything is written.
         h.unlock(dev, &pass, None)?;

@@ -39,6 +39,8 @@ use crate::exit::CliError;
 use crate::keyfile::KeyArgs;
 use crate::keyslots::open_rw;
 use crate::pbkdf_args::PbkdfArgs;
+use crate::unlock::{unlock_noting_token, TokenArgs, Tokens};
+use sectorcrypt_luks::luks2::Header as Luks2Header;
 
 /// What `encrypt`, `decrypt` and `reencrypt` share: the passphrase and how the conversion runs.
 #[derive(clap::Args, Debug)]
@@ -52,6 +54,8 @@ pub(crate) struct RunArgs {
     init_only: bool,
     #[command(flatten)]
     key: KeyArgs,
+    #[command(flatten)]
+    tokens: TokenArgs,
     /// Do not ask for confirmation.
     #[arg(short = 'q', long = "batch-mode")]
     batch: bool,
@@ -80,10 +84,49 @@ pub(crate) struct RunArgs {
 }
 
 impl RunArgs {
-    /// The passphrase of `device`, from the key file or a prompt.
-    fn passphrase(&self, device: &Path) -> Result<SecretBytes, CliError> {
-        self.key
-            .read(&format!("Enter passphrase for {}: ", device.display()))
+    /// The passphrase of `device`: from a token of its LUKS2 header `header` (the header device
+    /// and the header read from it) when a `--token-*` option asks for one (as `cryptsetup
+    /// reencrypt` takes them), else from the key file or a prompt; checked against the header
+    /// as `cryptsetup open` checks it (during a conversion, the old and new keys too). Returns
+    /// the token that released it, if one did.
+    ///
+    /// Without a header at hand (a conversion the server holding the device runs, a resumed
+    /// encryption, an exported decryption), a token cannot be read: asking for one is refused.
+    fn passphrase(
+        &self,
+        device: &Path,
+        header: Option<(&dyn Storage, &Luks2Header)>,
+    ) -> Result<(SecretBytes, Option<u32>), CliError> {
+        let asked = self.tokens.token_only
+            || self.tokens.token_id.is_some()
+            || self.tokens.token_type.is_some();
+        // The passphrase alone is not checked here: the conversion checks it, and a second key
+        // derivation would double an Argon2 keyslot's cost.
+        let (Some((dev, h)), true) = (header, asked) else {
+            if asked {
+                return Err(CliError::usage(format!(
+                    "no token can be read for this step of the conversion of {} (one run by the \
+                     server that holds it, a resumed encryption or an exported decryption): \
+                     give the passphrase",
+                    device.display()
+                )));
+            }
+            let pass = self
+                .key
+                .read(&format!("Enter passphrase for {}: ", device.display()))?;
+            return Ok((pass, None));
+        };
+        let header = sectorcrypt_luks::Header::Luks2(Box::new(h.clone()));
+        let (_, pass, token) = unlock_noting_token(
+            &self.key,
+            &self.tokens,
+            Tokens::WhenAsked,
+            &header,
+            device,
+            None,
+            |pass, slot| header.unlock_checked(dev, pass, slot, false),
+        )?;
+        Ok((pass, token))
     }
 }
 
@@ -170,7 +213,7 @@ pub(super) fn ask_server(
     run: &RunArgs,
     warning: Option<String>,
 ) -> Result<(), CliError> {
-    let pass = run.passphrase(device)?;
+    let (pass, _) = run.passphrase(device, None)?;
     if let Some(warning) = warning {
         crate::keyslots::confirm(run.batch, &warning)?;
     }

@@ -158,7 +158,14 @@ impl Asked {
             Asked::Resize(_) => return Err(CliError::usage("not a conversion")),
             Asked::Reencrypt(a) => {
                 if !convert::resuming(&h, &name, Mode::Reencrypt, run.resume_only)? {
-                    super::reencrypt::start(a, &*header_dev, &h, &*served.data, pass, &|_| Ok(()))?;
+                    super::reencrypt::start(
+                        a,
+                        &*header_dev,
+                        &h,
+                        &*served.data,
+                        (pass, None),
+                        &|_| Ok(()),
+                    )?;
                 }
             }
             Asked::Encrypt(_) => {

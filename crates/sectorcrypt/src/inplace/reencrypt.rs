@@ -61,9 +61,9 @@ pub(crate) fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
     let h = read_luks2(&header)?;
     let name = header_path.display().to_string();
     let in_progress = convert::resuming(&h, &name, Mode::Reencrypt, args.run.resume_only)?;
-    let pass = args.run.passphrase(&args.device)?;
+    let (pass, token) = args.run.passphrase(&args.device, Some((&header, &h)))?;
     if !in_progress {
-        start(&args, &header, &h, &data, &pass, &|others| {
+        start(&args, &header, &h, &data, (&pass, token), &|others| {
             confirm(
                 args.run.batch,
                 &format!(
@@ -79,14 +79,15 @@ pub(crate) fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
     run_conversion(&resume, &header_path, &data, &pass, &args.run, &stop)
 }
 
-/// Record a new reencryption of `data` in `header` (read as `h`), once the passphrase opens it
-/// and `confirm` (told how many other keyslots go) agrees.
+/// Record a new reencryption of `data` in `header` (read as `h`), once the passphrase (and the
+/// token that released it, which then names the new keyslot too) opens it and `confirm` (told
+/// how many other keyslots go) agrees.
 pub(super) fn start(
     args: &ReencryptArgs,
     header: &dyn Storage,
     h: &Luks2Header,
     data: &dyn Storage,
-    pass: &[u8],
+    (pass, token): (&[u8], Option<u32>),
     confirm: &dyn Fn(usize) -> Result<(), CliError>,
 ) -> Result<(), CliError> {
     let data_len = device_len(data)?;
@@ -107,6 +108,7 @@ pub(super) fn start(
         h,
         &old.volume_key,
         pass,
+        token,
         &new,
         &pbkdf,
         &init_options(&args.pbkdf, &args.run)?,

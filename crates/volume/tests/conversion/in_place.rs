@@ -119,7 +119,8 @@ fn init_detached_reencrypt_with(
     let (h, old_vk) = format_detached(header_dev, data_len, 512);
     let pbkdf = fast_pbkdf().luks2().unwrap();
     let new = new_key(new_sector_size);
-    let h = convert::start_reencryption(header_dev, &h, &old_vk, PASS, &new, &pbkdf, init).unwrap();
+    let h = convert::start_reencryption(header_dev, &h, &old_vk, PASS, None, &new, &pbkdf, init)
+        .unwrap();
     let keys = reencrypt::unlock_volume_keys(&h, header_dev, PASS).unwrap();
     (old_vk, keys.new.unwrap().volume_key.to_vec())
 }
@@ -148,6 +149,7 @@ fn conversion_starts_survive_every_power_cut() {
                     &h,
                     &old_vk,
                     PASS,
+                    None,
                     &new_key(512),
                     &pbkdf,
                     &fast_init(),
@@ -390,6 +392,59 @@ fn decryption_ends_with_plaintext_and_no_keys() {
     // Their areas are wiped: no stored key material is left in the header.
     let stored = header.contents();
     assert!(stored[32768..(1 << 20)].iter().all(|&b| b == 0));
+}
+
+/// Tokens outlive a reencryption: one naming only the old keyslot is left naming none (the
+/// header stays valid metadata: a token naming a removed keyslot is refused by cryptsetup and
+/// here), and one the passphrase came from names the new keyslot and still opens the volume.
+#[test]
+fn reencryption_keeps_tokens_valid_and_carries_the_one_used() {
+    let data_len: u64 = 1 << 20;
+    let plain = pattern(data_len as usize, 6);
+    for carried in [false, true] {
+        let header = MemStorage::new(vec![0; HEADER_LEN as usize]);
+        let (h, old_vk) = format_detached(&header, data_len, 512);
+        let token = serde_json::json!({"type": "x-test", "keyslots": ["0"]});
+        let (h, id) = h.import_token(&header, None, token).unwrap();
+        let data = MemStorage::new(expected_ciphertext(&old_vk, 512, &plain));
+        let pbkdf = fast_pbkdf().luks2().unwrap();
+        let started = convert::start_reencryption(
+            &header,
+            &h,
+            &old_vk,
+            PASS,
+            carried.then_some(id),
+            &new_key(512),
+            &pbkdf,
+            &fast_init(),
+        )
+        .unwrap();
+        let keys = reencrypt::unlock_volume_keys(&started, &header, PASS).unwrap();
+        let new_vk = keys.new.unwrap().volume_key.to_vec();
+        let out = run(&header, &data, PASS, &Options::default(), &mut |_| true).unwrap();
+        assert_eq!(out, Outcome::Finished);
+        let done = Luks2Header::read(&header).expect("valid metadata after the reencryption");
+        let slots = done.token(id).unwrap()["keyslots"].clone();
+        let new_slot = done
+            .metadata()
+            .keyslots
+            .iter()
+            .map(|(n, _)| n)
+            .next()
+            .unwrap();
+        if carried {
+            assert_eq!(slots, serde_json::json!([new_slot.to_string()]));
+            let u = done.unlock(&header, PASS, Some(new_slot as usize)).unwrap();
+            assert_eq!(&u.volume_key[..], &new_vk[..]);
+        } else {
+            assert_eq!(
+                slots,
+                serde_json::json!([]),
+                "the removed keyslot's reference"
+            );
+        }
+        assert_eq!(data.contents(), expected_ciphertext(&new_vk, 512, &plain));
+    }
 }
 
 // ---- with cryptsetup ----

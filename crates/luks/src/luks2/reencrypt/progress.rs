@@ -208,16 +208,17 @@ pub fn finished(md: &Metadata, r: &Reencryption) -> Result<Metadata, Error> {
         assign_segment(&mut out, d, 0)?;
     }
     // The old key protects nothing any more: its keyslots and digest go (a decryption ends
-    // with no keyslots at all, as cryptsetup's does).
+    // with no keyslots at all, as cryptsetup's does), and with them every token's reference to
+    // those keyslots (a token left naming a removed keyslot is invalid metadata).
     if let Some(old) = r.digest_old.filter(|d| Some(*d) != r.digest_new) {
-        let slots: Vec<String> = out
+        let slots: Vec<u32> = out
             .digests
             .get(old)
-            .map(|d| d.keyslots().iter().map(|s| s.to_string()).collect())
+            .map(|d| d.keyslots().iter().filter_map(|s| s.parse().ok()).collect())
             .unwrap_or_default();
-        out.keyslots
-            .0
-            .retain(|(n, _)| !slots.contains(&n.to_string()));
+        for slot in slots {
+            out.remove_keyslot(slot);
+        }
         out.digests.0.retain(|(n, _)| *n != old);
     }
     if let Some(req) = out.config.requirements.as_mut() {
