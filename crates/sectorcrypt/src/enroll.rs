@@ -48,7 +48,12 @@ pub(crate) struct EnrollArgs {
     tpm2_with_pin: Option<bool>,
     /// Trust the tang server only if one of its signing keys has this thumbprint (as `clevis
     /// encrypt tang '{"thp": ...}'`).
-    #[arg(long = "tang-thumbprint", value_name = "THP")]
+    // A base64url thumbprint may begin with '-'.
+    #[arg(
+        long = "tang-thumbprint",
+        value_name = "THP",
+        allow_hyphen_values = true
+    )]
     tang_thumbprint: Option<String>,
     /// Trust the tang server's signing keys without asking (clevis' -y).
     #[arg(short = 'q', long = "batch-mode")]

@@ -677,8 +677,12 @@ fn tang_bindings_work_both_ways_with_clevis() {
         .and_then(|t| t.split(')').next())
         .unwrap_or_else(|| panic!("no thumbprint in {err}"))
         .to_string();
-    let refused = enroll(&["--tang-thumbprint", "AAAA"]);
-    assert_eq!(refused.status.code(), Some(1));
+    let refused = enroll(&["--tang-thumbprint", "-AAAA"]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        refused.status.code() == Some(1) && err.contains("not trusted"),
+        "a thumbprint starting with '-' is a value: {err}"
+    );
     let out = ok(enroll(&["--tang-thumbprint", &thp]), "enroll --clevis tang");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(

@@ -250,8 +250,9 @@ impl Tpm {
         Ok(response[10..].to_vec())
     }
 
-    /// The primary storage key systemd uses, created from the owner hierarchy's seed.
-    pub(crate) fn create_primary(&mut self, alg: PrimaryAlg) -> Result<u32, TpmError> {
+    /// The primary storage key systemd uses, created from the owner hierarchy's seed; for an
+    /// ECC key also its public point, which salts sessions.
+    pub(crate) fn create_primary(&mut self, alg: PrimaryAlg) -> Result<Primary, TpmError> {
         let mut params = Vec::new();
         params.extend([0, 4, 0, 0, 0, 0]); // inSensitive: empty userAuth and data
         tpm2b(&mut params, &alg.template());
@@ -263,9 +264,16 @@ impl Tpm {
             Some(&password_session()),
             &params,
         ))?;
-        let handle = Reader::new(&r).u32()?;
+        let mut rd = Reader::new(&r);
+        let handle = rd.u32()?;
         self.loaded.push(handle);
-        Ok(handle)
+        rd.u32()?; // parameterSize
+        let public = rd.tpm2b()?;
+        let point = match alg {
+            PrimaryAlg::Ecc => Some(ecc_point(&public)?),
+            PrimaryAlg::Rsa => None,
+        };
+        Ok(Primary { handle, point })
     }
 
     /// Load a sealed object (its `TPM2B_PRIVATE` and `TPM2B_PUBLIC`, as marshalled) under
@@ -363,27 +371,60 @@ impl Tpm {
         Ok(values)
     }
 
-    /// Start an unsalted, unbound policy session; its handle and the TPM's nonce.
+    /// Start an unbound policy session. Salted by `salt_to` (the ECC primary key), the session
+    /// has a key of its own that no one watching the bus can know, and encrypts what it is
+    /// asked to (AES-128-CFB, as systemd's): the unsealed secret. Without it (an RSA primary),
+    /// the session is neither.
     pub(crate) fn start_policy_session(
         &mut self,
-        nonce_caller: &[u8],
-    ) -> Result<(u32, Vec<u8>), TpmError> {
+        salt_to: Option<&Primary>,
+    ) -> Result<Session, TpmError> {
+        let fail = |what: &'static str| {
+            move |e: openssl::error::ErrorStack| TpmError {
+                rc: None,
+                message: format!("{what}: {e}"),
+            }
+        };
+        let mut nonce_caller = vec![0u8; 32];
+        openssl::rand::rand_bytes(&mut nonce_caller).map_err(fail("random bytes"))?;
+        let salt = match salt_to.and_then(|p| Some((p.handle, p.point.as_ref()?))) {
+            Some((handle, (qx, qy))) => Some((handle, salt_for(qx, qy).map_err(fail("ECDH"))?)),
+            None => None,
+        };
         let mut params = Vec::new();
-        tpm2b(&mut params, nonce_caller);
-        params.extend([0, 0]); // encryptedSalt: none
+        tpm2b(&mut params, &nonce_caller);
+        match &salt {
+            Some((_, (_, encrypted))) => tpm2b(&mut params, encrypted),
+            None => params.extend([0, 0]),
+        }
         params.push(TPM_SE_POLICY);
-        params.extend(TPM_ALG_NULL.to_be_bytes()); // symmetric: none
+        if salt.is_some() {
+            params.extend([0, 6, 0, 128, 0, 0x43]); // AES 128 CFB
+        } else {
+            params.extend(TPM_ALG_NULL.to_be_bytes());
+        }
         params.extend(TPM_ALG_SHA256.to_be_bytes());
+        let tpm_key = salt.as_ref().map_or(TPM_RH_NULL, |(h, _)| *h);
         let r = self.execute(&command(
             CC_START_AUTH_SESSION,
-            &[TPM_RH_NULL, TPM_RH_NULL],
+            &[tpm_key, TPM_RH_NULL],
             None,
             &params,
         ))?;
         let mut rd = Reader::new(&r);
         let handle = rd.u32()?;
         self.loaded.push(handle);
-        Ok((handle, rd.tpm2b()?))
+        let nonce_tpm = rd.tpm2b()?;
+        let key = match &salt {
+            Some((_, (seed, _))) => kdfa(seed, "ATH", &nonce_tpm, &nonce_caller, 32),
+            None => Zeroizing::new(Vec::new()),
+        };
+        Ok(Session {
+            handle,
+            nonce_tpm,
+            key,
+            encrypting: salt.is_some(),
+        })
     }
 
     pub(crate) fn policy_pcr(&mut self, session: u32, pcrs: &[u32]) -> Result<(), TpmError> {
@@ -403,13 +444,14 @@ impl Tpm {
     }
 
     /// Unseal `item` (whose name is `name`) under the policy `session`: the HMAC is keyed with
-    /// `auth` (the object's authValue, when the policy includes PolicyAuthValue; else empty).
+    /// the session's key and `auth` (the object's authValue, when the policy includes
+    /// PolicyAuthValue; else empty). An encrypting session has the TPM encrypt the secret on
+    /// its way out; the response's HMAC is checked before it is decrypted.
     pub(crate) fn unseal(
         &mut self,
         item: u32,
         name: &[u8],
-        session: u32,
-        nonce_tpm: &[u8],
+        session: &Session,
         auth: &[u8],
     ) -> Result<Zeroizing<Vec<u8>>, TpmError> {
         let mut nonce = [0u8; 32];
@@ -417,32 +459,80 @@ impl Tpm {
             rc: None,
             message: format!("random bytes: {e}"),
         })?;
-        let attributes = 0u8; // the session ends with this command
+        // The session ends with this command; with `encrypt`, the response parameter is
+        // encrypted.
+        let attributes = if session.encrypting { 0x40u8 } else { 0 };
         let cp_hash = Sha256::new()
             .chain_update(CC_UNSEAL.to_be_bytes())
             .chain_update(name)
             .finalize();
         // Part 1, 19.6: trailing zero octets of an authValue are not part of the HMAC key.
-        let key_len = auth.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-        let mut mac = Hmac::<Sha256>::new_from_slice(&auth[..key_len]).expect("any key length");
-        mac.update(&cp_hash);
-        mac.update(&nonce);
-        mac.update(nonce_tpm);
-        mac.update(&[attributes]);
-        let hmac = mac.finalize().into_bytes();
+        let auth = &auth[..auth.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1)];
+        let key = Zeroizing::new([&session.key[..], auth].concat());
+        let hmac = |parts: &[&[u8]]| {
+            let mut mac = Hmac::<Sha256>::new_from_slice(&key).expect("any key length");
+            for p in parts {
+                mac.update(p);
+            }
+            mac.finalize().into_bytes()
+        };
         let mut session_area = Vec::new();
-        session_area.extend(session.to_be_bytes());
+        session_area.extend(session.handle.to_be_bytes());
         tpm2b(&mut session_area, &nonce);
         session_area.push(attributes);
-        tpm2b(&mut session_area, &hmac);
+        tpm2b(
+            &mut session_area,
+            &hmac(&[&cp_hash, &nonce, &session.nonce_tpm, &[attributes]]),
+        );
         let r =
             Zeroizing::new(self.execute(&command(CC_UNSEAL, &[item], Some(&session_area), &[]))?);
         // A session not continued ends with the command that succeeds with it (a failed command
         // leaves it open, to be flushed).
-        self.loaded.retain(|h| *h != session);
+        self.loaded.retain(|h| *h != session.handle);
         let mut rd = Reader::new(&r);
-        rd.u32()?; // parameterSize
-        Ok(Zeroizing::new(rd.tpm2b()?))
+        let size = rd.u32()? as usize;
+        let params = rd.bytes(size)?;
+        let nonce_tpm = rd.tpm2b()?;
+        let response_attributes = rd.bytes(1)?[0];
+        let response_hmac = rd.tpm2b()?;
+        let rp_hash = Sha256::new()
+            .chain_update(0u32.to_be_bytes())
+            .chain_update(CC_UNSEAL.to_be_bytes())
+            .chain_update(params)
+            .finalize();
+        let expected = hmac(&[&rp_hash, &nonce_tpm, &nonce, &[response_attributes]]);
+        if !bool::from(subtle::ConstantTimeEq::ct_eq(
+            &expected[..],
+            &response_hmac[..],
+        )) {
+            return Err(TpmError {
+                rc: None,
+                message: format!("TPM {}: its answer fails its integrity check", self.name),
+            });
+        }
+        let mut data = Zeroizing::new(Reader::new(params).tpm2b()?);
+        if session.encrypting {
+            let kv = kdfa(&key, "CFB", &nonce_tpm, &nonce, 32);
+            let mut c = openssl::symm::Crypter::new(
+                openssl::symm::Cipher::aes_128_cfb128(),
+                openssl::symm::Mode::Decrypt,
+                &kv[..16],
+                Some(&kv[16..]),
+            )
+            .and_then(|mut c| {
+                let mut out = Zeroizing::new(vec![0u8; data.len() + 16]);
+                let n = c.update(&data, &mut out)?;
+                let m = c.finalize(&mut out[n..])?;
+                out.truncate(n + m);
+                Ok(out)
+            })
+            .map_err(|e| TpmError {
+                rc: None,
+                message: format!("AES-CFB: {e}"),
+            })?;
+            std::mem::swap(&mut data, &mut c);
+        }
+        Ok(data)
     }
 
     fn flush(&mut self, handle: u32) {
@@ -457,6 +547,108 @@ impl Drop for Tpm {
             self.flush(h);
         }
     }
+}
+
+/// A primary key: its handle and, for ECC, its public point (x, y).
+pub(crate) struct Primary {
+    pub(crate) handle: u32,
+    point: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// A policy session: its handle, the TPM's nonce, its key (empty unless salted), whether it
+/// encrypts.
+pub(crate) struct Session {
+    pub(crate) handle: u32,
+    nonce_tpm: Vec<u8>,
+    key: Zeroizing<Vec<u8>>,
+    encrypting: bool,
+}
+
+/// The x and y of an ECC key's `TPMT_PUBLIC` (its `unique` field, after the parameters).
+fn ecc_point(public: &[u8]) -> Result<(Vec<u8>, Vec<u8>), TpmError> {
+    let mut rd = Reader::new(public);
+    rd.bytes(8)?; // type, nameAlg, objectAttributes
+    rd.tpm2b()?; // authPolicy
+    if rd.u16()? != TPM_ALG_NULL {
+        rd.bytes(4)?; // symmetric keyBits, mode
+    }
+    if rd.u16()? != TPM_ALG_NULL {
+        rd.bytes(2)?; // scheme hash
+    }
+    rd.bytes(2)?; // curveID
+    if rd.u16()? != TPM_ALG_NULL {
+        rd.bytes(2)?; // kdf hash
+    }
+    Ok((rd.tpm2b()?, rd.tpm2b()?))
+}
+
+/// A salt for a session salted by the P-256 key (qx, qy): the seed (KDFe over the ECDH secret
+/// of a fresh key and that key, Part 1, 11.4.10.3) and the `TPMS_ECC_POINT` the TPM needs to
+/// compute it too.
+fn salt_for(
+    qx: &[u8],
+    qy: &[u8],
+) -> Result<(Zeroizing<Vec<u8>>, Vec<u8>), openssl::error::ErrorStack> {
+    use openssl::bn::{BigNum, BigNumContext};
+    use openssl::ec::{EcGroup, EcKey, EcPoint};
+    let group = EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1)?;
+    let mut ctx = BigNumContext::new()?;
+    let (qx_bn, qy_bn) = (BigNum::from_slice(qx)?, BigNum::from_slice(qy)?);
+    let q = EcKey::from_public_key_affine_coordinates(&group, &qx_bn, &qy_bn)?;
+    let eph = EcKey::generate(&group)?;
+    let mut z = EcPoint::new(&group)?;
+    z.mul2(&group, q.public_key(), eph.private_key(), &mut ctx)?;
+    let (mut zx, mut ex, mut ey) = (BigNum::new()?, BigNum::new()?, BigNum::new()?);
+    let mut unused = BigNum::new()?;
+    z.affine_coordinates(&group, &mut zx, &mut unused, &mut ctx)?;
+    eph.public_key()
+        .affine_coordinates(&group, &mut ex, &mut ey, &mut ctx)?;
+    let (zx, ex, ey) = (
+        Zeroizing::new(zx.to_vec_padded(32)?),
+        ex.to_vec_padded(32)?,
+        ey.to_vec_padded(32)?,
+    );
+    let qx = [vec![0u8; 32usize.saturating_sub(qx.len())], qx.to_vec()].concat();
+    let seed = Zeroizing::new(
+        Sha256::new()
+            .chain_update(1u32.to_be_bytes())
+            .chain_update(&*zx)
+            .chain_update(b"SECRET\0")
+            .chain_update(&ex)
+            .chain_update(&qx)
+            .finalize()
+            .to_vec(),
+    );
+    let mut point = Vec::new();
+    tpm2b(&mut point, &ex);
+    tpm2b(&mut point, &ey);
+    Ok((seed, point))
+}
+
+/// KDFa with SHA-256 (Part 1, 11.4.10.2): `bytes` of HMAC(key, counter || label || 0 ||
+/// context_u || context_v || bits).
+fn kdfa(
+    key: &[u8],
+    label: &str,
+    context_u: &[u8],
+    context_v: &[u8],
+    bytes: usize,
+) -> Zeroizing<Vec<u8>> {
+    let mut out = Zeroizing::new(Vec::with_capacity(bytes + 32));
+    let mut counter = 1u32;
+    while out.len() < bytes {
+        let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("any key length");
+        mac.update(&counter.to_be_bytes());
+        mac.update(label.as_bytes());
+        mac.update(&[0]);
+        mac.update(context_u);
+        mac.update(context_v);
+        mac.update(&((bytes * 8) as u32).to_be_bytes());
+        out.extend_from_slice(&mac.finalize().into_bytes());
+        counter += 1;
+    }
+    out.truncate(bytes);
+    out
 }
 
 /// One command over a socket: swtpm answers with exactly one response, its length in its

@@ -150,23 +150,20 @@ pub(crate) fn release(
         None
     };
     let mut tpm = Tpm::open(device)?;
-    let parent = if srk {
-        SRK_HANDLE
-    } else {
-        tpm.create_primary(sealed.primary.unwrap_or(PrimaryAlg::Ecc))?
-    };
+    let primary = tpm.create_primary(sealed.primary.unwrap_or(PrimaryAlg::Ecc))?;
+    let parent = if srk { SRK_HANDLE } else { primary.handle };
     let item = tpm.load(parent, &sealed.private, &sealed.public)?;
-    let mut nonce = [0u8; 32];
-    rand::rngs::OsRng.fill_bytes(&mut nonce);
-    let (session, nonce_tpm) = tpm.start_policy_session(&nonce)?;
+    // The session is salted by the primary key (ECC): its key stays between this process and
+    // the TPM, and the secret crosses the bus encrypted.
+    let session = tpm.start_policy_session(Some(&primary))?;
     if !sealed.pcrs.is_empty() {
-        tpm.policy_pcr(session, &sealed.pcrs)?;
+        tpm.policy_pcr(session.handle, &sealed.pcrs)?;
     }
     if auth.is_some() {
-        tpm.policy_auth_value(session)?;
+        tpm.policy_auth_value(session.handle)?;
     }
     if let Some(expected) = &sealed.policy_hash {
-        if tpm.policy_get_digest(session)? != *expected {
+        if tpm.policy_get_digest(session.handle)? != *expected {
             return Err(Error::Rejected(format!(
                 "the TPM's policy does not match the sealed one: PCRs {:?} changed since \
                  enrolment (or the token belongs to another TPM)",
@@ -177,8 +174,7 @@ pub(crate) fn release(
     let secret = tpm.unseal(
         item,
         &sealed.name()?,
-        session,
-        &nonce_tpm,
+        &session,
         auth.as_deref().map_or(&[][..], |a| &a[..]),
     )?;
     Ok(base64_passphrase(&secret))
@@ -229,8 +225,8 @@ pub fn enroll(device: &str, pcrs: &[u32], pin: Option<&[u8]>) -> Result<Enrolmen
     let mut tpm = Tpm::open(device)?;
     // systemd tries ECC first (fast), RSA if the TPM cannot.
     let (primary, alg) = match tpm.create_primary(PrimaryAlg::Ecc) {
-        Ok(h) => (h, PrimaryAlg::Ecc),
-        Err(_) => (tpm.create_primary(PrimaryAlg::Rsa)?, PrimaryAlg::Rsa),
+        Ok(p) => (p.handle, PrimaryAlg::Ecc),
+        Err(_) => (tpm.create_primary(PrimaryAlg::Rsa)?.handle, PrimaryAlg::Rsa),
     };
     let values = if pcrs.is_empty() {
         Vec::new()
