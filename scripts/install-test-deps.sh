@@ -64,6 +64,13 @@ if ! "$py" -c 'import cryptography' 2>/dev/null; then
 fi
 "$py" -c 'import cryptography; from cryptography.hazmat.primitives.ciphers import modes; modes.XTS'
 
+# python-fido2 (Yubico's CTAP2 client) is the independent implementation the FIDO2 token's CBOR
+# and PIN/UV protocols are checked against (no software FIDO2 key exists to test against).
+if ! "$py" -c 'import fido2.ctap2.pin' 2>/dev/null; then
+  echo "install-test-deps: installing python-fido2 for $py"
+  "$py" -m pip install -q 'fido2>=1.1'
+fi
+
 # ubi_reader reads UBI images and UBIFS the way embedded developers do (the raw-flash tests check
 # exported images with it).
 if ! command -v ubireader_display_info >/dev/null 2>&1; then

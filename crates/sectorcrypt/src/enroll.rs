@@ -16,7 +16,7 @@ use crate::keyfile::KeyArgs;
 use crate::unlock::{pin_source, unlock, TokenArgs, Tokens};
 
 #[derive(clap::Args, Debug)]
-#[command(group = clap::ArgGroup::new("what").required(true).args(["pkcs11_token_uri", "clevis", "tpm2_device"]))]
+#[command(group = clap::ArgGroup::new("what").required(true).args(["pkcs11_token_uri", "clevis", "tpm2_device", "fido2_device"]))]
 pub(crate) struct EnrollArgs {
     /// The LUKS2 device or image file, an RBD image or an encrypted flash.
     #[arg(value_name = "DEVICE")]
@@ -46,6 +46,18 @@ pub(crate) struct EnrollArgs {
     #[arg(long = "tpm2-with-pin", value_name = "BOOL", num_args = 0..=1, default_missing_value = "yes",
           value_parser = clap::builder::BoolishValueParser::new())]
     tpm2_with_pin: Option<bool>,
+    /// With --fido2-device: require the key's PIN (default yes, as systemd-cryptenroll).
+    #[arg(long = "fido2-with-client-pin", value_name = "BOOL", default_value = "yes",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    fido2_with_client_pin: bool,
+    /// With --fido2-device: require a touch (default yes).
+    #[arg(long = "fido2-with-user-presence", value_name = "BOOL", default_value = "yes",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    fido2_with_user_presence: bool,
+    /// With --fido2-device: require the key's own user verification (fingerprint; default no).
+    #[arg(long = "fido2-with-user-verification", value_name = "BOOL", default_value = "no",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    fido2_with_user_verification: bool,
     /// Trust the tang server only if one of its signing keys has this thumbprint (as `clevis
     /// encrypt tang '{"thp": ...}'`).
     // A base64url thumbprint may begin with '-'.
@@ -165,6 +177,18 @@ fn make_enrolment(args: &EnrollArgs) -> Result<(Enrolment, &'static str), CliErr
         let e = sectorcrypt_token::tpm2::enroll(&device, &pcrs, pin.as_deref())
             .map_err(failed("the TPM2 chip"))?;
         return Ok((e, "TPM2 token"));
+    }
+    if let Some(device) = &args.tokens.fido2_device {
+        let mut pins = pin_source(&args.tokens)?;
+        let e = sectorcrypt_token::fido2::enroll(
+            device,
+            args.fido2_with_client_pin,
+            args.fido2_with_user_presence,
+            args.fido2_with_user_verification,
+            &mut pins,
+        )
+        .map_err(failed("the FIDO2 key"))?;
+        return Ok((e, "FIDO2 token"));
     }
     if let Some(uri) = &args.pkcs11_token_uri {
         let mut pins = pin_source(&args.tokens)?;

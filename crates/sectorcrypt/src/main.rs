@@ -92,8 +92,8 @@ enum Command {
     #[command(name = "kill-slot", alias = "luksKillSlot")]
     #[command(after_help = examples::KILL_SLOT)]
     KillSlot(keyslots::KillSlotArgs),
-    /// Add a keyslot that a TPM2 chip, a PKCS#11 security token or a tang server unlocks, with the
-    /// token that releases it (systemd-cryptenroll, clevis luks bind); optionally remove others.
+    /// Add a keyslot that a TPM2 chip, a FIDO2 or PKCS#11 security token or a tang server
+    /// unlocks, with the token that releases it (systemd-cryptenroll, clevis luks bind).
     #[command(after_help = examples::ENROLL)]
     Enroll(enroll::EnrollArgs),
     /// Save the header and keyslots to a file (cryptsetup luksHeaderBackup).

@@ -22,7 +22,7 @@ pub(crate) struct TokenArgs {
     /// Try only token N.
     #[arg(long = "token-id", value_name = "N", value_parser = clap::value_parser!(u32).range(0..32))]
     pub token_id: Option<u32>,
-    /// Try only tokens of this type (systemd-pkcs11, systemd-tpm2, clevis).
+    /// Try only tokens of this type (systemd-tpm2, systemd-fido2, systemd-pkcs11, clevis).
     #[arg(long = "token-type", value_name = "TYPE")]
     pub token_type: Option<String>,
     /// Read a token's PIN from the first line of FILE ('-' = standard input) instead of asking
@@ -33,6 +33,10 @@ pub(crate) struct TokenArgs {
     /// as systemd reads it) or swtpm:host=H,port=P / swtpm:path=SOCKET.
     #[arg(long = "tpm2-device", value_name = "PATH|TCTI")]
     pub tpm2_device: Option<String>,
+    /// The FIDO2 security key for systemd-fido2 tokens: a /dev/hidrawN, or auto (default: every
+    /// one plugged in).
+    #[arg(long = "fido2-device", value_name = "PATH|auto")]
+    pub fido2_device: Option<String>,
 }
 
 impl TokenArgs {
@@ -103,6 +107,7 @@ pub(crate) fn unlock_noting_token<T>(
                 kind: tokens.token_type.clone(),
                 keyslot: key_slot,
                 tpm2_device: tokens.tpm2_device(),
+                fido2_device: tokens.fido2_device.clone(),
             };
             match sectorcrypt_token::unlock(h, &choice, &mut pins, |p, s| attempt(p, Some(s)))? {
                 Outcome::Unlocked(u) => {
@@ -215,5 +220,9 @@ impl Pins for PinSource {
             return None;
         }
         prompt_terminal(prompt).ok()
+    }
+
+    fn notice(&mut self, message: &str) {
+        eprintln!("{message}");
     }
 }

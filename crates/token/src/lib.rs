@@ -12,6 +12,8 @@
 //!   decrypted there; the passphrase is that key in base64.
 //! - `systemd-tpm2` ([`tpm2`]): random bytes sealed by a TPM 2.0 to PCR values and a PIN; the
 //!   passphrase is their base64.
+//! - `systemd-fido2` ([`fido2`]): the hmac-secret a FIDO2 security key derives from a credential
+//!   and a salt; the passphrase is its base64.
 //! - `clevis` ([`clevis`]): the passphrase is a JWE's plaintext; with the `tang` pin its key is
 //!   recovered from a tang server without the server learning it.
 //!
@@ -23,6 +25,7 @@
 //! what a PKCS#11 module returns is copied there at once and its buffer zeroized.
 
 pub mod clevis;
+pub mod fido2;
 pub mod pkcs11;
 pub mod tpm2;
 
@@ -71,6 +74,9 @@ impl std::error::Error for Error {}
 pub trait Pins {
     /// The PIN, asked with `prompt`; `None` if there is no way to ask.
     fn pin(&mut self, prompt: &str) -> Option<SecretBytes>;
+
+    /// Tell the user something they must do (touch a security key).
+    fn notice(&mut self, _message: &str) {}
 }
 
 /// Which tokens to try (cryptsetup's `--token-id`, `--token-type`) and for which keyslot
@@ -85,6 +91,8 @@ pub struct Choice {
     pub keyslot: Option<usize>,
     /// The TPM for `systemd-tpm2` tokens (default [`tpm2::DEFAULT_DEVICE`]).
     pub tpm2_device: Option<String>,
+    /// The FIDO2 key for `systemd-fido2` tokens (default: every one plugged in).
+    pub fido2_device: Option<String>,
 }
 
 /// A token that unlocked the volume.
@@ -125,7 +133,7 @@ pub enum Outcome<T> {
 }
 
 /// The token types this crate can use.
-pub const KNOWN_TYPES: &[&str] = &[pkcs11::TYPE, tpm2::TYPE, clevis::TYPE];
+pub const KNOWN_TYPES: &[&str] = &[pkcs11::TYPE, tpm2::TYPE, fido2::TYPE, clevis::TYPE];
 
 /// Try the tokens of `header` that `choice` allows, in number order (as cryptsetup does). Each
 /// released passphrase goes to `attempt` with each keyslot the token names; the first that
@@ -171,6 +179,7 @@ pub fn unlock<T>(
         let released = match kind {
             pkcs11::TYPE => pkcs11::release(token, pins),
             clevis::TYPE => clevis::release(token),
+            fido2::TYPE => fido2::release(token, choice.fido2_device.as_deref(), pins),
             tpm2::TYPE => tpm2::release(
                 token,
                 choice
@@ -233,6 +242,10 @@ pub fn validate(token: &Value) -> Result<(), Error> {
         Some(tpm2::TYPE) => {
             keyslots(token)?;
             tpm2::Sealed::parse(token).map(drop)
+        }
+        Some(fido2::TYPE) => {
+            keyslots(token)?;
+            fido2::Fido2Token::parse(token).map(drop)
         }
         _ => Ok(()),
     }

@@ -1256,3 +1256,59 @@ fn reencrypt_by_token_keeps_the_token_working() {
         "read back after reencryption",
     );
 }
+
+/// FIDO2 without a key (none exists in software here; the token's CBOR and PIN/UV protocols are
+/// checked against python-fido2 in `crates/token`): a volume with a systemd-fido2 token (its
+/// shape as systemd-cryptenroll writes it) is refused cleanly, exit 2 with the reason, and
+/// `enroll --fido2-device` refuses with exit 1 writing nothing.
+#[test]
+fn fido2_tokens_without_a_key_are_refused_cleanly() {
+    let dir = scratch("token-fido2");
+    let pass = key(&dir, "pass");
+    let img = cryptsetup_image(&dir, &pass);
+    let json = dir.join("fido2.json");
+    std::fs::write(
+        &json,
+        r#"{"type":"systemd-fido2","keyslots":["0"],"fido2-credential":"AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=","fido2-salt":"ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=","fido2-rp":"io.systemd.cryptsetup","fido2-clientPin-required":true,"fido2-up-required":true,"fido2-uv-required":false}"#,
+    )
+    .unwrap();
+    ok(
+        crate::common::sc(&["token", "import", "--json-file", p(&json), p(&img)]),
+        "token import of a systemd-fido2 token",
+    );
+    let before = std::fs::read(&img).unwrap();
+    let err = crate::common::sc_exits(
+        &[
+            "test-passphrase",
+            "--token-only",
+            "--fido2-device",
+            "/nonexistent/hidraw7",
+            p(&img),
+        ],
+        2,
+    );
+    assert!(
+        err.contains("token 0 (systemd-fido2): cannot open the FIDO2 key"),
+        "{err}"
+    );
+    let err = crate::common::sc_exits(
+        &[
+            "enroll",
+            "--key-file",
+            p(&pass),
+            "--fido2-device",
+            "/nonexistent/hidraw7",
+            p(&img),
+        ],
+        1,
+    );
+    assert!(err.contains("cannot enroll the FIDO2 key"), "{err}");
+    assert!(
+        std::fs::read(&img).unwrap() == before,
+        "a refused FIDO2 token wrote"
+    );
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, r#"{"type":"systemd-fido2","keyslots":["0"],"fido2-credential":"AA==","fido2-salt":"AA=="}"#).unwrap();
+    let err = crate::common::sc_exits(&["token", "import", "--json-file", p(&bad), p(&img)], 1);
+    assert!(err.contains("fido2-salt is not 32 bytes"), "{err}");
+}
