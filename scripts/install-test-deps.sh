@@ -32,7 +32,7 @@ debs=(libssl-dev pkg-config g++ libcrypto++-dev libcrypto++-utils openssl python
   # proxy module, and systemd's cryptenroll and cryptsetup token plugins on the other side;
   # clevis (with its LUKS commands) and a tang server for the network-bound tokens; swtpm as the
   # TPM 2.0, tpm2-tools (and the TSS's swtpm transport) to check sealed objects independently.
-  softhsm2 opensc p11-kit-modules systemd clevis clevis-luks tang swtpm tpm2-tools
+  softhsm2 opensc p11-kit-modules systemd clevis clevis-luks clevis-tpm2 tang swtpm tpm2-tools
   libtss2-tcti-swtpm0)
 missing=()
 for p in "${debs[@]}"; do

@@ -178,7 +178,13 @@ pub fn unlock<T>(
         }
         let released = match kind {
             pkcs11::TYPE => pkcs11::release(token, pins),
-            clevis::TYPE => clevis::release(token),
+            clevis::TYPE => clevis::release(
+                token,
+                choice
+                    .tpm2_device
+                    .as_deref()
+                    .unwrap_or(tpm2::DEFAULT_DEVICE),
+            ),
             fido2::TYPE => fido2::release(token, choice.fido2_device.as_deref(), pins),
             tpm2::TYPE => tpm2::release(
                 token,

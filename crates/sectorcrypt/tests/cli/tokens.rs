@@ -1312,3 +1312,86 @@ fn fido2_tokens_without_a_key_are_refused_cleanly() {
     let err = crate::common::sc_exits(&["token", "import", "--json-file", p(&bad), p(&img)], 1);
     assert!(err.contains("fido2-salt is not 32 bytes"), "{err}");
 }
+
+/// clevis' `tpm2` pin (swtpm as the TPM, clevis and tpm2-tools on the other side): bindings with
+/// no PCR, PCR 7 in clevis' default SHA-1 bank, and PCRs 0 and 7 in the SHA-256 bank open here;
+/// once PCR 7 is extended, the PCR-bound ones refuse (exit 2, the policy named) and the unbound
+/// one still opens.
+#[test]
+fn clevis_tpm2_bindings_unlock_here_until_a_pcr_changes() {
+    let dir = scratch("token-clevis-tpm2");
+    let tpm = Swtpm::start(&dir);
+    let pass = key(&dir, "pass");
+    let img = cryptsetup_image(&dir, &pass);
+    for config in [
+        "{}",
+        r#"{"pcr_ids":"7"}"#,
+        r#"{"pcr_bank":"sha256","pcr_ids":"0,7"}"#,
+    ] {
+        // No resource manager: what clevis' tpm2-tools calls leave loaded is flushed first.
+        tpm.tools("tpm2_flushcontext", &["-l"]);
+        tpm.tools("tpm2_flushcontext", &["-t"]);
+        ok(
+            run(Command::new("clevis")
+                .env("TPM2TOOLS_TCTI", &tpm.tcti)
+                .args([
+                    "luks",
+                    "bind",
+                    "-y",
+                    "-d",
+                    p(&img),
+                    "-k",
+                    p(&pass),
+                    "tpm2",
+                    config,
+                ])),
+            "clevis luks bind tpm2",
+        );
+    }
+    let sc = |token: &str, code: i32| {
+        crate::common::sc_exits(
+            &[
+                "test-passphrase",
+                "--token-only",
+                "--token-id",
+                token,
+                "--tpm2-device",
+                &tpm.tcti,
+                p(&img),
+            ],
+            code,
+        )
+    };
+    for (token, slot) in [("0", 1), ("1", 2), ("2", 3)] {
+        let err = sc(token, 0);
+        assert!(
+            err.contains(&format!("Key slot {slot} unlocked.")),
+            "{token}: {err}"
+        );
+    }
+    let out = ok(
+        crate::common::sc(&[
+            "dump",
+            "--dump-volume-key",
+            "--json",
+            "-q",
+            "--token-id",
+            "2",
+            "--tpm2-device",
+            &tpm.tcti,
+            p(&img),
+        ]),
+        "dump by the clevis tpm2 token",
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["volume_key"], cryptsetup_volume_key(&img, &pass));
+
+    tpm.tools(
+        "tpm2_pcrextend",
+        &["7:sha1=0000000000000000000000000000000000000001"],
+    );
+    let err = sc("1", 2);
+    assert!(err.contains("PCR values changed"), "{err}");
+    sc("2", 0);
+    sc("0", 0);
+}

@@ -8,8 +8,10 @@
 //!
 //! Pins: `tang` (a network key server, [`tang`]): ECDH-ES with A256GCM, the header carrying the
 //! server's URL and signed advertisement (`clevis.tang.url`, `clevis.tang.adv`), the exchange
-//! key's thumbprint (`kid`) and the ephemeral key (`epk`). Other pins (`tpm2`, `sss`) are
-//! reported as not used here.
+//! key's thumbprint (`kid`) and the ephemeral key (`epk`); `tpm2`: A256GCM under a key (a JWK)
+//! that a TPM sealed, the sealed object in the header (`clevis.tpm2.jwk_pub`, `jwk_priv`), with
+//! the PCRs it is bound to. The `sss` pin (Shamir sharing over other pins) is reported as not
+//! used here.
 
 mod http;
 mod jose;
@@ -37,8 +39,8 @@ pub(crate) fn parse(token: &Value) -> Result<Jwe, Error> {
     Jwe::parse(jwe)
 }
 
-/// The passphrase a clevis token releases.
-pub(crate) fn release(token: &Value) -> Result<SecretBytes, Error> {
+/// The passphrase a clevis token releases (the `tpm2` pin's TPM: `tpm2_device`).
+pub(crate) fn release(token: &Value, tpm2_device: &str) -> Result<SecretBytes, Error> {
     let jwe = parse(token)?;
     let pin = jwe
         .header
@@ -47,8 +49,9 @@ pub(crate) fn release(token: &Value) -> Result<SecretBytes, Error> {
         .ok_or_else(|| Error::BadToken("its JWE header names no clevis pin".into()))?;
     match pin {
         "tang" => release_tang(&jwe),
+        "tpm2" => release_tpm2(&jwe, tpm2_device),
         other => Err(Error::Unavailable(format!(
-            "sectorcrypt does not use clevis' {other:?} pin (it uses tang)"
+            "sectorcrypt does not use clevis' {other:?} pin (it uses tang and tpm2)"
         ))),
     }
 }
@@ -80,6 +83,59 @@ fn release_tang(jwe: &Jwe) -> Result<SecretBytes, Error> {
     let (apu, apv) = (party("apu")?, party("apv")?);
     let z = tang::recover(&url, kid, &server, &epk)?;
     let cek = concat_kdf(&z.shared_secret()?, &apu, &apv);
+    jwe.decrypt(&cek)
+}
+
+/// The `tpm2` pin: the JWE is encrypted directly (`dir`) with a JWK that the TPM sealed, under
+/// the primary key tpm2-tools derives for `key`, with PolicyPCR over `pcr_ids` if given.
+fn release_tpm2(jwe: &Jwe, device: &str) -> Result<SecretBytes, Error> {
+    let h = &jwe.header;
+    if h.get("alg").and_then(Value::as_str) != Some("dir") {
+        return Err(Error::BadToken("its tpm2 JWE is not \"dir\"".into()));
+    }
+    let field = |name: &str| {
+        h.pointer(&format!("/clevis/tpm2/{name}"))
+            .and_then(Value::as_str)
+    };
+    let need = |name: &str| {
+        field(name)
+            .ok_or_else(|| Error::BadToken(format!("its JWE header has no clevis.tpm2.{name}")))
+    };
+    if field("hash").unwrap_or("sha256") != "sha256" {
+        return Err(Error::Unavailable(format!(
+            "its clevis tpm2 binding hashes with {} (sectorcrypt: sha256)",
+            field("hash").unwrap_or_default()
+        )));
+    }
+    let public = b64(need("jwk_pub")?, "jwk_pub", 4096)?;
+    let private = b64(need("jwk_priv")?, "jwk_priv", 4096)?;
+    let pcrs = match field("pcr_ids") {
+        None | Some("") => Vec::new(),
+        Some(list) => list
+            .split(',')
+            .map(|p| p.trim().parse::<u32>().ok().filter(|&p| p < 24))
+            .collect::<Option<Vec<u32>>>()
+            .ok_or_else(|| Error::BadToken(format!("its pcr_ids {list:?} are not PCRs")))?,
+    };
+    let jwk = crate::tpm2::unseal_clevis(
+        device,
+        field("key").unwrap_or("ecc"),
+        &public,
+        &private,
+        field("pcr_bank"),
+        &pcrs,
+    )?;
+    let jwk: Value = serde_json::from_slice(&jwk)
+        .map_err(|_| Error::Failed("the TPM unsealed something that is not a JWK".into()))?;
+    let k = zeroize::Zeroizing::new(b64(
+        jwk.get("k").and_then(Value::as_str).unwrap_or(""),
+        "k",
+        32,
+    )?);
+    let cek: [u8; 32] = k[..]
+        .try_into()
+        .map_err(|_| Error::Failed("the unsealed JWK is not an AES-256 key".into()))?;
+    let cek = zeroize::Zeroizing::new(cek);
     jwe.decrypt(&cek)
 }
 
@@ -184,7 +240,7 @@ mod tests {
             )),
         ];
         for t in cases {
-            let e = release(&t).expect_err("refused");
+            let e = release(&t, "/nonexistent/tpm").expect_err("refused");
             assert!(
                 matches!(e, Error::BadToken(_) | Error::Unavailable(_)),
                 "{t}: {e:?}"

@@ -16,6 +16,18 @@ use zeroize::Zeroizing;
 use crate::Error;
 
 pub(crate) const TPM_ALG_SHA256: u16 = 0x000B;
+pub(crate) const TPM_ALG_SHA1: u16 = 0x0004;
+
+/// A PCR bank by its name (`sha1`, `sha256`, `sha384`, `sha512`).
+pub(crate) fn bank(name: &str) -> Option<u16> {
+    match name {
+        "sha1" => Some(TPM_ALG_SHA1),
+        "sha256" => Some(TPM_ALG_SHA256),
+        "sha384" => Some(0x000C),
+        "sha512" => Some(0x000D),
+        _ => None,
+    }
+}
 const TPM_ALG_NULL: u16 = 0x0010;
 const TPM_ST_NO_SESSIONS: u16 = 0x8001;
 const TPM_ST_SESSIONS: u16 = 0x8002;
@@ -93,8 +105,8 @@ fn describe(rc: u32) -> String {
     let base = if rc & 0x80 != 0 { rc & 0xBF } else { rc };
     let what = match base {
         0x08E => "the PIN is wrong (authorization failed)",
-        0x099 => "the policy does not match (PCR values or PIN policy changed since enrolment)",
-        0x09F | 0x09D => "the sealed key does not belong to this TPM (integrity check failed)",
+        0x09D => "the policy does not match (PCR values changed since enrolment)",
+        0x09F => "the sealed key does not belong to this TPM (integrity check failed)",
         0x0A2 => "the PIN is wrong (bad authorization)",
         0x921 => "the TPM is in dictionary-attack lockout; wait, or clear the lockout",
         0x902..=0x904 => "the TPM is out of memory or object slots",
@@ -339,7 +351,12 @@ impl Tpm {
         // A TPM answers at most 8 digests per call: ask for what is still missing until done.
         let mut missing: Vec<u32> = pcrs.to_vec();
         while !missing.is_empty() {
-            let r = self.execute(&command(CC_PCR_READ, &[], None, &pcr_selection(&missing)))?;
+            let r = self.execute(&command(
+                CC_PCR_READ,
+                &[],
+                None,
+                &pcr_selection(TPM_ALG_SHA256, &missing),
+            ))?;
             let mut rd = Reader::new(&r);
             rd.u32()?; // update counter
             let count = rd.u32()?;
@@ -427,8 +444,13 @@ impl Tpm {
         })
     }
 
-    pub(crate) fn policy_pcr(&mut self, session: u32, pcrs: &[u32]) -> Result<(), TpmError> {
-        let params = [&[0u8, 0][..], &pcr_selection(pcrs)].concat();
+    pub(crate) fn policy_pcr(
+        &mut self,
+        session: u32,
+        bank: u16,
+        pcrs: &[u32],
+    ) -> Result<(), TpmError> {
+        let params = [&[0u8, 0][..], &pcr_selection(bank, pcrs)].concat();
         self.execute(&command(CC_POLICY_PCR, &[session], None, &params))
             .map(drop)
     }
@@ -533,6 +555,23 @@ impl Tpm {
             std::mem::swap(&mut data, &mut c);
         }
         Ok(data)
+    }
+
+    /// Unseal `item`, whose owner may use it with its (empty) password: an object sealed
+    /// without a policy (`userWithAuth`), as clevis seals when it binds no PCR.
+    pub(crate) fn unseal_with_password(
+        &mut self,
+        item: u32,
+    ) -> Result<Zeroizing<Vec<u8>>, TpmError> {
+        let r = Zeroizing::new(self.execute(&command(
+            CC_UNSEAL,
+            &[item],
+            Some(&password_session()),
+            &[],
+        ))?);
+        let mut rd = Reader::new(&r);
+        rd.u32()?; // parameterSize
+        Ok(Zeroizing::new(rd.tpm2b()?))
     }
 
     fn flush(&mut self, handle: u32) {
@@ -697,14 +736,14 @@ fn command(code: u32, handles: &[u32], auth: Option<&[u8]>, params: &[u8]) -> Ve
     c
 }
 
-/// A `TPML_PCR_SELECTION` of `pcrs` in the SHA-256 bank (three select bytes, as PC TPMs have 24).
-pub(crate) fn pcr_selection(pcrs: &[u32]) -> Vec<u8> {
+/// A `TPML_PCR_SELECTION` of `pcrs` in `bank` (three select bytes, as PC TPMs have 24).
+pub(crate) fn pcr_selection(bank: u16, pcrs: &[u32]) -> Vec<u8> {
     let mut select = [0u8; 3];
     for &p in pcrs {
         select[(p / 8) as usize] |= 1 << (p % 8);
     }
     let mut v = 1u32.to_be_bytes().to_vec();
-    v.extend(TPM_ALG_SHA256.to_be_bytes());
+    v.extend(bank.to_be_bytes());
     v.push(3);
     v.extend(select);
     v

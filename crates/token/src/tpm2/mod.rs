@@ -27,7 +27,10 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
-use self::device::{pcr_selection, PrimaryAlg, Reader, Tpm, CC_POLICY_AUTH_VALUE, CC_POLICY_PCR};
+use self::device::{
+    bank, pcr_selection, PrimaryAlg, Reader, Tpm, CC_POLICY_AUTH_VALUE, CC_POLICY_PCR,
+    TPM_ALG_SHA256,
+};
 use crate::{base64_field, base64_passphrase, Enrolment, Error, Pins};
 
 /// The token type.
@@ -44,6 +47,7 @@ pub(crate) struct Sealed {
     private: Vec<u8>,
     public: Vec<u8>,
     pcrs: Vec<u32>,
+    bank: u16,
     primary: Option<PrimaryAlg>,
     policy_hash: Option<Vec<u8>>,
     pin: bool,
@@ -84,14 +88,12 @@ impl Sealed {
             .map(|v| v.as_u64().filter(|&p| p < 24).map(|p| p as u32))
             .collect::<Option<Vec<u32>>>()
             .ok_or_else(|| bad("its tpm2-pcrs are not PCR numbers 0 to 23".into()))?;
-        match token.get("tpm2-pcr-bank").and_then(Value::as_str) {
-            None | Some("sha256") => {}
-            Some(other) => {
-                return Err(Error::Unavailable(format!(
-                    "its PCR bank {other} is not used by sectorcrypt (it uses sha256)"
-                )))
+        let bank = match token.get("tpm2-pcr-bank").and_then(Value::as_str) {
+            None => TPM_ALG_SHA256,
+            Some(name) => {
+                bank(name).ok_or_else(|| bad(format!("unknown tpm2-pcr-bank {name:?}")))?
             }
-        }
+        };
         let primary = match token.get("tpm2-primary-alg").and_then(Value::as_str) {
             None => None,
             Some(a) => Some(
@@ -115,6 +117,7 @@ impl Sealed {
             private,
             public,
             pcrs,
+            bank,
             primary,
             policy_hash,
             pin,
@@ -157,7 +160,7 @@ pub(crate) fn release(
     // the TPM, and the secret crosses the bus encrypted.
     let session = tpm.start_policy_session(Some(&primary))?;
     if !sealed.pcrs.is_empty() {
-        tpm.policy_pcr(session.handle, &sealed.pcrs)?;
+        tpm.policy_pcr(session.handle, sealed.bank, &sealed.pcrs)?;
     }
     if auth.is_some() {
         tpm.policy_auth_value(session.handle)?;
@@ -180,6 +183,47 @@ pub(crate) fn release(
     Ok(base64_passphrase(&secret))
 }
 
+/// The data a clevis `tpm2` pin sealed (a JWK), unsealed: `public` and `private` are the object
+/// as tpm2-tools wrote it, under the primary key tpm2-tools makes for `key` ("ecc" or "rsa"),
+/// with PolicyPCR over `pcrs` of `bank` when it has a policy (else its empty password).
+pub(crate) fn unseal_clevis(
+    device: &str,
+    key: &str,
+    public: &[u8],
+    private: &[u8],
+    bank_name: Option<&str>,
+    pcrs: &[u32],
+) -> Result<Zeroizing<Vec<u8>>, Error> {
+    let alg = PrimaryAlg::parse(key)
+        .ok_or_else(|| Error::Unavailable(format!("clevis tpm2 key type {key:?} (ecc or rsa)")))?;
+    // Part of the public area: type, nameAlg, objectAttributes (userWithAuth is 0x40).
+    let attributes = public
+        .get(6..10)
+        .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")))
+        .ok_or_else(|| Error::BadToken("its jwk_pub is cut short".into()))?;
+    let sealed = Sealed {
+        private: private.to_vec(),
+        public: public.to_vec(),
+        pcrs: pcrs.to_vec(),
+        bank: bank(bank_name.unwrap_or("sha1"))
+            .ok_or_else(|| Error::BadToken("its pcr_bank is unknown".into()))?,
+        primary: Some(alg),
+        policy_hash: None,
+        pin: false,
+    };
+    let mut tpm = Tpm::open(device)?;
+    let primary = tpm.create_primary(alg)?;
+    let item = tpm.load(primary.handle, &sealed.private, &sealed.public)?;
+    if attributes & 0x40 != 0 {
+        return Ok(tpm.unseal_with_password(item)?);
+    }
+    let session = tpm.start_policy_session(Some(&primary))?;
+    if !pcrs.is_empty() {
+        tpm.policy_pcr(session.handle, sealed.bank, pcrs)?;
+    }
+    Ok(tpm.unseal(item, &sealed.name()?, &session, &[])?)
+}
+
 /// systemd's PIN: its SHA-256 is the sealed object's authValue.
 fn hash_pin(pin: &[u8]) -> Zeroizing<Vec<u8>> {
     Zeroizing::new(Sha256::digest(pin).to_vec())
@@ -197,7 +241,7 @@ fn policy_digest(pcrs: &[u32], values: &[Vec<u8>], pin: bool) -> Vec<u8> {
         digest = Sha256::new()
             .chain_update(&digest)
             .chain_update(CC_POLICY_PCR.to_be_bytes())
-            .chain_update(pcr_selection(pcrs))
+            .chain_update(pcr_selection(TPM_ALG_SHA256, pcrs))
             .chain_update(pcr_digest)
             .finalize()
             .to_vec();
@@ -303,7 +347,7 @@ mod tests {
             ("tpm2-blob", json!(5)),
             ("tpm2-pcrs", json!([24])),
             ("tpm2-pcrs", json!("7")),
-            ("tpm2-pcr-bank", json!("sha1")),
+            ("tpm2-pcr-bank", json!("md5")),
             ("tpm2-primary-alg", json!("dsa")),
             ("tpm2-policy-hash", json!("xyz")),
             ("tpm2-pin", json!("yes")),
