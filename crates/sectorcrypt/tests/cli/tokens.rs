@@ -886,8 +886,8 @@ impl Drop for Swtpm {
     }
 }
 
-/// 1. Volumes `systemd-cryptenroll --tpm2-device` sealed (PCR 7; and PCR 7 with a PIN) open here
-///    by their tokens, with the volume key the passphrase gives.
+/// 1. Volumes `systemd-cryptenroll --tpm2-device` sealed (PCR 7; PCR 7 with a PIN; PCRs 0+7)
+///    open here by their tokens, with the volume key the passphrase gives.
 /// 2. Once PCR 7 is extended, the tokens no longer unseal: exit 2 naming the changed PCRs, and
 ///    nothing written; a wrong PIN exits 2.
 #[test]
@@ -896,14 +896,17 @@ fn tpm2_tokens_systemd_sealed_unlock_here_until_a_pcr_changes() {
     let tpm = Swtpm::start(&dir);
     let pass = key(&dir, "pass");
     let img = cryptsetup_image(&dir, &pass);
-    for with_pin in ["no", "yes"] {
+    for (pcrs, with_pin) in [("7", "no"), ("7", "yes"), ("0+7", "no")] {
+        // No resource manager: what systemd's TSS left loaded is flushed first.
+        tpm.tools("tpm2_flushcontext", &["-l"]);
+        tpm.tools("tpm2_flushcontext", &["-t"]);
         ok(
             run(Command::new("systemd-cryptenroll")
                 .env("NEWPIN", "4321")
                 .args([
                     &format!("--unlock-key-file={}", p(&pass)),
                     &format!("--tpm2-device={}", tpm.tcti),
-                    "--tpm2-pcrs=7",
+                    &format!("--tpm2-pcrs={pcrs}"),
                     &format!("--tpm2-with-pin={with_pin}"),
                     p(&img),
                 ])),
@@ -929,6 +932,7 @@ fn tpm2_tokens_systemd_sealed_unlock_here_until_a_pcr_changes() {
     assert!(
         sc(&["--token-id", "1", "--token-pin-file", p(&pin)], 0).contains("Key slot 2 unlocked.")
     );
+    assert!(sc(&["--token-id", "2"], 0).contains("Key slot 3 unlocked."));
     let out = ok(
         crate::common::sc(&[
             "dump",
@@ -1040,7 +1044,8 @@ fn tpm2_tokens_enrolled_here_unseal_with_tpm2_tools() {
 /// 1. `cryptsetup open --test-passphrase --token-only` opens, by the plugin, both tokens enrolled
 ///    here (PCR 23; PCR 23 with a PIN);
 /// 2. `systemd-cryptenroll --tpm2-device=auto` in the guest seals a third (PCR 16), and
-///    sectorcrypt, back on the host with the same TPM, opens the volume by it.
+///    sectorcrypt, back on the host with the same TPM, opens the volume by it;
+/// 3. once PCR 23 is extended in the guest, the plugin refuses the first token.
 #[test]
 fn tpm2_tokens_work_both_ways_with_systemds_plugin_in_a_real_kernel() {
     let dir = scratch("token-tpm2-oracle");
@@ -1080,7 +1085,8 @@ fn tpm2_tokens_work_both_ways_with_systemds_plugin_in_a_real_kernel() {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(0), "the guest: {text}{err}");
-    for line in ["open 0 ok", "open 1 ok", "enroll ok"] {
+    // After PCR 23 changed, systemd's plugin refuses the token sealed to it.
+    for line in ["open 0 ok", "open 1 ok", "enroll ok", "changed 0 failed 1"] {
         assert!(
             text.lines().any(|l| l == line),
             "no {line:?} from the guest: {text}"
