@@ -37,6 +37,10 @@ pub(crate) struct TokenArgs {
     /// one plugged in).
     #[arg(long = "fido2-device", value_name = "PATH|auto")]
     pub fido2_device: Option<String>,
+    /// The signature of a signed TPM2 PCR policy, as systemd-measure writes it (default
+    /// /run/systemd/tpm2-pcr-signature.json, as systemd).
+    #[arg(long = "tpm2-signature", value_name = "FILE")]
+    pub tpm2_signature: Option<PathBuf>,
 }
 
 impl TokenArgs {
@@ -108,6 +112,7 @@ pub(crate) fn unlock_noting_token<T>(
                 keyslot: key_slot,
                 tpm2_device: tokens.tpm2_device(),
                 fido2_device: tokens.fido2_device.clone(),
+                tpm2_signature: tokens.tpm2_signature.clone(),
             };
             match sectorcrypt_token::unlock(h, &choice, &mut pins, |p, s| attempt(p, Some(s)))? {
                 Outcome::Unlocked(u) => {

@@ -93,6 +93,8 @@ pub struct Choice {
     pub tpm2_device: Option<String>,
     /// The FIDO2 key for `systemd-fido2` tokens (default: every one plugged in).
     pub fido2_device: Option<String>,
+    /// The signature of a signed TPM2 PCR policy (default [`tpm2::DEFAULT_SIGNATURE`]).
+    pub tpm2_signature: Option<std::path::PathBuf>,
 }
 
 /// A token that unlocked the volume.
@@ -192,6 +194,10 @@ pub fn unlock<T>(
                     .tpm2_device
                     .as_deref()
                     .unwrap_or(tpm2::DEFAULT_DEVICE),
+                choice
+                    .tpm2_signature
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new(tpm2::DEFAULT_SIGNATURE)),
                 pins,
             ),
             _ => Err(Error::Unavailable(format!(

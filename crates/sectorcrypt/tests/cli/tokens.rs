@@ -1401,3 +1401,122 @@ fn clevis_tpm2_bindings_unlock_here_until_a_pcr_changes() {
     sc("2", 0);
     sc("0", 0);
 }
+
+/// A signed PCR policy as systemd 252 enrolls it (`systemd-cryptenroll --tpm2-public-key
+/// --tpm2-public-key-pcrs=11`): the volume opens here with a signature of the PCR 11 policy
+/// (made with openssl, in systemd-measure's JSON) and refuses without one or with one for
+/// other PCR values (exit 2, nothing written); once PCR 11 changes, a new signature for the new
+/// value opens it again, which is what signed policies are for.
+#[test]
+fn signed_tpm2_pcr_policies_open_with_a_signature_for_the_current_pcrs() {
+    let dir = scratch("token-tpm2-signed");
+    let tpm = Swtpm::start(&dir);
+    let pass = key(&dir, "pass");
+    let img = cryptsetup_image(&dir, &pass);
+    let (private, public) = (dir.join("priv.pem"), dir.join("pub.pem"));
+    ok(
+        run(Command::new("openssl").args(["genrsa", "-out", p(&private), "2048"])),
+        "openssl genrsa",
+    );
+    ok(
+        run(Command::new("openssl").args([
+            "rsa",
+            "-in",
+            p(&private),
+            "-pubout",
+            "-out",
+            p(&public),
+        ])),
+        "openssl rsa -pubout",
+    );
+    ok(
+        run(Command::new("systemd-cryptenroll").args([
+            &format!("--unlock-key-file={}", p(&pass)),
+            &format!("--tpm2-device={}", tpm.tcti),
+            &format!("--tpm2-public-key={}", p(&public)),
+            "--tpm2-public-key-pcrs=11",
+            "--tpm2-pcrs=",
+            p(&img),
+        ])),
+        "systemd-cryptenroll --tpm2-public-key",
+    );
+    let spki = ok(
+        run(Command::new("openssl").args(["pkey", "-pubin", "-in", p(&public), "-outform", "DER"])),
+        "openssl pkey",
+    )
+    .stdout;
+    // systemd-measure's JSON for a PolicyPCR over PCR 11 (SHA-256 bank) holding `value`.
+    let sign = |value: &[u8], name: &str| -> PathBuf {
+        let selection = [0, 0, 0, 1, 0, 0x0b, 3, 0, 8, 0];
+        let policy = sha2::Sha256::new()
+            .chain_update([0u8; 32])
+            .chain_update(0x17Fu32.to_be_bytes())
+            .chain_update(selection)
+            .chain_update(sha2::Sha256::digest(value))
+            .finalize();
+        let pol = dir.join(format!("{name}.pol"));
+        let sig = dir.join(format!("{name}.sig"));
+        std::fs::write(&pol, policy).unwrap();
+        ok(
+            run(Command::new("openssl").args([
+                "dgst",
+                "-sha256",
+                "-sign",
+                p(&private),
+                "-out",
+                p(&sig),
+                p(&pol),
+            ])),
+            "openssl dgst -sign",
+        );
+        use base64::Engine;
+        let json = serde_json::json!({"sha256": [{
+            "pcrs": [11],
+            "pkfp": hex::encode(sha2::Sha256::digest(&spki)),
+            "pol": hex::encode(policy),
+            "sig": base64::engine::general_purpose::STANDARD.encode(std::fs::read(&sig).unwrap()),
+        }]});
+        let file = dir.join(format!("{name}.json"));
+        std::fs::write(&file, json.to_string()).unwrap();
+        file
+    };
+    let zero = sign(&[0; 32], "zero");
+    let sc = |signature: &Path, code: i32| {
+        crate::common::sc_exits(
+            &[
+                "test-passphrase",
+                "--token-only",
+                "--tpm2-device",
+                &tpm.tcti,
+                "--tpm2-signature",
+                p(signature),
+                p(&img),
+            ],
+            code,
+        )
+    };
+    assert!(sc(&zero, 0).contains("Key slot 1 unlocked."));
+    let before = std::fs::read(&img).unwrap();
+    let err = sc(&dir.join("none.json"), 2);
+    assert!(err.contains("there is no signature at"), "{err}");
+    tpm.tools(
+        "tpm2_pcrextend",
+        &["11:sha256=0000000000000000000000000000000000000000000000000000000000000001"],
+    );
+    let err = sc(&zero, 2);
+    assert!(
+        err.contains("no signature in the PCR signature file is for PCRs [11]"),
+        "{err}"
+    );
+    assert!(
+        std::fs::read(&img).unwrap() == before,
+        "a refused unseal wrote"
+    );
+    let mut extended = [0u8; 32];
+    extended[31] = 1;
+    let now = sha2::Sha256::new()
+        .chain_update([0u8; 32])
+        .chain_update(extended)
+        .finalize();
+    assert!(sc(&sign(&now, "now"), 0).contains("Key slot 1 unlocked."));
+}

@@ -46,6 +46,9 @@ const CC_START_AUTH_SESSION: u32 = 0x176;
 const CC_PCR_READ: u32 = 0x17E;
 pub(crate) const CC_POLICY_PCR: u32 = 0x17F;
 const CC_POLICY_GET_DIGEST: u32 = 0x189;
+const CC_LOAD_EXTERNAL: u32 = 0x167;
+const CC_VERIFY_SIGNATURE: u32 = 0x177;
+const CC_POLICY_AUTHORIZE: u32 = 0x16A;
 
 /// The longest response taken (a TPM's buffers are a few KiB).
 const MAX_RESPONSE: usize = 64 << 10;
@@ -452,6 +455,67 @@ impl Tpm {
     ) -> Result<(), TpmError> {
         let params = [&[0u8, 0][..], &pcr_selection(bank, pcrs)].concat();
         self.execute(&command(CC_POLICY_PCR, &[session], None, &params))
+            .map(drop)
+    }
+
+    /// Load an RSA public key (modulus `n`, exponent `e`) as systemd does for a signed PCR
+    /// policy (decrypt, sign, userWithAuth; no scheme): its handle and name.
+    pub(crate) fn load_external_rsa(
+        &mut self,
+        n: &[u8],
+        e: u32,
+    ) -> Result<(u32, Vec<u8>), TpmError> {
+        let mut public = Vec::new();
+        public.extend(0x0001u16.to_be_bytes()); // TPM_ALG_RSA
+        public.extend(TPM_ALG_SHA256.to_be_bytes());
+        public.extend(0x0006_0040u32.to_be_bytes());
+        public.extend([0, 0]); // authPolicy
+        public.extend(TPM_ALG_NULL.to_be_bytes()); // symmetric
+        public.extend(TPM_ALG_NULL.to_be_bytes()); // scheme
+        public.extend(((n.len() * 8) as u16).to_be_bytes());
+        public.extend(e.to_be_bytes());
+        tpm2b(&mut public, n);
+        let mut params = vec![0, 0]; // inPrivate: none
+        tpm2b(&mut params, &public);
+        params.extend(TPM_RH_OWNER.to_be_bytes());
+        let r = self.execute(&command(CC_LOAD_EXTERNAL, &[], None, &params))?;
+        let mut rd = Reader::new(&r);
+        let handle = rd.u32()?;
+        self.loaded.push(handle);
+        Ok((handle, rd.tpm2b()?))
+    }
+
+    /// Have the TPM check an RSASSA-SHA256 `signature` of `digest` by `key`: its ticket (a
+    /// `TPMT_TK_VERIFIED`, marshalled).
+    pub(crate) fn verify_signature(
+        &mut self,
+        key: u32,
+        digest: &[u8],
+        signature: &[u8],
+    ) -> Result<Vec<u8>, TpmError> {
+        let mut params = Vec::new();
+        tpm2b(&mut params, digest);
+        params.extend(0x0014u16.to_be_bytes()); // TPM_ALG_RSASSA
+        params.extend(TPM_ALG_SHA256.to_be_bytes());
+        tpm2b(&mut params, signature);
+        self.execute(&command(CC_VERIFY_SIGNATURE, &[key], None, &params))
+    }
+
+    /// PolicyAuthorize: `approved` (the policy digest a key signed) stands for the session's
+    /// policy, given the key's name and the TPM's ticket for the signature.
+    pub(crate) fn policy_authorize(
+        &mut self,
+        session: u32,
+        approved: &[u8],
+        key_name: &[u8],
+        ticket: &[u8],
+    ) -> Result<(), TpmError> {
+        let mut params = Vec::new();
+        tpm2b(&mut params, approved);
+        params.extend([0, 0]); // policyRef: empty
+        tpm2b(&mut params, key_name);
+        params.extend_from_slice(ticket);
+        self.execute(&command(CC_POLICY_AUTHORIZE, &[session], None, &params))
             .map(drop)
     }
 

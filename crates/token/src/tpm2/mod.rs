@@ -13,7 +13,10 @@
 //! (and PolicyAuthValue) run, the session's digest compared with the stored one (a mismatch means
 //! the PCRs changed), and the object unsealed. The session is unsalted and carries no parameter
 //! encryption (systemd's carries both): the unsealed bytes cross the TPM's bus in the clear.
-//! Public-key PCR policies (`tpm2_pubkey`) and systemd 254's salted PINs are reported as not used.
+//! A signed PCR policy (`tpm2_pubkey`, `tpm2_pubkey_pcrs`: systemd-cryptenroll
+//! `--tpm2-public-key`) is satisfied with the signature systemd-measure wrote (PolicyPCR, the
+//! TPM's check of the signature of its digest, PolicyAuthorize). systemd 254's salted PINs are
+//! reported as not used.
 
 mod device;
 
@@ -48,6 +51,8 @@ pub(crate) struct Sealed {
     public: Vec<u8>,
     pcrs: Vec<u32>,
     bank: u16,
+    /// A signed PCR policy: the signer's public key (PEM) and the PCRs it signs for.
+    pubkey: Option<(Vec<u8>, Vec<u32>)>,
     primary: Option<PrimaryAlg>,
     policy_hash: Option<Vec<u8>>,
     pin: bool,
@@ -56,17 +61,20 @@ pub(crate) struct Sealed {
 impl Sealed {
     pub(crate) fn parse(token: &Value) -> Result<Sealed, Error> {
         let bad = |why: String| Error::BadToken(why);
-        for unused in ["tpm2_pubkey_pcrs", "tpm2_salt"] {
-            let present = token
-                .get(unused)
-                .is_some_and(|v| !v.is_null() && v.as_array().is_none_or(|a| !a.is_empty()));
-            if present {
-                return Err(Error::Unavailable(format!(
-                    "its {unused} (a signed PCR policy or a salted PIN, systemd 254 and later) \
-                     is not used by sectorcrypt"
-                )));
-            }
+        if token.get("tpm2_salt").is_some_and(|v| !v.is_null()) {
+            return Err(Error::Unavailable(
+                "its PIN is salted (tpm2_salt, systemd 254 and later): not used by sectorcrypt"
+                    .into(),
+            ));
         }
+        let pubkey = match token.get("tpm2_pubkey") {
+            None | Some(Value::Null) => None,
+            Some(_) => {
+                let pem = base64_field(token, "tpm2_pubkey", 8192)?;
+                let pcrs = pcr_list(token, "tpm2_pubkey_pcrs")?;
+                Some((pem, pcrs))
+            }
+        };
         let blob = base64_field(token, "tpm2-blob", 4096)?;
         let mut rd = Reader::new(&blob);
         let private = rd
@@ -80,14 +88,7 @@ impl Sealed {
                 "its tpm2-blob is not a private and a public part".into()
             ));
         }
-        let pcrs = token
-            .get("tpm2-pcrs")
-            .and_then(Value::as_array)
-            .ok_or_else(|| bad("it has no \"tpm2-pcrs\" list".into()))?
-            .iter()
-            .map(|v| v.as_u64().filter(|&p| p < 24).map(|p| p as u32))
-            .collect::<Option<Vec<u32>>>()
-            .ok_or_else(|| bad("its tpm2-pcrs are not PCR numbers 0 to 23".into()))?;
+        let pcrs = pcr_list(token, "tpm2-pcrs")?;
         let bank = match token.get("tpm2-pcr-bank").and_then(Value::as_str) {
             None => TPM_ALG_SHA256,
             Some(name) => {
@@ -118,6 +119,7 @@ impl Sealed {
             public,
             pcrs,
             bank,
+            pubkey,
             primary,
             policy_hash,
             pin,
@@ -136,10 +138,114 @@ impl Sealed {
     }
 }
 
-/// The passphrase a `systemd-tpm2` token releases, from the TPM `device`.
+/// Where systemd looks for the signature of a signed PCR policy.
+pub const DEFAULT_SIGNATURE: &str = "/run/systemd/tpm2-pcr-signature.json";
+
+/// A list of PCR numbers (0 to 23) in field `name`.
+fn pcr_list(token: &Value, name: &str) -> Result<Vec<u32>, Error> {
+    token
+        .get(name)
+        .and_then(Value::as_array)
+        .ok_or_else(|| Error::BadToken(format!("it has no \"{name}\" list")))?
+        .iter()
+        .map(|v| v.as_u64().filter(|&p| p < 24).map(|p| p as u32))
+        .collect::<Option<Vec<u32>>>()
+        .ok_or_else(|| Error::BadToken(format!("its {name} are not PCR numbers 0 to 23")))
+}
+
+/// The signature of `policy` for `pcrs` in `bank` by the key whose SubjectPublicKeyInfo hashes
+/// to `fingerprint`, in the JSON systemd-measure writes: `{"sha256": [{"pcrs": [11], "pkfp":
+/// HEX, "pol": HEX, "sig": BASE64}, ...]}`.
+fn find_signature(
+    json: &Value,
+    bank: &str,
+    pcrs: &[u32],
+    fingerprint: &[u8],
+    policy: &[u8],
+) -> Result<Vec<u8>, Error> {
+    let entries = json.get(bank).and_then(Value::as_array).ok_or_else(|| {
+        Error::Unavailable(format!("the PCR signature has nothing for the {bank} bank"))
+    })?;
+    let mut want = pcrs.to_vec();
+    want.sort_unstable();
+    for e in entries {
+        let mut got: Vec<u32> = e
+            .get("pcrs")
+            .and_then(Value::as_array)
+            .map(|l| {
+                l.iter()
+                    .filter_map(|p| p.as_u64().map(|p| p as u32))
+                    .collect()
+            })
+            .unwrap_or_default();
+        got.sort_unstable();
+        let hex_is = |k: &str, v: &[u8]| {
+            e.get(k)
+                .and_then(Value::as_str)
+                .and_then(hex_decode)
+                .as_deref()
+                == Some(v)
+        };
+        if got == want && hex_is("pkfp", fingerprint) && hex_is("pol", policy) {
+            return base64_field(e, "sig", 1024);
+        }
+    }
+    Err(Error::Rejected(format!(
+        "no signature in the PCR signature file is for PCRs {pcrs:?} as they are now (the \
+         signed policy does not cover this boot)"
+    )))
+}
+
+/// Run the signed part of a policy: PolicyPCR over `pcrs`, the TPM's check of the signature
+/// (by `pem`'s key, from the signature file) of the digest that gives, and PolicyAuthorize
+/// with the TPM's ticket for it.
+fn authorize_signed(
+    tpm: &mut Tpm,
+    session: u32,
+    (bank_alg, bank_name): (u16, &str),
+    pem: &[u8],
+    pcrs: &[u32],
+    signature: &std::path::Path,
+) -> Result<(), Error> {
+    let key = openssl::pkey::PKey::public_key_from_pem(pem)
+        .map_err(|e| Error::BadToken(format!("its tpm2_pubkey is not a PEM public key: {e}")))?;
+    let rsa = key
+        .rsa()
+        .map_err(|_| Error::Unavailable("its tpm2_pubkey is not RSA".into()))?;
+    let e = rsa
+        .e()
+        .to_vec()
+        .iter()
+        .try_fold(0u32, |a, &b| a.checked_mul(256).map(|a| a | u32::from(b)))
+        .ok_or_else(|| Error::Unavailable("its RSA exponent does not fit a TPM".into()))?;
+    let spki = key
+        .public_key_to_der()
+        .map_err(|e| Error::Failed(e.to_string()))?;
+    let fingerprint = Sha256::digest(spki);
+    let text = std::fs::read(signature).map_err(|e| {
+        Error::Unavailable(format!(
+            "its PCR policy is signed, and there is no signature at {} ({e}; --tpm2-signature \
+             FILE)",
+            signature.display()
+        ))
+    })?;
+    let json: Value = serde_json::from_slice(&text)
+        .map_err(|_| Error::Unavailable(format!("{} is not JSON", signature.display())))?;
+    let (handle, name) = tpm.load_external_rsa(&rsa.n().to_vec(), e)?;
+    tpm.policy_pcr(session, bank_alg, pcrs)?;
+    let approved = tpm.policy_get_digest(session)?;
+    let sig = find_signature(&json, bank_name, pcrs, &fingerprint, &approved)?;
+    let ticket = tpm.verify_signature(handle, &Sha256::digest(&approved), &sig)?;
+    tpm.policy_authorize(session, &approved, &name, &ticket)?;
+    Ok(())
+}
+
+/// The passphrase a `systemd-tpm2` token releases, from the TPM `device`; a signed PCR
+/// policy's signature is read from `signature`.
 pub(crate) fn release(
     token: &Value,
     device: &str,
+    signature: &std::path::Path,
     pins: &mut dyn Pins,
 ) -> Result<SecretBytes, Error> {
     let sealed = Sealed::parse(token)?;
@@ -159,6 +265,16 @@ pub(crate) fn release(
     // The session is salted by the primary key (ECC): its key stays between this process and
     // the TPM, and the secret crosses the bus encrypted.
     let session = tpm.start_policy_session(Some(&primary))?;
+    if let Some((pem, pk_pcrs)) = &sealed.pubkey {
+        if !pk_pcrs.is_empty() {
+            let bank_name = token
+                .get("tpm2-pcr-bank")
+                .and_then(Value::as_str)
+                .unwrap_or("sha256");
+            let bank = (sealed.bank, bank_name);
+            authorize_signed(&mut tpm, session.handle, bank, pem, pk_pcrs, signature)?;
+        }
+    }
     if !sealed.pcrs.is_empty() {
         tpm.policy_pcr(session.handle, sealed.bank, &sealed.pcrs)?;
     }
@@ -207,6 +323,7 @@ pub(crate) fn unseal_clevis(
         pcrs: pcrs.to_vec(),
         bank: bank(bank_name.unwrap_or("sha1"))
             .ok_or_else(|| Error::BadToken("its pcr_bank is unknown".into()))?,
+        pubkey: None,
         primary: Some(alg),
         policy_hash: None,
         pin: false,
@@ -351,7 +468,7 @@ mod tests {
             ("tpm2-primary-alg", json!("dsa")),
             ("tpm2-policy-hash", json!("xyz")),
             ("tpm2-pin", json!("yes")),
-            ("tpm2_pubkey_pcrs", json!([7])),
+            ("tpm2_salt", json!("AAAA")),
         ] {
             let mut t = base.clone();
             t["tpm2-blob"] = json!("AAIAAAAIAAAACwAAABIAAAAQAAA=");
