@@ -181,6 +181,20 @@ fn systemd_enroll(hsm: &Hsm, pass: &Path, img: &Path, uri: &str) {
     );
 }
 
+/// The volume key `dump --dump-volume-key --json` gives for `img` through `program` (sectorcrypt,
+/// perhaps with an environment) with `unlock` (token options), as hex.
+fn volume_key_by(mut program: Command, unlock: &[&str], img: &Path) -> String {
+    let out = ok(
+        run(program
+            .args(["dump", "--dump-volume-key", "--json", "-q"])
+            .args(unlock)
+            .arg(img)),
+        "dump --dump-volume-key by token",
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["volume_key"].as_str().unwrap().to_string()
+}
+
 fn header_json(img: &Path) -> Value {
     let out = ok(
         crate::common::sc(&["dump", "--json", p(img)]),
@@ -211,23 +225,20 @@ fn a_volume_systemd_enrolled_unlocks_here_and_a_wrong_pin_changes_nothing() {
         0,
     );
     assert!(err.contains("Key slot 1 unlocked."), "{err}");
-    let out = ok(
-        hsm.sc(&[
-            "dump",
-            "--dump-volume-key",
-            "--json",
-            "-q",
-            "--token-type",
-            "systemd-pkcs11",
-            "--token-only",
-            "--token-pin-file",
-            p(&pin),
-            p(&img),
-        ]),
-        "dump --dump-volume-key by token",
+    assert_eq!(
+        volume_key_by(
+            hsm.cmd(BIN),
+            &[
+                "--token-type",
+                "systemd-pkcs11",
+                "--token-only",
+                "--token-pin-file",
+                p(&pin)
+            ],
+            &img
+        ),
+        cryptsetup_volume_key(&img, &pass)
     );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["volume_key"], cryptsetup_volume_key(&img, &pass));
 
     let before = std::fs::read(&img).unwrap();
     let bad = hsm.pin_file("bad", "000000");
@@ -633,21 +644,14 @@ fn tang_bindings_work_both_ways_with_clevis() {
     );
     let err = crate::common::sc_exits(&["test-passphrase", "--token-only", p(&img)], 0);
     assert!(err.contains("Key slot 1 unlocked."), "{err}");
-    let out = ok(
-        crate::common::sc(&[
-            "dump",
-            "--dump-volume-key",
-            "--json",
-            "-q",
-            "--token-only",
-            "--token-type",
-            "clevis",
-            p(&img),
-        ]),
-        "dump --dump-volume-key by the clevis token",
+    assert_eq!(
+        volume_key_by(
+            Command::new(BIN),
+            &["--token-only", "--token-type", "clevis"],
+            &img
+        ),
+        cryptsetup_volume_key(&img, &pass)
     );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["volume_key"], cryptsetup_volume_key(&img, &pass));
 
     let enroll = |extra: &[&str]| {
         let mut args = vec![
@@ -794,6 +798,20 @@ impl Swtpm {
         }
     }
 
+    /// `sectorcrypt test-passphrase --token-only` of `img` with this TPM and `extra` options,
+    /// which must exit with `code`; its standard error.
+    fn test_passphrase(&self, img: &Path, extra: &[&str], code: i32) -> String {
+        let mut args = vec![
+            "test-passphrase",
+            "--token-only",
+            "--tpm2-device",
+            &self.tcti,
+        ];
+        args.extend_from_slice(extra);
+        args.push(p(img));
+        crate::common::sc_exits(&args, code)
+    }
+
     /// `tpm2_TOOL ARGS` against this TPM; it must succeed.
     fn tools(&self, tool: &str, args: &[&str]) -> Output {
         ok(
@@ -917,38 +935,20 @@ fn tpm2_tokens_systemd_sealed_unlock_here_until_a_pcr_changes() {
     std::fs::write(&pin, "4321\n").unwrap();
     let bad = dir.join("bad");
     std::fs::write(&bad, "1111\n").unwrap();
-    let sc = |extra: &[&str], code: i32| {
-        let mut args = vec![
-            "test-passphrase",
-            "--token-only",
-            "--tpm2-device",
-            &tpm.tcti,
-        ];
-        args.extend_from_slice(extra);
-        args.push(p(&img));
-        crate::common::sc_exits(&args, code)
-    };
+    let sc = |extra: &[&str], code: i32| tpm.test_passphrase(&img, extra, code);
     assert!(sc(&["--token-id", "0"], 0).contains("Key slot 1 unlocked."));
     assert!(
         sc(&["--token-id", "1", "--token-pin-file", p(&pin)], 0).contains("Key slot 2 unlocked.")
     );
     assert!(sc(&["--token-id", "2"], 0).contains("Key slot 3 unlocked."));
-    let out = ok(
-        crate::common::sc(&[
-            "dump",
-            "--dump-volume-key",
-            "--json",
-            "-q",
-            "--token-id",
-            "0",
-            "--tpm2-device",
-            &tpm.tcti,
-            p(&img),
-        ]),
-        "dump --dump-volume-key by the TPM2 token",
+    assert_eq!(
+        volume_key_by(
+            Command::new(BIN),
+            &["--token-id", "0", "--tpm2-device", &tpm.tcti],
+            &img
+        ),
+        cryptsetup_volume_key(&img, &pass)
     );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["volume_key"], cryptsetup_volume_key(&img, &pass));
 
     // A wrong PIN counts against the TPM's dictionary-attack protection (swtpm locks out at
     // once, so no PIN-protected unseal can follow); the PCR check below comes before any
@@ -1019,17 +1019,7 @@ fn tpm2_tokens_enrolled_here_unseal_with_tpm2_tools() {
             "{pcrs}: tpm2-tools' secret"
         );
     }
-    let sc = |extra: &[&str], code: i32| {
-        let mut args = vec![
-            "test-passphrase",
-            "--token-only",
-            "--tpm2-device",
-            &tpm.tcti,
-        ];
-        args.extend_from_slice(extra);
-        args.push(p(&img));
-        crate::common::sc_exits(&args, code)
-    };
+    let sc = |extra: &[&str], code: i32| tpm.test_passphrase(&img, extra, code);
     assert!(sc(&["--token-id", "0"], 0).contains("Key slot 1 unlocked."));
     assert!(
         sc(&["--token-id", "1", "--token-pin-file", p(&pin)], 0).contains("Key slot 2 unlocked.")
@@ -1210,21 +1200,9 @@ fn reencrypt_by_token_keeps_the_token_working() {
         !crate::common::opens_in_cryptsetup(&img, &pass),
         "the passphrase's keyslot stayed"
     );
-    let out = ok(
-        crate::common::sc(&[
-            "dump",
-            "--dump-volume-key",
-            "--json",
-            "-q",
-            "--token-only",
-            "--tpm2-device",
-            &tpm.tcti,
-            p(&img),
-        ]),
-        "dump by token",
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_ne!(v["volume_key"], old_key, "the volume key changed");
+    let unlock = ["--token-only", "--tpm2-device", &tpm.tcti];
+    let new_key = volume_key_by(Command::new(BIN), &unlock, &img);
+    assert_ne!(new_key, old_key, "the volume key changed");
     let sock = dir.join("t");
     let mut program = Command::new(BIN);
     program.arg("serve");
@@ -1375,22 +1353,14 @@ fn clevis_tpm2_bindings_unlock_here_until_a_pcr_changes() {
             "{token}: {err}"
         );
     }
-    let out = ok(
-        crate::common::sc(&[
-            "dump",
-            "--dump-volume-key",
-            "--json",
-            "-q",
-            "--token-id",
-            "2",
-            "--tpm2-device",
-            &tpm.tcti,
-            p(&img),
-        ]),
-        "dump by the clevis tpm2 token",
+    assert_eq!(
+        volume_key_by(
+            Command::new(BIN),
+            &["--token-id", "2", "--tpm2-device", &tpm.tcti],
+            &img
+        ),
+        cryptsetup_volume_key(&img, &pass)
     );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["volume_key"], cryptsetup_volume_key(&img, &pass));
 
     tpm.tools(
         "tpm2_pcrextend",

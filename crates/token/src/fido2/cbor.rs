@@ -356,22 +356,7 @@ def item(d):
 for _ in range(200):
     print("py", cbor.encode(item(0)).hex())
 "#;
-        let mut child = std::process::Command::new(sectorcrypt_testkit::python())
-            .args(["-c", script])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("python3 with python-fido2 (scripts/install-test-deps.sh)");
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "python-fido2 refused our CBOR");
-        let text = String::from_utf8(out.stdout).unwrap();
+        let text = super::super::python_fido2(script, &input);
         let (theirs, round): (Vec<&str>, Vec<&str>) =
             text.lines().partition(|l| l.starts_with("py "));
         assert_eq!(round.len(), ours.len());

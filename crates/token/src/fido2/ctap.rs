@@ -582,22 +582,7 @@ for line in sys.stdin:
     theirs = proto.encrypt(key, bytes.fromhex(pt))
     print(key.hex(), theirs.hex(), proto.authenticate(key, bytes.fromhex(msg)).hex())
 "#;
-        let mut child = std::process::Command::new(sectorcrypt_testkit::python())
-            .args(["-c", script])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("python3 with python-fido2 (scripts/install-test-deps.sh)");
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(lines.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "python-fido2 disagreed");
-        let text = String::from_utf8(out.stdout).unwrap();
+        let text = super::super::python_fido2(script, &lines);
         assert_eq!(text.lines().count(), cases.len());
         for (line, (s, pt, tag)) in text.lines().zip(&cases) {
             let f: Vec<&str> = line.split(' ').collect();

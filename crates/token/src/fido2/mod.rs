@@ -266,6 +266,31 @@ pub fn enroll(
     })
 }
 
+/// `python3 -c SCRIPT` (python-fido2 installed) fed `input`: its standard output, after it
+/// succeeded (the independent implementation the CBOR and PIN/UV protocols are checked against).
+#[cfg(test)]
+pub(crate) fn python_fido2(script: &str, input: &str) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new(sectorcrypt_testkit::python())
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 with python-fido2 (scripts/install-test-deps.sh)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "python-fido2 disagreed (its error is above)"
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
