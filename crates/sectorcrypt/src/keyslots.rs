@@ -252,6 +252,8 @@ pub(crate) struct KillSlotArgs {
     header: Option<PathBuf>,
     #[command(flatten)]
     key: KeyArgs,
+    #[command(flatten)]
+    tokens: TokenArgs,
     /// Do not ask for confirmation or for a remaining passphrase.
     #[arg(short = 'q', long = "batch-mode")]
     batch: bool,
@@ -268,10 +270,18 @@ pub(crate) fn kill_slot(args: KillSlotArgs) -> Result<(), CliError> {
             args.slot
         )));
     }
-    // As cryptsetup: prove knowledge of a passphrase unless in batch mode without a key file.
-    if !args.batch || args.key.key_file.is_some() {
-        let pass = args.key.read("Enter any remaining passphrase: ")?;
-        header.unlock(dev, &pass, None)?;
+    // As cryptsetup: prove knowledge of a passphrase (or hold a token) unless in batch mode
+    // without a key file.
+    if !args.batch || args.key.key_file.is_some() || args.tokens.asked_for() {
+        unlock(
+            &args.key,
+            &args.tokens,
+            Tokens::WhenAsked,
+            &header,
+            &args.device,
+            None,
+            |pass, slot| header.unlock(dev, pass, slot),
+        )?;
     }
     if active.len() == 1 {
         confirm(args.batch, "WARNING!\n========\nThis is the last keyslot. The device will become unusable after purging this key.")?;

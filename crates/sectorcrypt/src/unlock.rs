@@ -51,7 +51,8 @@ impl TokenArgs {
             .or_else(|| std::env::var("SYSTEMD_TPM2_DEVICE").ok())
     }
 
-    fn asked_for(&self) -> bool {
+    /// Whether a token option was given.
+    pub(crate) fn asked_for(&self) -> bool {
         self.token_only || self.token_id.is_some() || self.token_type.is_some()
     }
 }

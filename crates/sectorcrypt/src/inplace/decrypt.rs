@@ -123,8 +123,17 @@ fn decrypt_attached(
     let (dir, name) = directory_of(header_path)?;
     let plan = convert::plan_exported_decryption(dev, &dir, &name, args.run.resume_only)
         .map_err(|e| with_resume_hint(e, &args.device))?;
-    let header = match &plan {
-        ExportPlan::Fresh(h) => Some((dev, &**h)),
+    // Resuming, the header is the exported one, still in its `.partial` file.
+    let partial = match &plan {
+        ExportPlan::Fresh(_) => None,
+        ExportPlan::Resume => super::header_for_tokens(
+            &args.run,
+            &header_path.with_file_name(convert::partial_name(&name)),
+        )?,
+    };
+    let header = match (&plan, &partial) {
+        (ExportPlan::Fresh(h), _) => Some((dev, &**h)),
+        (_, Some((d, h))) => Some((d as &dyn Storage, h)),
         _ => None,
     };
     let (pass, _) = args.run.passphrase(&args.device, header)?;

@@ -81,7 +81,9 @@ fn encrypt_detached(args: &EncryptArgs, header_path: &Path) -> Result<(), CliErr
     let stop = stop_on_signals()?;
     let pass = if args.run.resume_only {
         check_in_progress(header_path, Mode::Encrypt)?;
-        args.run.passphrase(&args.device, None)?.0
+        let header = super::header_for_tokens(&args.run, header_path)?;
+        let header = header.as_ref().map(|(d, h)| (d as &dyn Storage, h));
+        args.run.passphrase(&args.device, header)?.0
     } else {
         start(args, header_path, &data, data_len)?
     };
@@ -97,7 +99,11 @@ fn encrypt_shifted(args: &EncryptArgs, reduce: Option<u64>) -> Result<(), CliErr
     let stop = stop_on_signals()?;
     let plan = convert::plan_shifted_encryption(&dev, reduce, args.run.resume_only)?;
     let pass = match plan {
-        ShiftedPlan::Resume => args.run.passphrase(&args.device, None)?.0,
+        ShiftedPlan::Resume => {
+            let header = super::header_for_tokens(&args.run, &args.device)?;
+            let header = header.as_ref().map(|(d, h)| (d as &dyn Storage, h));
+            args.run.passphrase(&args.device, header)?.0
+        }
         ShiftedPlan::Fresh { shift, keep } => {
             let options = format_options(args, Some(shift))?;
             let warning = format!(

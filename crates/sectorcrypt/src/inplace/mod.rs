@@ -90,24 +90,21 @@ impl RunArgs {
     /// as `cryptsetup open` checks it (during a conversion, the old and new keys too). Returns
     /// the token that released it, if one did.
     ///
-    /// Without a header at hand (a conversion the server holding the device runs, a resumed
-    /// encryption, an exported decryption), a token cannot be read: asking for one is refused.
+    /// Without a header at hand (a conversion the server holding the device runs), a token
+    /// cannot be read: asking for one is refused.
     fn passphrase(
         &self,
         device: &Path,
         header: Option<(&dyn Storage, &Luks2Header)>,
     ) -> Result<(SecretBytes, Option<u32>), CliError> {
-        let asked = self.tokens.token_only
-            || self.tokens.token_id.is_some()
-            || self.tokens.token_type.is_some();
+        let asked = self.tokens.asked_for();
         // The passphrase alone is not checked here: the conversion checks it, and a second key
         // derivation would double an Argon2 keyslot's cost.
         let (Some((dev, h)), true) = (header, asked) else {
             if asked {
                 return Err(CliError::usage(format!(
-                    "no token can be read for this step of the conversion of {} (one run by the \
-                     server that holds it, a resumed encryption or an exported decryption): \
-                     give the passphrase",
+                    "a sectorcrypt process serves {}: the conversion it runs takes a \
+                     passphrase, not a token (stop the server to convert by token)",
                     device.display()
                 )));
             }
@@ -128,6 +125,21 @@ impl RunArgs {
         )?;
         Ok((pass, token))
     }
+}
+
+/// The LUKS2 header in the file `path`, read without a lock (as beside a writer: reading is
+/// safe) for its tokens, when a token option asks for them; `None` otherwise.
+pub(super) fn header_for_tokens(
+    run: &RunArgs,
+    path: &Path,
+) -> Result<Option<(sectorcrypt_storage::FileStorage, Luks2Header)>, CliError> {
+    if !run.tokens.asked_for() {
+        return Ok(None);
+    }
+    let dev = sectorcrypt_storage::FileStorage::open_read_only(path)
+        .map_err(|e| crate::exit::open_failed(path, e))?;
+    let h = read_luks2(&dev)?;
+    Ok(Some((dev, h)))
 }
 
 /// SIGINT and SIGTERM set the returned flag; the conversion stops at its next safe point.

@@ -1024,6 +1024,23 @@ fn tpm2_tokens_enrolled_here_unseal_with_tpm2_tools() {
     assert!(
         sc(&["--token-id", "1", "--token-pin-file", p(&pin)], 0).contains("Key slot 2 unlocked.")
     );
+    // kill-slot proves a remaining key by a token too: the passphrase's keyslot goes.
+    ok(
+        crate::common::sc(&[
+            "kill-slot",
+            "--token-id",
+            "0",
+            "--tpm2-device",
+            &tpm.tcti,
+            p(&img),
+            "0",
+        ]),
+        "kill-slot by token",
+    );
+    assert!(
+        !crate::common::opens_in_cryptsetup(&img, &pass),
+        "keyslot 0 stayed"
+    );
     let bad = dir.join("bad");
     std::fs::write(&bad, "1111\n").unwrap();
     sc(&["--token-id", "1", "--token-pin-file", p(&bad)], 2);
@@ -1232,12 +1249,34 @@ fn reencrypt_by_token_keeps_the_token_working() {
         ],
         1,
     );
-    assert!(err.contains("no token can be read"), "{err}");
+    assert!(err.contains("takes a passphrase, not a token"), "{err}");
     by_token.stop();
     assert_same(
         &read_file(&out)[..data.len()],
         &data,
         "read back after reencryption",
+    );
+
+    // `decrypt --header NEWFILE` by the token: the header goes to the file, the plaintext to the
+    // start of the device; `kill-slot` by the token refuses nothing it should not.
+    let exported = dir.join("exported.hdr");
+    ok(
+        crate::common::sc(&[
+            "decrypt",
+            "-q",
+            "--header",
+            p(&exported),
+            "--token-only",
+            "--tpm2-device",
+            &tpm.tcti,
+            p(&img),
+        ]),
+        "decrypt --token-only",
+    );
+    assert_same(
+        &read_file(&img)[..data.len()],
+        &data,
+        "the plaintext after decrypting by token",
     );
 }
 
