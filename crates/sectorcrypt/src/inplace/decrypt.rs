@@ -55,7 +55,7 @@ pub(crate) fn decrypt(args: DecryptArgs) -> Result<(), CliError> {
                 header_path.display()
             )
         });
-        return ask_server(server, &args.device, &args.run, warning);
+        return ask_server(server, &args.device, &header_path, &args.run, warning);
     }
     let data = open_rw(&args.device)?;
     convert::check_size(&data.name(), device_len(&data)?)?;

@@ -43,7 +43,8 @@ pub(crate) fn encrypt(args: EncryptArgs) -> Result<(), CliError> {
     // What a server serves is encrypted already: only an encryption recorded on it (--init-only,
     // or interrupted) goes on there; a new one meets the server's lock.
     if let Some(server) = crate::online::server_of(&args.device).filter(|_| args.run.resume_only) {
-        return super::ask_server(server, &args.device, &args.run, None);
+        let header_path = args.header.clone().unwrap_or_else(|| args.device.clone());
+        return super::ask_server(server, &args.device, &header_path, &args.run, None);
     }
     match (&args.header, args.reduce_device_size) {
         (Some(_), Some(_)) => Err(CliError::usage(

@@ -84,14 +84,18 @@ pub(crate) struct RunArgs {
 }
 
 impl RunArgs {
+    /// Whether a token option was given.
+    pub(super) fn tokens_asked(&self) -> bool {
+        self.tokens.asked_for()
+    }
+
     /// The passphrase of `device`: from a token of its LUKS2 header `header` (the header device
     /// and the header read from it) when a `--token-*` option asks for one (as `cryptsetup
     /// reencrypt` takes them), else from the key file or a prompt; checked against the header
     /// as `cryptsetup open` checks it (during a conversion, the old and new keys too). Returns
     /// the token that released it, if one did.
     ///
-    /// Without a header at hand (a conversion the server holding the device runs), a token
-    /// cannot be read: asking for one is refused.
+    /// Without a header at hand, a token cannot be read: asking for one is refused.
     fn passphrase(
         &self,
         device: &Path,
@@ -103,8 +107,7 @@ impl RunArgs {
         let (Some((dev, h)), true) = (header, asked) else {
             if asked {
                 return Err(CliError::usage(format!(
-                    "a sectorcrypt process serves {}: the conversion it runs takes a \
-                     passphrase, not a token (stop the server to convert by token)",
+                    "no LUKS2 header of {} to read tokens from",
                     device.display()
                 )));
             }
@@ -218,14 +221,18 @@ pub(super) fn records_conversion(path: &Path) -> bool {
 }
 
 /// `device` is served by a sectorcrypt process: ask it to run the conversion (see
-/// `crate::online`), after the passphrase and, for a new conversion, the `warning` confirmed.
+/// `crate::online`), after the passphrase (a token's, read from the header at `header_path`
+/// without a lock, beside the server) and, for a new conversion, the `warning` confirmed.
 pub(super) fn ask_server(
     server: std::os::unix::net::UnixStream,
     device: &Path,
+    header_path: &Path,
     run: &RunArgs,
     warning: Option<String>,
 ) -> Result<(), CliError> {
-    let (pass, _) = run.passphrase(device, None)?;
+    let header = header_for_tokens(run, header_path)?;
+    let header = header.as_ref().map(|(d, h)| (d as &dyn Storage, h));
+    let (pass, _) = run.passphrase(device, header)?;
     if let Some(warning) = warning {
         crate::keyslots::confirm(run.batch, &warning)?;
     }

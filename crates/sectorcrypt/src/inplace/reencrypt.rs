@@ -53,7 +53,7 @@ pub(crate) fn reencrypt(args: ReencryptArgs) -> Result<(), CliError> {
                 args.device.display()
             )
         });
-        return ask_server(server, &args.device, &args.run, warning);
+        return ask_server(server, &args.device, &header_path, &args.run, warning);
     }
     let data = open_rw(&args.device)?;
     let header = open_rw(&header_path)?;
@@ -94,6 +94,22 @@ pub(super) fn start(
     let offset = h.data_segment()?.offset;
     convert::check_size(&data.name(), data_len.saturating_sub(offset))?;
     let old = h.unlock(header, pass, None)?;
+    // Run by the server for a client that unlocked by a token (its options are in the argv the
+    // client sent), the token is the one that names the keyslot the passphrase opens.
+    let token = token.or_else(|| {
+        args.run
+            .tokens_asked()
+            .then(|| {
+                h.metadata().tokens.iter().find_map(|(n, t)| {
+                    let names = t.get("keyslots")?.as_array()?;
+                    names
+                        .iter()
+                        .any(|s| s.as_str() == Some(&old.slot.to_string()))
+                        .then_some(n)
+                })
+            })
+            .flatten()
+    });
     let pbkdf = pbkdf_options(&args.pbkdf)?.luks2()?;
     let new = convert::plan_reencryption(
         h,

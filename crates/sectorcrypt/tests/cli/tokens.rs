@@ -1237,19 +1237,37 @@ fn reencrypt_by_token_keeps_the_token_working() {
     );
     let out = dir.join("back.bin");
     tool("nbdcopy", &[&by_token.uri, p(&out)]);
-    // A conversion the server runs (online) cannot read tokens here: refused, not ignored.
-    let err = crate::common::sc_exits(
-        &[
+    // Again while served: the conversion runs inside the server (online), unlocked by the
+    // token here, and the server carries the token to the newer keyslot.
+    let before_online = h["tokens"]["0"]["keyslots"].clone();
+    ok(
+        crate::common::sc_fast(&[
             "reencrypt",
             "-q",
             "--token-only",
             "--tpm2-device",
             &tpm.tcti,
             p(&img),
-        ],
-        1,
+        ]),
+        "reencrypt --token-only while served",
     );
-    assert!(err.contains("takes a passphrase, not a token"), "{err}");
+    let after_online = header_json(&img)["tokens"]["0"]["keyslots"].clone();
+    assert_eq!(
+        after_online.as_array().map(Vec::len),
+        Some(1),
+        "{after_online}"
+    );
+    assert_ne!(
+        after_online, before_online,
+        "the token names the newest keyslot"
+    );
+    let again = dir.join("again.bin");
+    tool("nbdcopy", &[&by_token.uri, p(&again)]);
+    assert_same(
+        &read_file(&again)[..data.len()],
+        &data,
+        "read back after the online one",
+    );
     by_token.stop();
     assert_same(
         &read_file(&out)[..data.len()],
