@@ -517,6 +517,33 @@ fn every_header_command_and_reencryption_work_on_rbd_images() {
         assert_eq!(line["device"], "rbd:rbd/cmd");
     }
 
+    // Tokens on an RBD image as on a file: a TPM2 token enrolled on the image opens it.
+    let tpm = crate::tokens::Swtpm::start(&dir);
+    let enrolled = sc_rbd(&[
+        "enroll",
+        "--key-file",
+        p(&key),
+        "--tpm2-device",
+        &tpm.tcti,
+        "--tpm2-pcrs",
+        "7",
+        "rbd:rbd/cmd",
+    ]);
+    ok(enrolled, "enroll on rbd:");
+    let by_token = sc_rbd(&[
+        "test-passphrase",
+        "--token-only",
+        "--tpm2-device",
+        &tpm.tcti,
+        "rbd:rbd/cmd",
+    ]);
+    let err = String::from_utf8_lossy(&by_token.stderr);
+    assert!(
+        by_token.status.success() && err.contains("unlocked"),
+        "by token on rbd: {err}"
+    );
+    drop(tpm);
+
     // mount: what is written to MOUNTPOINT/volume reaches the image; librbd reads it.
     let mnt = crate::fuse::mountpoint(&dir, "mnt");
     let mounted = crate::fuse::Mounted::spawn(

@@ -737,14 +737,14 @@ fn tang_bindings_work_both_ways_with_clevis() {
 
 /// A software TPM 2.0 (swtpm) on a Unix socket in `dir`, started and stopped by the test; its
 /// TCTI string is what sectorcrypt, systemd and tpm2-tools are given.
-struct Swtpm {
+pub(crate) struct Swtpm {
     child: std::process::Child,
-    tcti: String,
+    pub(crate) tcti: String,
 }
 
 impl Swtpm {
     /// A TPM whose command socket sectorcrypt, systemd and tpm2-tools connect to, started up.
-    fn start(dir: &Path) -> Swtpm {
+    pub(crate) fn start(dir: &Path) -> Swtpm {
         let sock = dir.join("tpm.sock");
         Swtpm::launch(
             dir,
@@ -1546,4 +1546,121 @@ fn signed_tpm2_pcr_policies_open_with_a_signature_for_the_current_pcrs() {
         .chain_update(extended)
         .finalize();
     assert!(sc(&sign(&now, "now"), 0).contains("Key slot 1 unlocked."));
+}
+
+/// A token sealed under a persistent SRK (0x81000001, as systemd 253 and later seal, the token
+/// saying so with `tpm2_srk`): the object, made by tpm2-tools under an SRK it made persistent
+/// (with a template of its own), is loaded under that handle and opens the volume; the same
+/// token without `tpm2_srk` does not.
+#[test]
+fn tpm2_tokens_sealed_under_a_persistent_srk_unlock() {
+    let dir = scratch("token-tpm2-srk");
+    let tpm = Swtpm::start(&dir);
+    let pass = key(&dir, "pass");
+    let img = cryptsetup_image(&dir, &pass);
+    let f = |n: &str| dir.join(n);
+    tpm.tools(
+        "tpm2_createprimary",
+        &[
+            "-Q",
+            "-C",
+            "o",
+            "-G",
+            "ecc256:aes128cfb",
+            "-g",
+            "sha256",
+            "-a",
+            "restricted|decrypt|fixedtpm|fixedparent|sensitivedataorigin|userwithauth|noda",
+            "-c",
+            p(&f("srk.ctx")),
+        ],
+    );
+    tpm.tools(
+        "tpm2_evictcontrol",
+        &["-Q", "-C", "o", "-c", p(&f("srk.ctx")), "0x81000001"],
+    );
+    tpm.tools("tpm2_flushcontext", &["-t"]);
+    let session = f("trial.ctx");
+    tpm.tools("tpm2_startauthsession", &["-Q", "-S", p(&session)]);
+    tpm.tools(
+        "tpm2_policypcr",
+        &[
+            "-Q",
+            "-S",
+            p(&session),
+            "-l",
+            "sha256:7",
+            "-L",
+            p(&f("policy.bin")),
+        ],
+    );
+    tpm.tools("tpm2_flushcontext", &[p(&session)]);
+    let secret: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(37)).collect();
+    std::fs::write(f("secret.bin"), &secret).unwrap();
+    tpm.tools(
+        "tpm2_create",
+        &[
+            "-Q",
+            "-C",
+            "0x81000001",
+            "-g",
+            "sha256",
+            "-L",
+            p(&f("policy.bin")),
+            "-a",
+            "fixedtpm|fixedparent",
+            "-i",
+            p(&f("secret.bin")),
+            "-u",
+            p(&f("pub")),
+            "-r",
+            p(&f("priv")),
+        ],
+    );
+    tpm.tools("tpm2_flushcontext", &["-t"]);
+    use base64::Engine;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let blob = [
+        std::fs::read(f("priv")).unwrap(),
+        std::fs::read(f("pub")).unwrap(),
+    ]
+    .concat();
+    let new_pass = f("token.pass");
+    std::fs::write(&new_pass, b64(&secret)).unwrap();
+    ok(
+        cs_fast(&["luksAddKey", "--key-file", p(&pass), p(&img), p(&new_pass)]),
+        "luksAddKey",
+    );
+    let token = serde_json::json!({"type": "systemd-tpm2", "keyslots": ["1"],
+        "tpm2-blob": b64(&blob), "tpm2-pcrs": [7], "tpm2-pcr-bank": "sha256",
+        "tpm2-primary-alg": "ecc", "tpm2-policy-hash": hex::encode(std::fs::read(f("policy.bin")).unwrap()),
+        "tpm2-pin": false, "tpm2_srk": b64(b"persistent SRK 0x81000001")});
+    let json = f("token.json");
+    std::fs::write(&json, token.to_string()).unwrap();
+    ok(
+        crate::common::sc(&["token", "import", "--json-file", p(&json), p(&img)]),
+        "token import",
+    );
+    assert!(tpm
+        .test_passphrase(&img, &[], 0)
+        .contains("Key slot 1 unlocked."));
+    // The SRK's template is not systemd 252's (noDA): without `tpm2_srk` the object is loaded
+    // under the transient primary, whose key differs, and the TPM refuses it.
+    let mut old_style = token.clone();
+    old_style.as_object_mut().unwrap().remove("tpm2_srk");
+    std::fs::write(&json, old_style.to_string()).unwrap();
+    ok(
+        crate::common::sc(&[
+            "token",
+            "import",
+            "--token-replace",
+            "--token-id",
+            "0",
+            "--json-file",
+            p(&json),
+            p(&img),
+        ]),
+        "token import --token-replace",
+    );
+    tpm.test_passphrase(&img, &[], 2);
 }
