@@ -163,12 +163,11 @@ fn make_enrolment(args: &EnrollArgs) -> Result<(Enrolment, &'static str), CliErr
             message: format!("cannot enroll {what}: {e}"),
         }
     };
-    if let Some(device) = &args.tokens.tpm2_device {
-        let device = match device.as_str() {
-            "auto" => std::env::var("SYSTEMD_TPM2_DEVICE")
-                .unwrap_or_else(|_| sectorcrypt_token::tpm2::DEFAULT_DEVICE.to_string()),
-            d => d.to_string(),
-        };
+    if args.tokens.tpm2_device.is_some() {
+        let device = args
+            .tokens
+            .tpm2_device()
+            .unwrap_or_else(|| sectorcrypt_token::tpm2::DEFAULT_DEVICE.to_string());
         let pcrs = parse_pcrs(&args.tpm2_pcrs)?;
         let pin = match args.tpm2_with_pin {
             Some(true) => Some(new_pin(&args.tokens)?),

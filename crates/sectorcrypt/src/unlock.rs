@@ -44,10 +44,12 @@ pub(crate) struct TokenArgs {
 }
 
 impl TokenArgs {
-    /// The TPM to use: --tpm2-device, else $SYSTEMD_TPM2_DEVICE (a device name, not a secret).
+    /// The TPM to use: --tpm2-device (`auto`: as if not given), else $SYSTEMD_TPM2_DEVICE (a
+    /// device name, not a secret); `None`: the default device.
     pub(crate) fn tpm2_device(&self) -> Option<String> {
         self.tpm2_device
             .clone()
+            .filter(|d| d != "auto")
             .or_else(|| std::env::var("SYSTEMD_TPM2_DEVICE").ok())
     }
 

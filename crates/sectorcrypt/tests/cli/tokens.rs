@@ -1024,6 +1024,19 @@ fn tpm2_tokens_enrolled_here_unseal_with_tpm2_tools() {
     assert!(
         sc(&["--token-id", "1", "--token-pin-file", p(&pin)], 0).contains("Key slot 2 unlocked.")
     );
+    // `--tpm2-device auto` is $SYSTEMD_TPM2_DEVICE, as systemd reads it.
+    let by_env = run(Command::new(BIN)
+        .env("SYSTEMD_TPM2_DEVICE", &tpm.tcti)
+        .args([
+            "test-passphrase",
+            "--token-only",
+            "--token-id",
+            "0",
+            "--tpm2-device",
+            "auto",
+        ])
+        .arg(&img));
+    ok(by_env, "--tpm2-device auto with $SYSTEMD_TPM2_DEVICE");
     // kill-slot proves a remaining key by a token too: the passphrase's keyslot goes.
     ok(
         crate::common::sc(&[
