@@ -16,7 +16,7 @@ sc="$root/target/debug/sectorcrypt"
 work="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 cd "$work"
-mkdir -p "$out"/{luks_header,luks2_json,luks1,ubi_attach,flash_metadata,nbd_session,kpio_keytable,nanddump_device,flash_trace}
+mkdir -p "$out"/{luks_header,luks2_json,luks1,ubi_attach,flash_metadata,nbd_session,kpio_keytable,nanddump_device,flash_trace,token_wire}
 printf fuzz >pw
 printf other >pw2
 truncate -s 4M data.img
@@ -200,4 +200,48 @@ for l in sys.stdin.read().splitlines():
         if n % 50 == 0:
             out.append("S")
 print("\n".join(out))' >"$out/flash_trace/C-iozone-first-8-pebs-with-syncs.trace"
+
+# token_wire: the token types' wire formats, the first byte naming the parser (0 CBOR, 1 CTAPHID
+# reports, 2 HTTP replies, 3 FIDO2 authenticator data, 4 TPM structures, 5 JSON): CBOR made by
+# python-fido2, tang's advertisement as the token crate's tests keep it, systemd's token shapes.
+python3 - "$out/token_wire" "$root" <<'PYEOF'
+import base64, json, os, struct, sys
+from fido2 import cbor
+out, root = sys.argv[1], sys.argv[2]
+os.makedirs(out, exist_ok=True)
+def put(name, which, body):
+    open(os.path.join(out, name), "wb").write(bytes([which]) + body)
+# 0: a getInfo answer as a FIDO2 key gives it (versions, extensions, AAGUID, options, PIN protocols).
+info = {1: ["FIDO_2_0", "FIDO_2_1"], 2: ["credProtect", "hmac-secret"], 3: bytes(range(16)),
+        4: {"rk": True, "up": True, "clientPin": True, "uv": False}, 5: 1200, 6: [2, 1]}
+put("cbor-getinfo", 0, cbor.encode(info))
+# 1: that answer as CTAPHID reports on channel 01020304 (status byte first).
+msg = b"\x00" + cbor.encode(info)
+frames = [bytes([1, 2, 3, 4, 0x90]) + struct.pack(">H", len(msg)) + msg[:57]]
+rest, seq = msg[57:], 0
+while rest:
+    frames.append(bytes([1, 2, 3, 4, seq]) + rest[:59]); rest, seq = rest[59:], seq + 1
+put("ctaphid-getinfo", 1, b"".join(f.ljust(64, b"\0") for f in frames))
+# 2: tang's answer to GET /adv (the advertisement the token crate's tests keep).
+adv = open(os.path.join(root, "crates/token/tests/data/tang-adv.json"), "rb").read()
+put("http-adv", 2, b"HTTP/1.1 200 OK\r\nContent-Type: application/jose+json\r\nContent-Length: %d\r\n\r\n" % len(adv) + adv)
+put("http-chunked", 2, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{\"a\"\r\n3\r\n:1}\r\n0\r\n\r\n")
+# 3: authenticator data with a credential, its COSE key and the hmac-secret extension.
+cose = cbor.encode({1: 2, 3: -7, -1: 1, -2: bytes(32), -3: bytes(range(32))})
+auth = bytes(32) + b"\xc1" + struct.pack(">I", 9) + bytes(16) + struct.pack(">H", 64) + bytes(range(64)) + cose + cbor.encode({"hmac-secret": bytes(48)})
+put("authdata", 3, auth)
+# 4: a systemd-tpm2 blob (TPM2B_PRIVATE || TPM2B_PUBLIC) systemd-cryptenroll 252 wrote.
+blob = base64.b64decode("AJ4AIK8gft/kByPKMW0WEj3jix0FV5ENpNPb8mpcJSdTLDMqABAFuMAmPj1kCHRZPE7y/eGhYyk/wF4MDG5E1kEZStRBFcZJ0P4lKpZgjkKM8Jy2RCsLjw+BXgzUZIqkEAT77MV2Ran7Mnm36QD9Oc6Usp4KHW+OXrTMFJEu5b8NnuEHpZOJyM4L825caa06dlIek5Cb0rLs7QjtlahY/QBOAAgACwAAABIAIItWgtgbKUNdCNeSeBUGEdx+WSOy/vzOaEoJV3tAEwqLABAAIONUkKea0KOtBfwE25wyEieDncX1Jt3IV0SUBIorOfH8")
+put("tpm2-blob", 4, blob)
+# 5: JSON: the tang advertisement (a JWS), and tokens in systemd's and clevis' shapes.
+put("json-adv", 5, adv)
+put("json-tpm2-token", 5, json.dumps({"type": "systemd-tpm2", "keyslots": ["1"], "tpm2-blob": base64.b64encode(blob).decode(),
+    "tpm2-pcrs": [7], "tpm2-pcr-bank": "sha256", "tpm2-primary-alg": "ecc",
+    "tpm2-policy-hash": "8b5682d81b29435d08d79278150611dc7e5923b2fefcce684a09577b40130a8b", "tpm2-pin": False}).encode())
+put("json-fido2-token", 5, json.dumps({"type": "systemd-fido2", "keyslots": ["1"], "fido2-credential": base64.b64encode(bytes(64)).decode(),
+    "fido2-salt": base64.b64encode(bytes(32)).decode(), "fido2-rp": "io.systemd.cryptsetup",
+    "fido2-clientPin-required": True, "fido2-up-required": True, "fido2-uv-required": False}).encode())
+hdr = base64.urlsafe_b64encode(json.dumps({"alg": "dir", "enc": "A256GCM", "clevis": {"pin": "tpm2", "tpm2": {"hash": "sha256", "key": "ecc", "jwk_pub": "AA", "jwk_priv": "AA"}}}).encode()).rstrip(b"=").decode()
+put("json-clevis-jwe", 5, json.dumps({"protected": hdr, "encrypted_key": "", "iv": "AAAAAAAAAAAAAAAA", "ciphertext": "AAAA", "tag": "AAAAAAAAAAAAAAAAAAAAAA"}).encode())
+PYEOF
 echo "seeds written to $out"

@@ -17,6 +17,13 @@ mod nbd;
 mod padded;
 mod ubi;
 
+/// The token types' parsers of bytes from devices and servers (CBOR, CTAPHID, HTTP, FIDO2
+/// authenticator data, TPM structures, JOSE): the first byte picks the parser
+/// (`sectorcrypt_token::fuzzing::wire`).
+pub fn token_wire(data: &[u8]) {
+    sectorcrypt_token::fuzzing::wire(data);
+}
+
 pub use flash::{flash_metadata, flash_trace, nanddump_device};
 pub use kpio::kpio_keytable;
 pub use luks::{luks1, luks2_json, luks_header};
@@ -37,4 +44,5 @@ pub const TARGETS: &[Target] = &[
     ("kpio_keytable", kpio_keytable),
     ("nanddump_device", nanddump_device),
     ("flash_trace", flash_trace),
+    ("token_wire", token_wire),
 ];

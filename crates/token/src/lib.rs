@@ -26,6 +26,8 @@
 
 pub mod clevis;
 pub mod fido2;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod pkcs11;
 pub mod tpm2;
 

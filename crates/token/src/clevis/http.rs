@@ -146,14 +146,14 @@ impl Url {
     }
 }
 
-enum Reply {
+pub(crate) enum Reply {
     Status(String),
     Malformed(&'static str),
 }
 
 /// Whether `reply` holds a whole response: its headers, and the body its length (or the last
 /// chunk) says.
-fn complete(reply: &[u8]) -> bool {
+pub(crate) fn complete(reply: &[u8]) -> bool {
     let Some(end) = reply.windows(4).position(|w| w == b"\r\n\r\n") else {
         return false;
     };
@@ -169,7 +169,7 @@ fn complete(reply: &[u8]) -> bool {
 }
 
 /// The body of a `200` reply.
-fn parse_reply(reply: &[u8]) -> Result<Vec<u8>, Reply> {
+pub(crate) fn parse_reply(reply: &[u8]) -> Result<Vec<u8>, Reply> {
     let end = reply
         .windows(4)
         .position(|w| w == b"\r\n\r\n")

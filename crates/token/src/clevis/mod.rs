@@ -13,9 +13,9 @@
 //! the PCRs it is bound to. The `sss` pin (Shamir sharing over other pins) is reported as not
 //! used here.
 
-mod http;
-mod jose;
-mod tang;
+pub(crate) mod http;
+pub(crate) mod jose;
+pub(crate) mod tang;
 
 use rand::RngCore;
 use sectorcrypt_luks::hash::Hash;

@@ -11,9 +11,9 @@
 //! The key is spoken to directly (CTAPHID over `/dev/hidraw*`, [`hid`]; CTAP2 and its PIN/UV
 //! protocols, [`ctap`]): no libfido2. Without a key plugged in, a token is one more reason.
 
-mod cbor;
-mod ctap;
-mod hid;
+pub(crate) mod cbor;
+pub(crate) mod ctap;
+pub(crate) mod hid;
 
 use std::path::PathBuf;
 

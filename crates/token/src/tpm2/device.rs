@@ -668,7 +668,7 @@ pub(crate) struct Session {
 }
 
 /// The x and y of an ECC key's `TPMT_PUBLIC` (its `unique` field, after the parameters).
-fn ecc_point(public: &[u8]) -> Result<(Vec<u8>, Vec<u8>), TpmError> {
+pub(crate) fn ecc_point(public: &[u8]) -> Result<(Vec<u8>, Vec<u8>), TpmError> {
     let mut rd = Reader::new(public);
     rd.bytes(8)?; // type, nameAlg, objectAttributes
     rd.tpm2b()?; // authPolicy

@@ -18,7 +18,7 @@
 //! TPM's check of the signature of its digest, PolicyAuthorize). systemd 254's salted PINs are
 //! reported as not used.
 
-mod device;
+pub(crate) mod device;
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
