@@ -19,7 +19,7 @@ const CLIENT_PIN: u8 = 0x06;
 const MAKE_CREDENTIAL: u8 = 0x01;
 const GET_ASSERTION: u8 = 0x02;
 /// CTAP2_ERR_NO_CREDENTIALS: this key does not hold the credential.
-pub(crate) const ERR_NO_CREDENTIALS: u8 = 0x2E;
+const ERR_NO_CREDENTIALS: u8 = 0x2E;
 const ERR_PIN_INVALID: u8 = 0x31;
 const ERR_PIN_BLOCKED: u8 = 0x32;
 const ERR_PIN_AUTH_BLOCKED: u8 = 0x34;
@@ -212,6 +212,9 @@ fn status(name: &str, code: u8) -> Error {
             "the FIDO2 key {name} has blocked its PIN (too many wrong ones; unplug it, or reset it)"
         )),
         ERR_PIN_REQUIRED => Error::NeedsPin(format!("the FIDO2 key {name} needs a PIN")),
+        ERR_NO_CREDENTIALS => Error::Unavailable(format!(
+            "the FIDO2 key {name} does not hold the token's credential"
+        )),
         0x27 => Error::Failed(format!("the FIDO2 key {name}: the operation was denied")),
         0x2F => Error::Failed(format!("the FIDO2 key {name}: no touch came in time")),
         _ => Error::Failed(format!(
@@ -242,18 +245,6 @@ impl Authenticator {
             return Ok(Cbor::Map(Vec::new()));
         }
         Cbor::decode(&data)
-    }
-
-    /// A command whose one failure worth telling apart is `code`.
-    pub(crate) fn status_of(e: &Error) -> Option<u8> {
-        match e {
-            Error::Failed(m) => m
-                .rsplit("CTAP2 error 0x")
-                .next()
-                .filter(|_| m.contains("CTAP2 error 0x"))
-                .and_then(|h| u8::from_str_radix(h, 16).ok()),
-            _ => None,
-        }
     }
 
     pub(crate) fn info(&mut self) -> Result<Info, Error> {

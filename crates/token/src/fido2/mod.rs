@@ -23,7 +23,7 @@ use sectorcrypt_luks::luks2::{Pbkdf, PbkdfKind};
 use sectorcrypt_secret::SecretBytes;
 use serde_json::{json, Value};
 
-use self::ctap::{Authenticator, ERR_NO_CREDENTIALS};
+use self::ctap::Authenticator;
 use crate::{base64_field, base64_passphrase, string_field, Enrolment, Error, Pins};
 
 /// The token type.
@@ -104,14 +104,10 @@ pub(crate) fn release(
                 continue;
             }
         };
+        // A key without the credential (or the extension) is passed over for the next one.
         match secret_from(&mut key, &t, pins) {
             Ok(s) => return Ok(s),
-            Err(e) if Authenticator::status_of(&e) == Some(ERR_NO_CREDENTIALS) => {
-                last = Some(Error::Unavailable(format!(
-                    "the FIDO2 key {} does not hold the token's credential",
-                    key.name()
-                )))
-            }
+            Err(e @ Error::Unavailable(_)) => last = Some(e),
             Err(e) => return Err(e),
         }
     }

@@ -238,7 +238,8 @@ impl Tpm {
             rc: None,
             message: format!("TPM {}: {e}", self.name),
         };
-        let mut response = vec![0u8; MAX_RESPONSE];
+        // An unseal's answer holds the secret: the buffer is zeroized when dropped.
+        let mut response = Zeroizing::new(vec![0u8; MAX_RESPONSE]);
         let n = match &mut self.stream {
             // The kernel's TPM device takes a command in one write and answers in one read.
             Stream::Device(f) => {
