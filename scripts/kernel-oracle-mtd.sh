@@ -24,9 +24,12 @@
 # Results go to OUT/GEOMETRY/ (volume contents, `flash info --json`, the kernel's counters) for
 # the test to compare with what it wrote; IN holds the passphrase (IN/key) and the data. Exits
 # non-zero at the first step that fails.
-set -euxo pipefail
+set -Eeuxo pipefail
 # Each traced step with its time, for the test's failure report.
 PS4='+ $EPOCHREALTIME '
+# The step that failed and the kernel's last words, last, where a shortened report still shows
+# them (a report keeps the start and the end of a long trace).
+trap 'status=$?; { set +x; } 2>/dev/null; echo "kernel-oracle-mtd.sh: line $LINENO: \"$BASH_COMMAND\" exited with $status" >&2; dmesg | tail -n 20 >&2' ERR
 sc=$1
 in=$2
 out=$3

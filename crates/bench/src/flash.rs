@@ -171,6 +171,10 @@ impl Flash for Counted {
     fn sync(&self) -> Result<(), FlashError> {
         self.chip.sync()
     }
+
+    fn is_read_only(&self) -> bool {
+        self.chip.is_read_only()
+    }
 }
 
 /// One measured line.

@@ -186,6 +186,10 @@ pub struct CryptFlash {
     /// from which everything is erased (below it, under the hiding policies, everything is
     /// programmed: data or filler).
     frontiers: Mutex<HashMap<u32, u32>>,
+    /// On a chip opened read-only, the raw images of the blocks that opening would have
+    /// repaired (a rewrite or a fill a power cut interrupted): reads see the repair, the chip
+    /// keeps what the cut left for the next writable opening to repair.
+    repaired: Mutex<HashMap<u32, Vec<u8>>>,
     journal: Option<Journal>,
     erase_counts: Vec<AtomicU32>,
     counters: Counters,
@@ -266,6 +270,7 @@ impl CryptFlash {
             unit,
             locks: (0..blocks).map(|_| Mutex::new(())).collect(),
             frontiers: Mutex::new(HashMap::new()),
+            repaired: Mutex::new(HashMap::new()),
             journal,
             erase_counts: (0..blocks).map(|_| AtomicU32::new(0)).collect(),
             counters: Counters::default(),
@@ -325,6 +330,10 @@ impl CryptFlash {
         self.locks[peb as usize]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn repaired(&self) -> MutexGuard<'_, HashMap<u32, Vec<u8>>> {
+        self.repaired.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn frontiers(&self) -> MutexGuard<'_, HashMap<u32, u32>> {
@@ -704,7 +713,13 @@ impl Flash for CryptFlash {
         let end = (offset + buf.len() as u32).div_ceil(unit) * unit;
         let _guard = self.lock(peb);
         let mut raw = vec![0u8; (end - start) as usize];
-        let read = self.inner.read(peb, start, &mut raw);
+        let read = match self.repaired().get(&peb) {
+            Some(image) => {
+                raw.copy_from_slice(&image[start as usize..end as usize]);
+                Ok(ReadStatus::default())
+            }
+            None => self.inner.read(peb, start, &mut raw),
+        };
         // MTD hands back what it read even when it was uncorrectable: so does the layer.
         if let Ok(_) | Err(Error::Uncorrectable { .. }) = read {
             self.decrypt_units(&mut raw, peb, start)?;
@@ -756,6 +771,10 @@ impl Flash for CryptFlash {
 
     fn mark_bad(&self, peb: u32) -> Result<(), Error> {
         self.inner.mark_bad(peb)
+    }
+
+    fn is_read_only(&self) -> bool {
+        self.inner.is_read_only()
     }
 
     fn sync(&self) -> Result<(), Error> {

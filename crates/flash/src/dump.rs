@@ -249,6 +249,10 @@ impl Flash for DumpFlash {
     fn sync(&self) -> Result<(), Error> {
         self.storage.sync().map_err(io)
     }
+
+    fn is_read_only(&self) -> bool {
+        !self.storage.is_writable()
+    }
 }
 
 /// Every eraseblock of `flash` as `nanddump` writes it in `layout` (the reader of this format is

@@ -92,4 +92,10 @@ pub trait Flash: Send + Sync {
     /// Make what was done so far survive the process (a no-op for a real chip, whose programs
     /// and erases are durable when they return).
     fn sync(&self) -> Result<(), Error>;
+
+    /// Whether it was opened read-only (every program and erase fails): a layer that would
+    /// repair something on opening keeps the repair in memory instead.
+    fn is_read_only(&self) -> bool {
+        false
+    }
 }

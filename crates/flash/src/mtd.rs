@@ -335,11 +335,6 @@ impl MtdFlash {
         &self.path
     }
 
-    /// Whether it was opened read-only.
-    pub fn is_read_only(&self) -> bool {
-        self.read_only
-    }
-
     /// Byte offset of `offset` in eraseblock `peb` on the device.
     fn at(&self, peb: u32, offset: u32) -> u64 {
         u64::from(peb) * u64::from(self.geometry.peb_size) + u64::from(offset)
@@ -499,6 +494,10 @@ impl Flash for MtdFlash {
     fn sync(&self) -> Result<(), Error> {
         // A NAND program or erase is done when its call returns: nothing is held back.
         Ok(())
+    }
+
+    fn is_read_only(&self) -> bool {
+        self.read_only
     }
 }
 

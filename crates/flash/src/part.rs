@@ -76,6 +76,10 @@ impl Flash for Partition {
     fn sync(&self) -> Result<(), Error> {
         self.inner.sync()
     }
+
+    fn is_read_only(&self) -> bool {
+        self.inner.is_read_only()
+    }
 }
 
 #[cfg(test)]

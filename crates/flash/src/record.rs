@@ -125,6 +125,10 @@ impl Flash for Recorder {
     fn sync(&self) -> Result<(), Error> {
         self.record(Op::Sync, (0, 0, 0), || self.inner.sync())
     }
+
+    fn is_read_only(&self) -> bool {
+        self.inner.is_read_only()
+    }
 }
 
 #[cfg(test)]

@@ -551,6 +551,10 @@ impl Flash for SimNand {
         self.storage.sync()?;
         Ok(())
     }
+
+    fn is_read_only(&self) -> bool {
+        !self.storage.is_writable()
+    }
 }
 /// A simulated chip in memory that outlives the [`SimNand`] on it: opened again as the next
 /// power-on finds it after a cut, or copied to try something on (what crash sweeps need).

@@ -192,7 +192,7 @@ pub(crate) fn run(args: AttachArgs) -> Result<(), CliError> {
         })
     });
     let result = match &args.mountpoint {
-        Some(dir) => mount_until_done(dir, &exports),
+        Some(dir) => mount_until_done(dir, &exports, &mut signals),
         None => {
             signals.forever().next();
             Ok(())
@@ -218,8 +218,10 @@ pub(crate) fn run(args: AttachArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Mount every export as a file in `dir` and serve until unmounted or signalled.
-fn mount_until_done(dir: &Path, exports: &[Export]) -> Result<(), CliError> {
+/// Mount every export as a file in `dir` and serve until unmounted or signalled. `early` caught
+/// the signals that came before the mount's own handlers (while the NBD sockets were already
+/// there): one of them unmounts at once instead of being lost.
+fn mount_until_done(dir: &Path, exports: &[Export], early: &mut Signals) -> Result<(), CliError> {
     let files = exports
         .iter()
         .map(|e| MountFile {
@@ -236,8 +238,10 @@ fn mount_until_done(dir: &Path, exports: &[Export]) -> Result<(), CliError> {
             session.mountpoint().join(&e.name).display()
         );
     }
+    // The session's handlers are in place now: a signal from here on reaches `wait` too.
+    let mut signalled_early = early.pending().next().map(Stop::Signal);
     loop {
-        match session.wait() {
+        match signalled_early.take().unwrap_or_else(|| session.wait()) {
             Stop::Unmounted => break,
             Stop::Signal(_) => match session.unmount() {
                 Ok(Unmounted::Now | Unmounted::WhenClosed) => break,

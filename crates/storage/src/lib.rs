@@ -103,6 +103,11 @@ pub trait Storage: Send + Sync {
     }
     /// A name for messages (the path, for files).
     fn name(&self) -> String;
+    /// Whether writes are accepted (`false`: opened read-only, every write fails), so that a
+    /// layer above can do without them where it would otherwise repair something.
+    fn is_writable(&self) -> bool {
+        true
+    }
 }
 
 /// `impl Storage` for a pointer type over any device: a boxed device (openers return files and
@@ -151,6 +156,9 @@ macro_rules! delegate_storage {
             }
             fn name(&self) -> String {
                 (**self).name()
+            }
+            fn is_writable(&self) -> bool {
+                (**self).is_writable()
             }
         }
     };
@@ -217,11 +225,6 @@ impl FileStorage {
             lock,
             known_len: AtomicU64::new(0),
         })
-    }
-
-    /// Whether writes are allowed.
-    pub fn is_writable(&self) -> bool {
-        self.writable
     }
 
     /// The lock this file holds (`None`: opened without one, or locks are disabled).
@@ -314,6 +317,9 @@ impl Storage for FileStorage {
 
     fn name(&self) -> String {
         self.path.display().to_string()
+    }
+    fn is_writable(&self) -> bool {
+        self.writable
     }
 }
 

@@ -116,12 +116,33 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
 pub fn ok(out: Output, what: &str) -> Output {
     assert!(
         out.status.success(),
-        "{what} failed ({}): {}{}",
+        "{what} failed ({}): {}",
         out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        failure_report(&out)
     );
     out
+}
+
+/// Lines of a long output repeated at the head of its failure report.
+const REPORT_TAIL_LINES: usize = 30;
+
+/// Both outputs of a failed command; a long one led by its last lines, where the failing step
+/// is, so that a report cut short in its middle (as CI logs are) still shows it.
+fn failure_report(out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let tail_of = |text: &str| {
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(REPORT_TAIL_LINES)..].join("\n")
+    };
+    if stdout.lines().count() + stderr.lines().count() <= 2 * REPORT_TAIL_LINES {
+        return format!("{stdout}{stderr}");
+    }
+    format!(
+        "its stderr ends with:\n{}\n--- stdout ends with:\n{}\n--- whole stdout:\n{stdout}\n--- whole stderr:\n{stderr}",
+        tail_of(&stderr),
+        tail_of(&stdout)
+    )
 }
 
 /// `cryptsetup ARGS` (the real one, installed by the test set-up).
@@ -206,4 +227,37 @@ fn wrapped(wrapper: &str, front: &[OsString], program: &OsStr, cmd: &Command) ->
         w.current_dir(dir);
     }
     w
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    fn failed(stdout: &str, stderr: &str) -> Output {
+        Output {
+            status: std::process::ExitStatus::from_raw(1 << 8),
+            stdout: stdout.as_bytes().to_vec(),
+            stderr: stderr.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_long_failure_report_leads_with_where_the_output_ended() {
+        let trace: String = (0..500).map(|i| format!("+ step {i}\n")).collect();
+        let report = failure_report(&failed(
+            "",
+            &format!("{trace}line 9: \"cmp a b\" exited with 1\n"),
+        ));
+        let failing = report
+            .find("\"cmp a b\" exited with 1")
+            .expect("the failing step");
+        let first = report.find("+ step 0\n").expect("the whole output follows");
+        assert!(failing < first, "{report}");
+    }
+
+    #[test]
+    fn a_short_failure_report_is_the_output_as_it_was() {
+        assert_eq!(failure_report(&failed("out\n", "err\n")), "out\nerr\n");
+    }
 }

@@ -74,11 +74,6 @@ impl VolumeStorage {
         })
     }
 
-    /// Whether writes are accepted.
-    pub fn is_writable(&self) -> bool {
-        self.writable
-    }
-
     fn check(&self, offset: u64, len: usize) -> io::Result<()> {
         if offset
             .checked_add(len as u64)
@@ -177,5 +172,8 @@ impl Storage for VolumeStorage {
 
     fn name(&self) -> String {
         format!("UBI volume {}", self.name)
+    }
+    fn is_writable(&self) -> bool {
+        self.writable
     }
 }

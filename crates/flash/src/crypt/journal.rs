@@ -12,7 +12,9 @@
 //! the newest record can describe an unfinished one. On opening, the newest valid record is
 //! found; if its target's kept units differ from the copies, the rewrite was cut, and the
 //! target is erased and programmed again with the copies (the program that was in flight,
-//! never acknowledged, is what is lost, as on NAND). When the layer erases the newest record's
+//! never acknowledged, is what is lost, as on NAND). On a chip opened read-only (`flash read`
+//! after a power cut) the repaired image is kept in memory instead: reads see it, the chip is
+//! left for the next writable opening to repair. When the layer erases the newest record's
 //! target for another reason (an erase from above), a *void* record goes first, so that a later
 //! opening does not bring old data back over new.
 //!
@@ -234,11 +236,16 @@ impl CryptFlash {
                 let at = k as usize * unit;
                 image[at..at + unit].copy_from_slice(c);
             }
-            self.chip_erase(record.target)?;
-            if end > 0 {
-                self.chip_program(record.target, 0, &image)?;
+            if self.inner.is_read_only() {
+                image.resize(self.geometry.peb_size as usize, 0xFF);
+                self.repaired().insert(record.target, image);
+            } else {
+                self.chip_erase(record.target)?;
+                if end > 0 {
+                    self.chip_program(record.target, 0, &image)?;
+                }
+                self.frontiers().insert(record.target, (end / unit) as u32);
             }
-            self.frontiers().insert(record.target, (end / unit) as u32);
         }
         state.live = Some(record);
         Ok(())
@@ -357,6 +364,15 @@ impl CryptFlash {
                 .map(|(u, _)| u)
                 .collect();
             if torn.is_empty() {
+                continue;
+            }
+            if self.inner.is_read_only() {
+                // A torn unit reads erased after the rewrite; so it does as erased ciphertext.
+                let mut image = raw.clone();
+                for &u in &torn {
+                    image[u * unit..(u + 1) * unit].fill(0xFF);
+                }
+                self.repaired().insert(peb, image);
                 continue;
             }
             let mut plain = raw.clone();

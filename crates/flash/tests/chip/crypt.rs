@@ -31,16 +31,25 @@ pub(crate) fn layer(
     key: &[u8],
     policy: Policy,
 ) -> Result<CryptFlash, sectorcrypt_flash::Error> {
+    layer_on(Arc::clone(chip) as Arc<dyn Flash>, spec, key, policy)
+}
+
+/// [`layer`] over any chip.
+pub(crate) fn layer_on(
+    whole: Arc<dyn Flash>,
+    spec: &str,
+    key: &[u8],
+    policy: Policy,
+) -> Result<CryptFlash, sectorcrypt_flash::Error> {
     let opts = SectorOptions {
         backend: BackendChoice::Auto,
         ..SectorOptions::default()
     };
     let spec = CipherSpec::parse(spec).unwrap();
-    let whole = Arc::clone(chip) as Arc<dyn Flash>;
     if !policy.hides_at_rest() {
         return CryptFlash::new(whole, spec, key, policy, &opts);
     }
-    let n = chip.geometry().peb_count - JOURNAL_BLOCKS;
+    let n = whole.geometry().peb_count - JOURNAL_BLOCKS;
     let data = Arc::new(Partition::range(Arc::clone(&whole), 0, n)?);
     let journal = Arc::new(Partition::range(whole, n, JOURNAL_BLOCKS)?);
     CryptFlash::with_journal(data, journal, spec, key, policy, &opts)

@@ -2,12 +2,15 @@
 //! rewrite per block per fill, and power cuts anywhere in a rewrite or a fill that keep every
 //! acknowledged unit.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use sectorcrypt_flash::crypt::{CryptFlash, Policy};
-use sectorcrypt_flash::sim::MemChip;
-use sectorcrypt_flash::{Flash, Geometry};
+use sectorcrypt_flash::sim::{MemChip, SimNand};
+use sectorcrypt_flash::{Error, Flash, Geometry, ReadStatus};
 use sectorcrypt_testkit::{openssl, pattern, scratch};
 
-use crate::crypt::{chip, layer, raw_chip, read, JOURNAL_BLOCKS};
+use crate::crypt::{chip, layer, layer_on, raw_chip, read, JOURNAL_BLOCKS};
 use crate::small;
 
 const HIDING: [Policy; 2] = [Policy::AtRest, Policy::Synced];
@@ -179,9 +182,65 @@ fn the_journal_and_filler_decrypt_with_openssl_and_small_page_chips_work() {
     assert_eq!(read(&f, 2, 512, 1024), data);
 }
 
+/// A chip opened read-only (as `flash read` opens one): changes fail, and are counted.
+struct ReadOnly {
+    chip: Arc<SimNand>,
+    changes: AtomicU64,
+}
+
+impl ReadOnly {
+    fn refuse(&self) -> Result<(), Error> {
+        self.changes.fetch_add(1, Ordering::Relaxed);
+        Err(Error::Io(std::io::Error::new(
+            std::io::ErrorKind::ReadOnlyFilesystem,
+            "opened read-only",
+        )))
+    }
+}
+
+impl Flash for ReadOnly {
+    fn geometry(&self) -> Geometry {
+        self.chip.geometry()
+    }
+    fn read(&self, peb: u32, offset: u32, buf: &mut [u8]) -> Result<ReadStatus, Error> {
+        self.chip.read(peb, offset, buf)
+    }
+    fn program(&self, _: u32, _: u32, _: &[u8]) -> Result<(), Error> {
+        self.refuse()
+    }
+    fn erase(&self, _: u32) -> Result<(), Error> {
+        self.refuse()
+    }
+    fn read_oob(&self, peb: u32, page: u32, buf: &mut [u8]) -> Result<(), Error> {
+        self.chip.read_oob(peb, page, buf)
+    }
+    fn is_bad(&self, peb: u32) -> Result<bool, Error> {
+        self.chip.is_bad(peb)
+    }
+    fn mark_bad(&self, _: u32) -> Result<(), Error> {
+        self.refuse()
+    }
+    fn sync(&self) -> Result<(), Error> {
+        Ok(())
+    }
+    fn is_read_only(&self) -> bool {
+        true
+    }
+}
+
+/// Every data block of `f`, decrypted.
+fn contents(f: &CryptFlash) -> Vec<Vec<u8>> {
+    let g = f.geometry();
+    (0..g.peb_count)
+        .map(|peb| read(f, peb, 0, g.peb_size as usize))
+        .collect()
+}
+
 /// Prepare a chip with `prepare`, then for n = 1, 2, ... cut the power at the n-th chip
 /// operation of `op` on a copy, reopen the layer and `verify` it (told whether `op` had
-/// returned), until `op` completes. Returns the cut points.
+/// returned), until `op` completes. Returns the cut points. Before each reopening, the layer is
+/// opened read-only: it must write nothing and read what the writable opening reads once it has
+/// repaired what the cut left.
 fn sweep(
     policy: Policy,
     prepare: impl Fn(&CryptFlash),
@@ -203,8 +262,20 @@ fn sweep(
             return n - 1;
         }
         drop(f);
+        let read_only = Arc::new(ReadOnly {
+            chip: run.power_on().unwrap(),
+            changes: AtomicU64::new(0),
+        });
+        let seen = layer_on(Arc::clone(&read_only) as Arc<dyn Flash>, SPEC, &key, policy)
+            .map(|f| contents(&f))
+            .unwrap_or_else(|e| panic!("cut {n}: the layer does not open read-only: {e}"));
+        assert_eq!(read_only.changes.load(Ordering::Relaxed), 0, "cut {n}");
         let f = layer(&run.power_on().unwrap(), SPEC, &key, policy)
             .unwrap_or_else(|e| panic!("cut {n}: the layer does not reopen: {e}"));
+        assert!(
+            seen == contents(&f),
+            "cut {n}: read-only, the layer reads other than after its repair"
+        );
         verify(&f, n);
     }
     unreachable!()

@@ -592,6 +592,84 @@ fn attach_exposes_every_volume_through_fuse_and_nbd() {
     );
 }
 
+/// `flash attach` serves NBD before it mounts FUSE: a SIGTERM sent as soon as a socket is there
+/// unmounts and exits 0 wherever it lands. One that came before the mount's own handlers was
+/// taken by the first handler and lost (the attach then served on); that window is short, so
+/// this catches the loss only when the signal happens to land in it.
+#[test]
+fn a_sigterm_before_the_mount_is_up_still_detaches() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::time::{Duration, Instant};
+    let dir = scratch("cli-flash-early-term");
+    let (img, key) = new_flash(&dir, &[]);
+    ok(
+        sc(&keyed(
+            &key,
+            &["flash", "mkvol", p(&img), "-N", "data", "-S", "2"],
+        )),
+        "mkvol",
+    );
+    let mnt = crate::fuse::mountpoint(&dir, "mnt");
+    let sockets = dir.join("sockets");
+    std::fs::create_dir_all(&sockets).unwrap();
+    for round in 0..3 {
+        let _ = std::fs::remove_file(sockets.join("data.sock"));
+        let log = dir.join(format!("attach-{round}.stderr"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sectorcrypt"))
+            .args(keyed(
+                &key,
+                &[
+                    "flash",
+                    "attach",
+                    p(&img),
+                    p(&mnt),
+                    "--socket-dir",
+                    p(&sockets),
+                ],
+            ))
+            .stdin(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !sockets.join("data.sock").exists() {
+            assert!(child.try_wait().unwrap().is_none(), "attach exited early");
+            assert!(Instant::now() < deadline, "no socket");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        ok(
+            run(Command::new("kill").args(["-TERM", &child.id().to_string()])),
+            "kill",
+        );
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+                panic!(
+                    "round {round}: attach still running after its SIGTERM: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(
+            (status.code(), status.signal()),
+            (Some(0), None),
+            "round {round}: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(
+            !mounts.lines().any(|l| l.split(' ').nth(4) == Some(p(&mnt))),
+            "round {round}: still mounted after exit"
+        );
+    }
+}
+
 /// `flash import` onto a new plain image (as ubiformat), `flash convert` encrypts it in place
 /// (the auto-resize volume then grows over what the header left), the volumes read the same,
 /// key commands wait while a conversion is unfinished, and `--decrypt` turns it back.
