@@ -287,6 +287,10 @@ pub struct FormatOptions {
     /// block device's: without `data_offset`, data starts at a multiple of it (LUKS1's payload
     /// after the keyslots; LUKS2's default 16 MiB, rounded up).
     pub data_alignment: Option<u64>,
+    /// LUKS2 authenticated encryption: the integrity type as the segment stores it
+    /// (`hmac(sha256)`, `aead`, ...). `cipher` is then taken as given (the caller checks the
+    /// pair) and `key_bits` must count the cipher's and the MAC's keys.
+    pub integrity: Option<String>,
 }
 
 impl FormatOptions {
@@ -297,6 +301,11 @@ impl FormatOptions {
     }
 
     fn key_bits(&self) -> Result<usize, Error> {
+        if self.integrity.is_some() {
+            return self.key_bits.filter(|b| b % 8 == 0).ok_or_else(|| {
+                Error::Unsupported("an integrity volume without its whole key size".into())
+            });
+        }
         let spec = self.spec()?;
         // cipher_null takes any key; cryptsetup's luksFormat still makes a 256-bit one.
         let default_bits = match spec.default_key_bits() {
@@ -385,7 +394,16 @@ pub fn format(
     passphrase: &[u8],
 ) -> Result<(Header, Unlocked), Error> {
     options.check()?;
-    let cipher = options.spec()?.to_string();
+    let cipher = match &options.integrity {
+        Some(_) if options.version != 2 => {
+            return Err(Error::Unsupported("integrity with LUKS1".into()))
+        }
+        Some(_) => options
+            .cipher
+            .clone()
+            .unwrap_or_else(|| "aes-xts-plain64".into()),
+        None => options.spec()?.to_string(),
+    };
     let key_bits = options.key_bits()?;
     let hash = options.pbkdf.hash.unwrap_or(hash::Hash::Sha256);
     match options.version {
@@ -425,6 +443,7 @@ pub fn format(
                 data_offset: options
                     .data_offset
                     .or_else(|| luks2_aligned_offset(options)),
+                integrity: options.integrity.clone(),
             };
             luks2::format(dev, &params, passphrase).map(|(h, u)| (Header::Luks2(Box::new(h)), u))
         }

@@ -58,9 +58,32 @@ pub(crate) struct FormatArgs {
     /// LUKS2 keyslots area size (bytes).
     #[arg(long = "luks2-keyslots-size", value_name = "BYTES")]
     keyslots_size: Option<u64>,
+    /// Authenticated encryption (dm-integrity's format, as cryptsetup's `--integrity`):
+    /// hmac-sha256 or hmac-sha512 (with aes-xts-plain64), aead (with --cipher aes-gcm-random)
+    /// or poly1305 (with --cipher chacha20-random).
+    #[arg(long, value_name = "MODE")]
+    integrity: Option<String>,
+    /// With --integrity: leave the data unwritten (every sector then fails its check until
+    /// written) instead of writing zeros over all of it.
+    #[arg(long = "integrity-no-wipe", requires = "integrity")]
+    integrity_no_wipe: bool,
     /// Do not ask for confirmation.
     #[arg(short = 'q', long = "batch-mode")]
     batch: bool,
+}
+
+/// cryptsetup's `--integrity` names: the type the LUKS2 segment stores and the MAC key's bytes
+/// (after the cipher's key in the volume key).
+fn integrity_type(name: &str) -> Result<(&'static str, usize), CliError> {
+    match name {
+        "hmac-sha256" => Ok(("hmac(sha256)", 32)),
+        "hmac-sha512" => Ok(("hmac(sha512)", 64)),
+        "aead" => Ok(("aead", 0)),
+        "poly1305" => Ok(("poly1305", 0)),
+        other => Err(CliError::usage(format!(
+            "--integrity {other}: use hmac-sha256, hmac-sha512, aead or poly1305"
+        ))),
+    }
 }
 
 /// `--type luks2|luks1` (cryptsetup also takes `luks` for the default) as the LUKS version.
@@ -74,7 +97,7 @@ fn parse_luks_version(name: &str) -> Result<u8, String> {
 
 pub(crate) fn format(args: FormatArgs) -> Result<(), CliError> {
     let version = args.luks_version;
-    let data = open_rw(&args.device)?;
+    let data: std::sync::Arc<dyn Storage> = std::sync::Arc::from(open_rw(&args.device)?);
     if args.new.new_key_file.is_some() && args.key.key_file.is_some() {
         return Err(CliError::usage(
             "give the passphrase either as --key-file or as the key file argument, not both",
@@ -85,10 +108,16 @@ pub(crate) fn format(args: FormatArgs) -> Result<(), CliError> {
         Some(path) => Some(crate::keyfile::read_volume_key_file(path)?),
         None => None,
     };
+    let integrity = match &args.integrity {
+        Some(name) => Some(integrity_options(&args, name)?),
+        None => None,
+    };
     let options = FormatOptions {
         version,
         cipher: args.segment.cipher.clone(),
-        key_bits: args.segment.key_size,
+        key_bits: integrity
+            .as_ref()
+            .map_or(args.segment.key_size, |i| Some(i.key_bits)),
         sector_size: args.segment.sector_size,
         pbkdf,
         label: args.label.clone(),
@@ -102,6 +131,7 @@ pub(crate) fn format(args: FormatArgs) -> Result<(), CliError> {
         data_offset: None,
         // An RBD image's object size, as librbd aligns its own LUKS data (files state none).
         data_alignment: data.optimal_io_size(),
+        integrity: integrity.as_ref().map(|i| i.kind.to_string()),
     };
     // Everything that can be refused is refused before the device is touched.
     options.check()?;
@@ -128,12 +158,98 @@ pub(crate) fn format(args: FormatArgs) -> Result<(), CliError> {
         &args.key,
         &format!("Enter passphrase for {}: ", args.device.display()),
     )?;
-    sectorcrypt_luks::format(
+    let (header, unlocked) = sectorcrypt_luks::format(
         target,
         data.len().map_err(|e| CliError::usage(e.to_string()))?,
         &options,
         &pass,
     )?;
+    drop(pass);
+    if let (Some(integrity), sectorcrypt_luks::Header::Luks2(header)) = (&integrity, &header) {
+        format_integrity(&args, header, &data, &unlocked.volume_key, integrity)?;
+    }
+    Ok(())
+}
+
+/// What `--integrity` asks of the header.
+struct Integrity {
+    /// The segment's integrity type.
+    kind: &'static str,
+    /// The whole volume key (cipher and MAC) in bits.
+    key_bits: usize,
+}
+
+/// The header's part of `--integrity NAME`, checked against the cipher before anything is
+/// written: the cipher's key (`--key-size`, default 512 bits for XTS and 256 otherwise, as
+/// cryptsetup) and the MAC's.
+fn integrity_options(args: &FormatArgs, name: &str) -> Result<Integrity, CliError> {
+    if args.luks_version != 2 {
+        return Err(CliError::usage("--integrity needs LUKS2 (--type luks2)"));
+    }
+    let (kind, mac_bytes) = integrity_type(name)?;
+    let cipher = args.segment.cipher.as_deref().unwrap_or("aes-xts-plain64");
+    let cipher_bits = args
+        .segment
+        .key_size
+        .unwrap_or(if cipher.contains("-xts-") { 512 } else { 256 });
+    let key_bits = cipher_bits + mac_bytes * 8;
+    let sector = args.segment.sector_size.unwrap_or(512);
+    sectorcrypt_integrity::Mode::new(cipher, kind, &vec![0; key_bits / 8], sector)
+        .map_err(|e| CliError::usage(format!("--integrity {name} with {cipher}: {e}")))?;
+    Ok(Integrity { kind, key_bits })
+}
+
+/// The dm-integrity device at the data offset, as the kernel formats it, then (unless
+/// `--integrity-no-wipe`) zeros written over every sector, so that each has a valid tag.
+fn format_integrity(
+    args: &FormatArgs,
+    header: &sectorcrypt_luks::luks2::Header,
+    data: &std::sync::Arc<dyn Storage>,
+    volume_key: &[u8],
+    integrity: &Integrity,
+) -> Result<(), CliError> {
+    use sectorcrypt_integrity::{format, IntegrityDevice, Mode};
+    let segment = header.integrity_segment()?;
+    let failed = |e: sectorcrypt_integrity::Error| {
+        CliError::usage(format!("{}: {e}", args.device.display()))
+    };
+    let mode = Mode::new(
+        &segment.cipher,
+        integrity.kind,
+        volume_key,
+        segment.sector_size as usize,
+    )
+    .map_err(failed)?;
+    let len = data
+        .len()
+        .map_err(|e| CliError::io("cannot size the device", e))?;
+    let sb = format::plan(
+        len,
+        segment.offset,
+        mode.tag_size() as u16,
+        segment.sector_size as usize,
+    )
+    .map_err(failed)?;
+    format::format(&**data, segment.offset, &sb).map_err(failed)?;
+    if args.integrity_no_wipe {
+        return Ok(());
+    }
+    let device = IntegrityDevice::open(std::sync::Arc::clone(data), segment.offset, mode, false)
+        .map_err(failed)?;
+    let bar = crate::progress::terminal_bar(
+        "wiping to initialize integrity tags [{bar:40}] {percent}% {eta}",
+    );
+    device
+        .wipe(&mut |done, total| {
+            if let Some(bar) = &bar {
+                bar.set_length(total);
+                bar.set_position(done);
+            }
+        })
+        .map_err(failed)?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
     Ok(())
 }
 

@@ -163,6 +163,27 @@ impl VolumeArgs {
             drop(unlocked);
             return self.open_converting(data, header_dev, pass, &options);
         }
+        if let Header::Luks2(h) = &header {
+            if h.has_integrity() {
+                if self.wanted_size()?.is_some() {
+                    return Err(CliError::usage(
+                        "--size and --device-size: an integrity volume's size is the one its \
+                         dm-integrity superblock gives",
+                    ));
+                }
+                let volume =
+                    Volume::open_integrity(h, Arc::clone(&data), &unlocked.volume_key, &options)
+                        .map_err(|e| self.cannot_open(e))?;
+                drop((pass, unlocked));
+                crate::secrets::keys_ready();
+                return Ok(Opened {
+                    volume: Arc::new(volume),
+                    data,
+                    header_dev,
+                    resume: None,
+                });
+            }
+        }
         let mut layout = Layout::from_header(&header, data.len().map_err(VolumeError::from)?)?;
         if let Some(bytes) = self.wanted_size()? {
             layout

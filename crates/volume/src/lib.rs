@@ -92,6 +92,9 @@ pub enum Error {
     Cipher(sectorcrypt_cipher::Error),
     /// A key-per-I/O request named a key tag that is not loaded (never, or evicted since).
     KeyNotLoaded(u32),
+    /// The authenticated encryption refused: a block that fails its check (read as an I/O
+    /// error), or an integrity device it cannot open.
+    Integrity(sectorcrypt_integrity::Error),
 }
 
 impl fmt::Display for Error {
@@ -119,6 +122,7 @@ impl fmt::Display for Error {
             Error::Refused(why) | Error::WrongDevice(why) | Error::Exists(why) => f.write_str(why),
             Error::Cipher(e) => write!(f, "cipher error: {e}"),
             Error::KeyNotLoaded(tag) => write!(f, "no key is loaded under tag {tag}"),
+            Error::Integrity(e) => write!(f, "{e}"),
         }
     }
 }
@@ -129,6 +133,7 @@ impl std::error::Error for Error {
             Error::Io(e) => Some(e),
             Error::Luks(e) => Some(e),
             Error::Cipher(e) => Some(e),
+            Error::Integrity(e) => Some(e),
             _ => None,
         }
     }
@@ -300,6 +305,9 @@ pub struct Volume {
     size: AtomicU64,
     /// Requests received so far (reads, writes, discards), for a conversion that yields to them.
     requests: AtomicU64,
+    /// A volume with authenticated encryption: requests go to its integrity device
+    /// ([`integrity`]), which has the keys; `cipher` is then `None`.
+    integrity: Option<sectorcrypt_integrity::IntegrityDevice>,
 }
 
 /// A write of a buffer at an offset (scrambling the buffer), for [`Volume::zeroes`].
@@ -493,6 +501,7 @@ impl Volume {
             announced: AtomicUsize::new(0),
             live: RwLock::new(None),
             options: opts.clone(),
+            integrity: None,
         }
     }
 
@@ -518,6 +527,13 @@ impl Volume {
     /// Errors: [`Error::Refused`] for a size that breaks those rules, or while requests are
     /// routed by a conversion (the segments fix the size; serve the volume again afterwards).
     pub fn resize(&self, bytes: u64) -> Result<(), Error> {
+        if self.integrity.is_some() {
+            return Err(Error::Refused(
+                "an integrity volume's size is its dm-integrity superblock's (cryptsetup resizes \
+                 none either)"
+                    .into(),
+            ));
+        }
         let routing = self.live.write().unwrap_or_else(PoisonError::into_inner);
         if routing.is_some() {
             return Err(Error::Refused(
@@ -687,6 +703,9 @@ impl Volume {
 
     /// Fill `buf` with the plaintext at `offset`.
     pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), Error> {
+        if let Some(device) = &self.integrity {
+            return self.integrity_read(device, buf, offset);
+        }
         let route = self.route();
         if let Some(live) = route.as_ref() {
             self.check_range(offset, buf.len() as u64)?;
@@ -735,6 +754,9 @@ impl Volume {
     /// Write `data` at `offset`, encrypting the aligned part in place: `data` is scrambled
     /// afterwards. Saves a copy for callers that own their buffer (network servers).
     pub fn write_in_place(&self, data: &mut [u8], offset: u64) -> Result<(), Error> {
+        if let Some(device) = &self.integrity {
+            return self.integrity_write(device, data, offset);
+        }
         let route = self.route();
         if let Some(live) = route.as_ref() {
             self.check_writable()?;
@@ -952,6 +974,7 @@ impl live::Serving for Volume {
 
 pub mod convert;
 pub mod datashift;
+mod integrity;
 pub mod kpio;
 pub mod live;
 pub mod reencrypt;

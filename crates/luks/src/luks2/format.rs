@@ -26,6 +26,11 @@ use crate::hash::Hash;
 use crate::kdf::{self, Kdf};
 use crate::Unlocked;
 
+/// The keyslot areas' cipher on a volume with integrity (cryptsetup's default keyslot cipher).
+pub(crate) const INTEGRITY_KEYSLOT_CIPHER: &str = "aes-xts-plain64";
+/// Its key length in bytes.
+pub(crate) const INTEGRITY_KEYSLOT_KEY_LEN: usize = 64;
+
 /// What `cryptsetup luksFormat --type luks2` is told.
 #[derive(Clone, Debug)]
 pub struct FormatParams {
@@ -63,6 +68,12 @@ pub struct FormatParams {
     /// Where the data starts (`--offset`, bytes, a multiple of 4096) instead of after the
     /// header, aligned to 1 MiB; the default keyslots area shrinks to fit before it.
     pub data_offset: Option<u64>,
+    /// Authenticated encryption (`--integrity`): the segment's integrity type as cryptsetup
+    /// stores it (`hmac(sha256)`, `hmac(sha512)`, `aead`, `poly1305`). The volume key is then the
+    /// cipher's key followed by the MAC key (`key_bits` counts both), the cipher is not checked
+    /// here (the caller checks the pair), and keyslot areas use `aes-xts-plain64` with a 512-bit
+    /// key, as cryptsetup's keyslots cannot use an authenticated cipher.
+    pub integrity: Option<String>,
 }
 
 impl Default for FormatParams {
@@ -83,6 +94,7 @@ impl Default for FormatParams {
             detached_header: false,
             data_device_size: None,
             data_offset: None,
+            integrity: None,
         }
     }
 }
@@ -290,7 +302,13 @@ fn first_metadata(
                 iv_tweak: 0,
                 encryption: params.cipher.clone(),
                 sector_size: g.sector_size,
-                integrity: None,
+                integrity: params.integrity.as_ref().map(|kind| {
+                    serde_json::json!({
+                        "type": kind,
+                        "journal_encryption": "none",
+                        "journal_integrity": "none",
+                    })
+                }),
                 flags: None,
                 extra: Map::new(),
             }),
@@ -322,7 +340,9 @@ pub fn format(
     let dev_len = dev.len().map_err(|e| io(dev, e))?;
     let g = Geometry::plan(params, dev_len)?;
     let volume_key = volume_key(params)?;
-    check_cipher(&params.cipher, &volume_key)?;
+    if params.integrity.is_none() {
+        check_cipher(&params.cipher, &volume_key)?;
+    }
     let slot = params.keyslot.unwrap_or(0);
     if slot >= KEYSLOTS_MAX {
         return Err(Error::Unsupported(format!(
@@ -339,9 +359,13 @@ pub fn format(
             g.keyslots_size
         )));
     }
+    let (area_cipher, area_key_len) = match params.integrity {
+        Some(_) => (INTEGRITY_KEYSLOT_CIPHER, INTEGRITY_KEYSLOT_KEY_LEN),
+        None => (params.cipher.as_str(), volume_key.len()),
+    };
     let ks = make_keyslot(
-        &params.cipher,
-        volume_key.len(),
+        area_cipher,
+        area_key_len,
         params.hash,
         &volume_key,
         passphrase,

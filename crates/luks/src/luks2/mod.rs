@@ -102,6 +102,20 @@ pub struct Segment {
     pub iv_tweak: u64,
 }
 
+/// The data segment of a volume with authenticated encryption (`cryptsetup --integrity`): a
+/// dm-integrity device at `offset` under the cipher.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IntegritySegment {
+    /// Byte offset of the dm-integrity superblock on the device.
+    pub offset: u64,
+    /// The cipher (`aes-xts-plain64`, `aes-gcm-random`, `chacha20-random`, ...).
+    pub cipher: String,
+    /// The integrity type (`hmac(sha256)`, `aead`, `poly1305`, ...).
+    pub integrity: String,
+    /// The encryption sector size in bytes (the dm-integrity block size).
+    pub sector_size: u32,
+}
+
 /// A LUKS2 header read from a device: the binary fields of the copy in use, the metadata, and
 /// the state of both copies.
 #[derive(Clone, Debug)]
@@ -540,6 +554,50 @@ impl Header {
             // Validation guarantees segment 0 whenever there is a regular segment.
             None => Err(Error::Corrupt("there is no segment 0".into())),
         }
+    }
+
+    /// Whether the data segment has authenticated encryption (`cryptsetup --integrity`): open
+    /// it with [`Header::integrity_segment`], not [`Header::data_segment`].
+    pub fn has_integrity(&self) -> bool {
+        matches!(self.metadata.segments.get(0), Some(SegmentEntry::Crypt(c)) if c.integrity.is_some())
+    }
+
+    /// The data segment of a volume with authenticated encryption.
+    ///
+    /// Errors: [`Error::Unsupported`] while the header has mandatory requirements, for a segment
+    /// without integrity (see [`Header::data_segment`]), or for an encrypted or authenticated
+    /// dm-integrity journal (cryptsetup activates neither); [`Error::Corrupt`] without segment 0.
+    pub fn integrity_segment(&self) -> Result<IntegritySegment, Error> {
+        let reqs = self.metadata.mandatory_requirements();
+        if !reqs.is_empty() {
+            return Err(Error::Unsupported(format!(
+                "the volume's mandatory requirements ({})",
+                reqs.join(", ")
+            )));
+        }
+        let Some(SegmentEntry::Crypt(c)) = self.metadata.segments.get(0) else {
+            return Err(Error::Corrupt("there is no crypt segment 0".into()));
+        };
+        let Some(integrity) = &c.integrity else {
+            return Err(Error::Unsupported(
+                "a data segment without integrity as one with it".into(),
+            ));
+        };
+        let field = |name: &str| integrity.get(name).and_then(|v| v.as_str()).unwrap_or("");
+        for journal in ["journal_encryption", "journal_integrity"] {
+            if field(journal) != "none" {
+                return Err(Error::Unsupported(format!(
+                    "a dm-integrity {journal} of '{}' (cryptsetup activates only none)",
+                    field(journal)
+                )));
+            }
+        }
+        Ok(IntegritySegment {
+            offset: c.offset,
+            cipher: c.encryption.clone(),
+            integrity: field("type").to_string(),
+            sector_size: c.sector_size,
+        })
     }
 
     /// The text `cryptsetup luksDump` prints for this header, byte for byte (tokens of external

@@ -487,6 +487,10 @@ impl Header {
                 check_cipher(c, &vec![0; len])?;
                 (c.to_string(), len)
             }
+            None if self.has_integrity() => (
+                super::format::INTEGRITY_KEYSLOT_CIPHER.to_string(),
+                super::format::INTEGRITY_KEYSLOT_KEY_LEN,
+            ),
             None => (self.keyslot_cipher(volume_key)?, volume_key.len()),
         };
         let length = keyslot_area_size(volume_key.len());

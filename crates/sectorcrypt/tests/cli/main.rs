@@ -13,6 +13,7 @@ mod convert;
 mod dmcrypt;
 mod flash;
 mod fuse;
+mod integrity;
 mod kpio;
 mod locks;
 mod luks_convert;

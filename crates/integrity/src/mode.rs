@@ -1,0 +1,300 @@
+//! The per-block authenticated encryption dm-crypt runs over dm-integrity
+//! (`crypt_convert_block_aead`), for the modes cryptsetup's `--integrity` formats.
+//!
+//! Each block is one AEAD message. Its associated data is the block's 512-byte sector number
+//! (little-endian, 8 bytes: LUKS2 counts IVs in 512-byte units whatever the sector size) followed
+//! by its IV; the tuple stored in the tag area is the authentication tag, then the IV for the
+//! `-random` modes (which draw a new one at every write):
+//!
+//! | LUKS2 encryption + integrity | kernel cipher | key | tuple |
+//! |---|---|---|---|
+//! | `aes-xts-plain64` + `hmac(sha256)` | `authenc(hmac(sha256),xts(aes))` | XTS key, then 32-byte MAC key | HMAC (32) |
+//! | `aes-xts-plain64` + `hmac(sha512)` | `authenc(hmac(sha512),xts(aes))` | XTS key, then 64-byte MAC key | HMAC (64) |
+//! | `aes-gcm-random` + `aead` | `gcm(aes)` | 16 or 32 bytes | tag (16), IV (12) |
+//! | `chacha20-random` + `poly1305` | `rfc7539(chacha20,poly1305)` | 32 bytes | tag (16), IV (12) |
+//!
+//! For `authenc` the IV is plain64 (the sector number, 16 bytes), the block is encrypted with
+//! XTS and the HMAC covers the associated data and the ciphertext (encrypt-then-MAC). A tag is
+//! checked in constant time before anything is decrypted; a block that fails is never handed out.
+
+use aes_gcm::aead::{AeadInPlace, KeyInit};
+use aes_gcm::{Aes128Gcm, Aes256Gcm, Nonce, Tag};
+use chacha20poly1305::ChaCha20Poly1305;
+use hmac::{Hmac, Mac};
+use sectorcrypt_cipher::{CipherSpec, SectorCipher, SectorOptions};
+use sectorcrypt_secret::{SecretBox, SecretBytes};
+use sha2::{Sha256, Sha512};
+use subtle::ConstantTimeEq;
+
+use crate::Error;
+
+/// A block's tag did not verify.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mismatch;
+
+enum Kind {
+    HmacXts {
+        xts: SectorCipher,
+        mac_key: SecretBytes,
+        sha512: bool,
+    },
+    AesGcm128(SecretBox<Aes128Gcm>),
+    AesGcm256(SecretBox<Aes256Gcm>),
+    ChaCha20Poly1305(SecretBox<ChaCha20Poly1305>),
+}
+
+/// One volume's authenticated encryption, keyed.
+pub struct Mode {
+    kind: Kind,
+    block_size: usize,
+}
+
+impl std::fmt::Debug for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mode")
+            .field("name", &self.name())
+            .field("block_size", &self.block_size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Bytes of an AEAD's authentication tag.
+const AEAD_TAG: usize = 16;
+/// Bytes of the random IV of GCM and ChaCha20-Poly1305.
+const AEAD_IV: usize = 12;
+
+impl Mode {
+    /// The mode of a LUKS2 segment whose `encryption` is `encryption` and whose integrity type
+    /// is `integrity`, under the volume key `key`, for blocks of `block_size` bytes.
+    ///
+    /// Errors: [`Error::Unsupported`] for other combinations; [`Error::Key`] for a key of the
+    /// wrong size.
+    pub fn new(
+        encryption: &str,
+        integrity: &str,
+        key: &[u8],
+        block_size: usize,
+    ) -> Result<Mode, Error> {
+        let key_error = |want: &str| {
+            Error::Key(format!(
+                "{encryption} with {integrity} takes {want}, not a {}-byte key",
+                key.len()
+            ))
+        };
+        let kind = match (encryption, integrity) {
+            ("aes-xts-plain64", "hmac(sha256)" | "hmac(sha512)") => {
+                let sha512 = integrity == "hmac(sha512)";
+                let mac_len = if sha512 { 64 } else { 32 };
+                if !matches!(key.len().checked_sub(mac_len), Some(32 | 64)) {
+                    return Err(key_error(&format!(
+                        "an XTS key of 32 or 64 bytes and a {mac_len}-byte MAC key"
+                    )));
+                }
+                let (xts_key, mac_key) = key.split_at(key.len() - mac_len);
+                let options = SectorOptions {
+                    sector_size: block_size,
+                    iv_large_sectors: false,
+                    ..SectorOptions::default()
+                };
+                let spec = CipherSpec::parse(encryption).map_err(|e| Error::Key(e.to_string()))?;
+                Kind::HmacXts {
+                    xts: SectorCipher::new(spec, xts_key, &options)
+                        .map_err(|e| Error::Key(e.to_string()))?,
+                    mac_key: SecretBytes::from_slice(mac_key),
+                    sha512,
+                }
+            }
+            ("aes-gcm-random", "aead") => match key.len() {
+                16 => Kind::AesGcm128(SecretBox::new(
+                    Aes128Gcm::new_from_slice(key).map_err(|_| key_error("16 or 32 bytes"))?,
+                )),
+                32 => Kind::AesGcm256(SecretBox::new(
+                    Aes256Gcm::new_from_slice(key).map_err(|_| key_error("16 or 32 bytes"))?,
+                )),
+                _ => return Err(key_error("16 or 32 bytes")),
+            },
+            ("chacha20-random", "poly1305") => Kind::ChaCha20Poly1305(SecretBox::new(
+                ChaCha20Poly1305::new_from_slice(key).map_err(|_| key_error("32 bytes"))?,
+            )),
+            _ => {
+                return Err(Error::Unsupported(format!(
+                    "{encryption} with integrity {integrity} (supported: aes-xts-plain64 with \
+                     hmac(sha256) or hmac(sha512), aes-gcm-random with aead, chacha20-random with \
+                     poly1305)"
+                )))
+            }
+        };
+        Ok(Mode { kind, block_size })
+    }
+
+    /// cryptsetup's name of the mode's integrity part.
+    pub fn name(&self) -> &'static str {
+        match &self.kind {
+            Kind::HmacXts { sha512: false, .. } => "aes-xts-plain64 hmac(sha256)",
+            Kind::HmacXts { sha512: true, .. } => "aes-xts-plain64 hmac(sha512)",
+            Kind::AesGcm128(_) | Kind::AesGcm256(_) => "aes-gcm-random aead",
+            Kind::ChaCha20Poly1305(_) => "chacha20-random poly1305",
+        }
+    }
+
+    /// Bytes of the tuple stored per block (the superblock's tag size).
+    pub fn tag_size(&self) -> usize {
+        match &self.kind {
+            Kind::HmacXts { sha512, .. } => {
+                if *sha512 {
+                    64
+                } else {
+                    32
+                }
+            }
+            _ => AEAD_TAG + AEAD_IV,
+        }
+    }
+
+    /// Bytes of IV a write draws at random (0: the IV is the sector number).
+    pub fn random_iv_size(&self) -> usize {
+        match &self.kind {
+            Kind::HmacXts { .. } => 0,
+            _ => AEAD_IV,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Check block `data` (ciphertext) at 512-byte sector `sector` against its stored `tuple`
+    /// and decrypt it in place. On a mismatch `data` is zeroed.
+    pub fn open(&self, sector: u64, data: &mut [u8], tuple: &[u8]) -> Result<(), Mismatch> {
+        debug_assert_eq!(data.len(), self.block_size);
+        let result = self.open_inner(sector, data, tuple);
+        if result.is_err() {
+            data.fill(0);
+        }
+        result
+    }
+
+    fn open_inner(&self, sector: u64, data: &mut [u8], tuple: &[u8]) -> Result<(), Mismatch> {
+        if tuple.len() != self.tag_size() {
+            return Err(Mismatch);
+        }
+        match &self.kind {
+            Kind::HmacXts {
+                xts,
+                mac_key,
+                sha512,
+            } => {
+                let want = hmac_tag(mac_key, *sha512, sector, data);
+                if !bool::from(want.as_slice().ct_eq(tuple)) {
+                    return Err(Mismatch);
+                }
+                xts.decrypt(data, sector >> self.log2_sectors_per_block())
+                    .map_err(|_| Mismatch)
+            }
+            Kind::AesGcm128(c) => aead_open(&**c, sector, data, tuple),
+            Kind::AesGcm256(c) => aead_open(&**c, sector, data, tuple),
+            Kind::ChaCha20Poly1305(c) => aead_open(&**c, sector, data, tuple),
+        }
+    }
+
+    /// Encrypt block `data` in place for 512-byte sector `sector` and write its tuple into
+    /// `tuple`; `iv` is the random IV ([`Mode::random_iv_size`] bytes, empty for plain64).
+    ///
+    /// Errors: [`Error::Key`] if `iv` or `tuple` has the wrong size.
+    pub fn seal(
+        &self,
+        sector: u64,
+        data: &mut [u8],
+        tuple: &mut [u8],
+        iv: &[u8],
+    ) -> Result<(), Error> {
+        if tuple.len() != self.tag_size() || iv.len() != self.random_iv_size() {
+            return Err(Error::Key(format!(
+                "a tuple of {} bytes and an IV of {} for {}",
+                self.tag_size(),
+                self.random_iv_size(),
+                self.name()
+            )));
+        }
+        match &self.kind {
+            Kind::HmacXts {
+                xts,
+                mac_key,
+                sha512,
+            } => {
+                xts.encrypt(data, sector >> self.log2_sectors_per_block())
+                    .map_err(|e| Error::Key(e.to_string()))?;
+                tuple.copy_from_slice(&hmac_tag(mac_key, *sha512, sector, data));
+                Ok(())
+            }
+            Kind::AesGcm128(c) => aead_seal(&**c, sector, data, tuple, iv),
+            Kind::AesGcm256(c) => aead_seal(&**c, sector, data, tuple, iv),
+            Kind::ChaCha20Poly1305(c) => aead_seal(&**c, sector, data, tuple, iv),
+        }
+    }
+
+    fn log2_sectors_per_block(&self) -> u32 {
+        (self.block_size / 512).trailing_zeros()
+    }
+}
+
+/// `authenc`'s tag: HMAC over the associated data (sector, plain64 IV) and the ciphertext.
+fn hmac_tag(key: &[u8], sha512: bool, sector: u64, ciphertext: &[u8]) -> Vec<u8> {
+    let mut iv = [0u8; 16];
+    iv[..8].copy_from_slice(&sector.to_le_bytes());
+    macro_rules! tag {
+        ($hash:ty) => {{
+            let mut mac = <Hmac<$hash> as Mac>::new_from_slice(key).expect("HMAC takes any key");
+            mac.update(&sector.to_le_bytes());
+            mac.update(&iv);
+            mac.update(ciphertext);
+            mac.finalize().into_bytes().to_vec()
+        }};
+    }
+    if sha512 {
+        tag!(Sha512)
+    } else {
+        tag!(Sha256)
+    }
+}
+
+/// The associated data of a random-IV AEAD block: the sector, then the IV.
+fn aead_aad(sector: u64, iv: &[u8]) -> [u8; 8 + AEAD_IV] {
+    let mut aad = [0u8; 8 + AEAD_IV];
+    aad[..8].copy_from_slice(&sector.to_le_bytes());
+    aad[8..].copy_from_slice(iv);
+    aad
+}
+
+fn aead_open<A: AeadInPlace>(
+    cipher: &A,
+    sector: u64,
+    data: &mut [u8],
+    tuple: &[u8],
+) -> Result<(), Mismatch> {
+    let (tag, iv) = tuple.split_at(AEAD_TAG);
+    cipher
+        .decrypt_in_place_detached(
+            Nonce::from_slice(iv),
+            &aead_aad(sector, iv),
+            data,
+            Tag::from_slice(tag),
+        )
+        .map_err(|_| Mismatch)
+}
+
+fn aead_seal<A: AeadInPlace>(
+    cipher: &A,
+    sector: u64,
+    data: &mut [u8],
+    tuple: &mut [u8],
+    iv: &[u8],
+) -> Result<(), Error> {
+    let tag = cipher
+        .encrypt_in_place_detached(Nonce::from_slice(iv), &aead_aad(sector, iv), data)
+        .map_err(|_| Error::Key("the AEAD refused a block".into()))?;
+    tuple[..AEAD_TAG].copy_from_slice(&tag);
+    tuple[AEAD_TAG..].copy_from_slice(iv);
+    Ok(())
+}
