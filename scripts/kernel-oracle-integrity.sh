@@ -7,7 +7,9 @@
 #   kernel-oracle-integrity.sh write CASES
 #       per case: cryptsetup formats int-ID.img (an existing file) with `--integrity INTEGRITY`
 #       (wiping it, as it does by default), opens it, writes data-ID.bin at its start through
-#       dm-crypt and dm-integrity (direct I/O), and closes it
+#       dm-crypt and dm-integrity (direct I/O), then journal-ID.bin at 2 MiB (flushed: committed
+#       to the journal, and too small to make the kernel copy it in place yet), copies the image
+#       as it is then to snap-ID.img (a power cut at that point), and closes it
 #   kernel-oracle-integrity.sh read CASES
 #       per case: opens int-ID.img and reads it whole, block by block (direct I/O, SECTOR_SIZE
 #       bytes), into read-ID.bin, a block the kernel refuses as zeros and named in a line
@@ -64,7 +66,12 @@ while read -r -u 3 id cipher integrity bits sector; do
     fi
     losetup -D
     open_volume "$id" || { rm -f "/mnt/int-$id.img"; continue; }
-    if dd if="data-$id.bin" of="/dev/mapper/int-$id" bs=64k oflag=direct conv=fsync status=none 2>err.txt; then
+    # Opened again between the two writes: the second then goes to a journal with every entry
+    # free, far from the watermark that would make the kernel copy it in place at once.
+    if dd if="data-$id.bin" of="/dev/mapper/int-$id" bs=64k oflag=direct conv=fsync status=none 2>err.txt &&
+      close_volume "$id" && open_volume "$id" >/dev/null &&
+      dd if="journal-$id.bin" of="/dev/mapper/int-$id" bs=4k seek=512 oflag=direct conv=fsync,notrunc status=none 2>err.txt &&
+      cp "/mnt/int-$id.img" "snap-$id.img"; then
       echo "write $id ok"
     else
       echo "write $id failed dd: $(tail -n 1 err.txt)"

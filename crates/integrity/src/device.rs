@@ -113,6 +113,12 @@ impl IntegrityDevice {
         Ok(device)
     }
 
+    /// Opened read-only: the blocks read from the journal (committed there, perhaps not yet in
+    /// place). Opened writable: 0 (the journal was replayed).
+    pub fn journalled_blocks(&self) -> usize {
+        self.journalled.len()
+    }
+
     /// Its geometry.
     pub fn layout(&self) -> &Layout {
         &self.layout

@@ -21,6 +21,8 @@ const CASES: [(&str, &str, &str, u32, usize); 5] = [
 
 /// Bytes the kernel writes at the start of each volume.
 const KERNEL_DATA: usize = 1 << 20;
+/// Bytes it then writes at 2 MiB and leaves in its journal.
+const JOURNAL_DATA: usize = 8 << 10;
 
 fn lines(output: &str, word: &str, id: &str) -> Vec<String> {
     output
@@ -65,6 +67,11 @@ fn kernel_and_sectorcrypt_read_each_others_integrity_volumes_and_refuse_the_same
         .iter()
         .map(|(id, cipher, integrity, bits, sector)| {
             std::fs::write(dir.join(format!("data-{id}.bin")), pattern(KERNEL_DATA, 1)).unwrap();
+            std::fs::write(
+                dir.join(format!("journal-{id}.bin")),
+                pattern(JOURNAL_DATA, 2),
+            )
+            .unwrap();
             let img = std::fs::File::create(dir.join(format!("int-{id}.img"))).unwrap();
             img.set_len(32 << 20).unwrap();
             format!("{id} {cipher} {integrity} {bits} {sector}")
@@ -88,11 +95,68 @@ fn kernel_and_sectorcrypt_read_each_others_integrity_volumes_and_refuse_the_same
             model[..KERNEL_DATA] == pattern(KERNEL_DATA, 1)[..],
             "{id}: kernel data"
         );
+        let journalled = 2 << 20..(2 << 20) + JOURNAL_DATA;
+        assert!(
+            model[journalled.clone()] == pattern(JOURNAL_DATA, 2)[..],
+            "{id}: journal data"
+        );
+        model[journalled.clone()].fill(0);
         assert!(
             model[KERNEL_DATA..].iter().all(|&b| b == 0),
             "{id}: the wipe's zeros"
         );
+        model[journalled].copy_from_slice(&pattern(JOURNAL_DATA, 2));
         drop(device);
+        // The image as the kernel left it with the last write committed to its journal (whether
+        // or not it had also copied it in place), those blocks' in-place data then wiped out:
+        // read from the journal when opened read-only, replayed in place when opened writable,
+        // byte for byte as the kernel itself copied them out when it closed.
+        let layout = open(&image, true).layout().clone();
+        let snapshot = dir.join(format!("snap-{id}.img"));
+        let journalled =
+            (2 << 20) / sector as u64..((2 << 20) + JOURNAL_DATA) as u64 / sector as u64;
+        let mut bytes = std::fs::read(&snapshot).unwrap();
+        for b in journalled.clone() {
+            let at = layout.data_offset(b) as usize;
+            bytes[at..at + sector].fill(0);
+        }
+        std::fs::write(&snapshot, bytes).unwrap();
+        let device = open(&snapshot, true);
+        assert!(
+            device.journalled_blocks() >= journalled.clone().count(),
+            "{id}: the kernel's journal held {} blocks",
+            device.journalled_blocks()
+        );
+        let mut seen = vec![0u8; size as usize];
+        device
+            .read(0, &mut seen)
+            .unwrap_or_else(|e| panic!("{id}, snapshot: {e}"));
+        assert!(seen == model, "{id}: the snapshot read with its journal");
+        drop(device);
+        let device = open(&snapshot, false);
+        let mut replayed = vec![0u8; size as usize];
+        device.read(0, &mut replayed).unwrap();
+        assert!(
+            replayed == model,
+            "{id}: the snapshot with its journal replayed"
+        );
+        drop(device);
+        let (closed, replayed) = (
+            std::fs::read(&image).unwrap(),
+            std::fs::read(&snapshot).unwrap(),
+        );
+        for b in journalled {
+            for (at, len) in [
+                (layout.data_offset(b), sector),
+                (layout.tag_offset(b), layout.tag_size as usize),
+            ] {
+                let r = at as usize..at as usize + len;
+                assert!(
+                    closed[r.clone()] == replayed[r],
+                    "{id}: block {b} replayed unlike the kernel"
+                );
+            }
+        }
         // Writes here, through the journal.
         let device = open(&image, false);
         let layout = device.layout().clone();
