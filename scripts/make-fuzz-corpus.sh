@@ -16,7 +16,7 @@ sc="$root/target/debug/sectorcrypt"
 work="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 cd "$work"
-mkdir -p "$out"/{luks_header,luks2_json,luks1,ubi_attach,flash_metadata,nbd_session,kpio_keytable,nanddump_device,flash_trace,token_wire}
+mkdir -p "$out"/{luks_header,luks2_json,luks1,ubi_attach,flash_metadata,nbd_session,kpio_keytable,nanddump_device,flash_trace,token_wire,integrity_device}
 printf fuzz >pw
 printf other >pw2
 truncate -s 4M data.img
@@ -244,4 +244,7 @@ put("json-fido2-token", 5, json.dumps({"type": "systemd-fido2", "keyslots": ["1"
 hdr = base64.urlsafe_b64encode(json.dumps({"alg": "dir", "enc": "A256GCM", "clevis": {"pin": "tpm2", "tpm2": {"hash": "sha256", "key": "ecc", "jwk_pub": "AA", "jwk_priv": "AA"}}}).encode()).rstrip(b"=").decode()
 put("json-clevis-jwe", 5, json.dumps({"protected": hdr, "encrypted_key": "", "iv": "AAAAAAAAAAAAAAAA", "ciphertext": "AAAA", "tag": "AAAAAAAAAAAAAAAAAAAAAA"}).encode())
 PYEOF
+# integrity_device: small devices formatted and written by the integrity crate, as the kernel
+# would have them.
+(cd "$root" && cargo run -q -p sectorcrypt-fuzzing --example integrity-seeds -- "$out/integrity_device")
 echo "seeds written to $out"

@@ -11,6 +11,7 @@
 //! small so that an execution takes milliseconds at most.
 
 mod flash;
+mod integrity;
 mod kpio;
 mod luks;
 mod nbd;
@@ -25,6 +26,7 @@ pub fn token_wire(data: &[u8]) {
 }
 
 pub use flash::{flash_metadata, flash_trace, nanddump_device};
+pub use integrity::integrity_device;
 pub use kpio::kpio_keytable;
 pub use luks::{luks1, luks2_json, luks_header};
 pub use nbd::nbd_session;
@@ -45,4 +47,5 @@ pub const TARGETS: &[Target] = &[
     ("nanddump_device", nanddump_device),
     ("flash_trace", flash_trace),
     ("token_wire", token_wire),
+    ("integrity_device", integrity_device),
 ];

@@ -3,12 +3,22 @@
 //!
 //! Reads take each block's data and tag from their places (or from the journal, on a device
 //! opened read-only whose journal still holds committed blocks) and hand out only blocks whose
-//! tag verifies. Writes go through the journal as the kernel's journal mode writes them: the
-//! blocks and their tags in one whole section (synced), then in place (synced), so that a crash
-//! leaves every block old or new once the journal is replayed, here or by the kernel.
+//! tag verifies.
+//!
+//! Writes go through the journal as the kernel's journal mode ('J') takes them: a written block
+//! waits in memory (reads see it) until a flush, or until it and the others waiting fill the
+//! journal; then they are committed: the previous commit's copies in place are synced (the ring
+//! is about to overwrite their sections), the waiting blocks are written as whole journal
+//! sections, synced (the commit point), and copied in place. A crash leaves every block as its
+//! last flush left it or newer, never torn: a replay (here or by the kernel) finishes any copy
+//! in place. Without the journal (`--integrity-no-journal`, the kernel's 'D' mode) blocks go in
+//! place at once, data and tag, and a crash can leave a block that fails its check, as there.
+//!
+//! Reads and writes exclude each other per device (a read under a shared lock, a write under an
+//! exclusive one): a read never sees a block's new data with its old tag.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, PoisonError, RwLock, RwLockWriteGuard};
 
 use rand::RngCore;
 use sectorcrypt_storage::Storage;
@@ -25,10 +35,25 @@ pub struct IntegrityDevice {
     layout: Layout,
     mode: Mode,
     read_only: bool,
+    /// Writes go through the journal (else straight in place).
+    journal: bool,
     /// Opened read-only: the committed blocks the journal holds that may not be in place yet.
     journalled: HashMap<u64, JournalBlock>,
-    /// Where the next journal section goes (writes hold this lock: one at a time).
-    ring: Mutex<Ring>,
+    /// The writes not yet committed and the ring (reads hold it shared, writes exclusive).
+    writes: RwLock<Writes>,
+}
+
+/// What waits to be committed, and where the journal goes on.
+struct Writes {
+    /// The next journal section and its sequence.
+    ring: Ring,
+    /// Blocks written since the last commit, each once (its latest data), in order of first
+    /// write.
+    pending: Vec<JournalBlock>,
+    /// Where each pending block is in `pending`.
+    index: HashMap<u64, usize>,
+    /// Copies in place made since the storage was last synced.
+    placed_unsynced: bool,
 }
 
 impl std::fmt::Debug for IntegrityDevice {
@@ -55,6 +80,19 @@ impl IntegrityDevice {
         offset: u64,
         mode: Mode,
         read_only: bool,
+    ) -> Result<IntegrityDevice, Error> {
+        IntegrityDevice::open_with(storage, offset, mode, read_only, true)
+    }
+
+    /// [`IntegrityDevice::open`], writing through the journal or (`journal` false, cryptsetup's
+    /// `--integrity-no-journal`) straight in place; then a journal left by a crash is replayed
+    /// and cleared, as the kernel's direct mode does.
+    pub fn open_with(
+        storage: Arc<dyn Storage>,
+        offset: u64,
+        mode: Mode,
+        read_only: bool,
+        journal: bool,
     ) -> Result<IntegrityDevice, Error> {
         if !offset.is_multiple_of(512) {
             return Err(Error::Format(format!(
@@ -93,8 +131,14 @@ impl IntegrityDevice {
             layout,
             mode,
             read_only,
+            journal,
             journalled: HashMap::new(),
-            ring: Mutex::new(scan.ring),
+            writes: RwLock::new(Writes {
+                ring: scan.ring,
+                pending: Vec::new(),
+                index: HashMap::new(),
+                placed_unsynced: false,
+            }),
         };
         if read_only {
             for b in scan.replay {
@@ -105,7 +149,11 @@ impl IntegrityDevice {
                 device.place(&scan.replay)?;
                 device.storage.sync()?;
             }
-            if let Some(seq) = scan.clear {
+            let clear = match scan.clear {
+                None if !journal && !scan.replay.is_empty() => Some(0),
+                clear => clear,
+            };
+            if let Some(seq) = clear {
                 journal::clear(&*device.storage, &device.layout, seq)?;
                 device.storage.sync()?;
             }
@@ -181,6 +229,7 @@ impl IntegrityDevice {
     /// kernel's EILSEQ; `buf` then holds no unverified data); [`Error::Range`]; [`Error::Io`].
     pub fn read(&self, first: u64, buf: &mut [u8]) -> Result<(), Error> {
         self.check_range(first, buf.len())?;
+        let writes = self.writes.read().unwrap_or_else(PoisonError::into_inner);
         let bs = self.layout.block_size();
         let ts = self.layout.tag_size as usize;
         let mut failed = None;
@@ -193,7 +242,12 @@ impl IntegrityDevice {
                 .read_at(&mut tags, self.layout.tag_offset(start))?;
             for (i, (block, tag)) in data.chunks_mut(bs).zip(tags.chunks(ts)).enumerate() {
                 let number = start + i as u64;
-                let tag = match self.journalled.get(&number) {
+                let newer = writes
+                    .index
+                    .get(&number)
+                    .map(|&i| &writes.pending[i])
+                    .or_else(|| self.journalled.get(&number));
+                let tag = match newer {
                     Some(j) => {
                         block.copy_from_slice(&j.data);
                         &j.tag[..]
@@ -212,47 +266,80 @@ impl IntegrityDevice {
         }
     }
 
-    /// Encrypt and write whole blocks from block `first`, through the journal.
+    /// Encrypt and write whole blocks from block `first`: into the journal's waiting blocks
+    /// (committed at the next flush, or once they fill the journal), or in place without the
+    /// journal.
     ///
-    /// Errors: [`Error::ReadOnly`]; [`Error::Range`]; [`Error::Io`] (blocks not yet journalled
-    /// are left as they were).
+    /// Errors: [`Error::ReadOnly`]; [`Error::Range`]; [`Error::Io`] from a commit (the blocks
+    /// then keep waiting; a crash leaves them as the last flush did).
     pub fn write(&self, first: u64, buf: &[u8]) -> Result<(), Error> {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
         let n = self.check_range(first, buf.len())?;
         let bs = self.layout.block_size();
-        let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
-        let per_section = self.layout.journal_section_entries;
+        let mut writes = self.writes.write().unwrap_or_else(PoisonError::into_inner);
         let mut iv = vec![0u8; self.mode.random_iv_size()];
-        let mut b = 0;
-        while b < n {
-            let count = per_section.min(n - b);
-            let mut blocks = Vec::with_capacity(count as usize);
-            for k in b..b + count {
-                let at = k as usize * bs;
-                let mut data = buf[at..at + bs].to_vec();
-                let mut tag = vec![0u8; self.layout.tag_size as usize];
-                rand::rngs::OsRng.fill_bytes(&mut iv);
-                self.mode
-                    .seal(self.sector(first + k), &mut data, &mut tag, &iv)?;
-                blocks.push(JournalBlock {
-                    block: first + k,
-                    data,
-                    tag,
-                });
+        let mut sealed = Vec::with_capacity(n as usize);
+        for (k, plain) in buf.chunks(bs).enumerate() {
+            let mut data = plain.to_vec();
+            let mut tag = vec![0u8; self.layout.tag_size as usize];
+            rand::rngs::OsRng.fill_bytes(&mut iv);
+            let block = first + k as u64;
+            self.mode
+                .seal(self.sector(block), &mut data, &mut tag, &iv)?;
+            sealed.push(JournalBlock { block, data, tag });
+        }
+        if !self.journal {
+            self.place(&sealed)?;
+            writes.placed_unsynced = true;
+            return Ok(());
+        }
+        let capacity =
+            (self.layout.journal_section_entries * self.layout.journal_sections) as usize;
+        for b in sealed {
+            if writes.pending.len() == capacity && !writes.index.contains_key(&b.block) {
+                self.commit(&mut writes)?;
             }
-            let section = journal::section_bytes(&self.layout, ring.section, ring.seq, &blocks);
-            self.storage
-                .write_at(&section, self.layout.journal_sector_offset(ring.section, 0))?;
-            self.storage.sync()?;
-            // Committed: from here a crash is repaired by the replay.
-            *ring = journal::advance(&self.layout, *ring);
-            self.place(&blocks)?;
-            self.storage.sync()?;
-            b += count;
+            match writes.index.get(&b.block) {
+                Some(&i) => writes.pending[i] = b,
+                None => {
+                    let i = writes.pending.len();
+                    writes.index.insert(b.block, i);
+                    writes.pending.push(b);
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Commit the waiting blocks (see the module docs).
+    fn commit(&self, writes: &mut RwLockWriteGuard<'_, Writes>) -> Result<(), Error> {
+        if writes.pending.is_empty() {
+            return Ok(());
+        }
+        if writes.placed_unsynced {
+            self.storage.sync()?;
+            writes.placed_unsynced = false;
+        }
+        let mut ring = writes.ring;
+        for entries in writes
+            .pending
+            .chunks(self.layout.journal_section_entries as usize)
+        {
+            let section = journal::section_bytes(&self.layout, ring.section, ring.seq, entries);
+            self.storage
+                .write_at(&section, self.layout.journal_sector_offset(ring.section, 0))?;
+            ring = journal::advance(&self.layout, ring);
+        }
+        self.storage.sync()?;
+        // Committed: from here a crash is repaired by the replay.
+        writes.ring = ring;
+        writes.placed_unsynced = true;
+        let placed = self.place(&writes.pending);
+        writes.pending.clear();
+        writes.index.clear();
+        placed
     }
 
     /// Write every block as zeros, encrypted and tagged, in place without the journal (as
@@ -265,7 +352,7 @@ impl IntegrityDevice {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
-        let _ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+        let _writes = self.writes.write().unwrap_or_else(PoisonError::into_inner);
         let (bs, ts) = (self.layout.block_size(), self.layout.tag_size as usize);
         let total = self.layout.blocks();
         let mut iv = vec![0u8; self.mode.random_iv_size()];
@@ -293,26 +380,65 @@ impl IntegrityDevice {
         Ok(())
     }
 
-    /// Make what was written durable (writes are synced before they return: nothing waits).
+    /// Make every write so far durable: the waiting blocks committed (or, without the journal,
+    /// the storage synced).
+    ///
+    /// Errors: [`Error::Io`].
     pub fn flush(&self) -> Result<(), Error> {
-        self.storage.sync()?;
-        Ok(())
+        let mut writes = self.writes.write().unwrap_or_else(PoisonError::into_inner);
+        if self.journal {
+            self.commit(&mut writes)
+        } else {
+            self.storage.sync()?;
+            writes.placed_unsynced = false;
+            Ok(())
+        }
     }
 
-    /// Write `blocks` (ciphertext and tags, in order: a later one of the same block wins) in
-    /// their places.
+    /// Write `blocks` (ciphertext and tags; a later one of the same block wins) in their places:
+    /// each run of consecutive blocks inside an area with one write for the data and one for the
+    /// tags.
     fn place(&self, blocks: &[JournalBlock]) -> Result<(), Error> {
-        for b in blocks {
-            self.storage
-                .write_at(&b.data, self.layout.data_offset(b.block))?;
-            self.storage
-                .write_at(&b.tag, self.layout.tag_offset(b.block))?;
+        let latest: BTreeMap<u64, &JournalBlock> = blocks.iter().map(|b| (b.block, b)).collect();
+        let per_area =
+            1u64 << (self.layout.log2_interleave_sectors - self.layout.log2_sectors_per_block);
+        let mut run: Vec<&JournalBlock> = Vec::new();
+        let flush_run = |run: &mut Vec<&JournalBlock>| -> Result<(), Error> {
+            if let Some(first) = run.first() {
+                let data: Vec<u8> = run.iter().flat_map(|b| b.data.iter().copied()).collect();
+                let tags: Vec<u8> = run.iter().flat_map(|b| b.tag.iter().copied()).collect();
+                self.storage
+                    .write_at(&data, self.layout.data_offset(first.block))?;
+                self.storage
+                    .write_at(&tags, self.layout.tag_offset(first.block))?;
+            }
+            run.clear();
+            Ok(())
+        };
+        for b in latest.into_values() {
+            let follows = run
+                .last()
+                .is_some_and(|l| l.block + 1 == b.block && b.block % per_area != 0);
+            if !follows {
+                flush_run(&mut run)?;
+            }
+            run.push(b);
         }
-        Ok(())
+        flush_run(&mut run)
     }
 
     /// The 512-byte sector number of block `block` (what the associated data carries).
     fn sector(&self, block: u64) -> u64 {
         block << self.layout.log2_sectors_per_block
+    }
+}
+
+impl Drop for IntegrityDevice {
+    /// Commit what still waits, as closing the kernel's device does (what cannot be written is
+    /// what a crash would have lost).
+    fn drop(&mut self) {
+        if !self.read_only {
+            let _ = self.flush();
+        }
     }
 }

@@ -28,6 +28,9 @@ pub const MAGIC: &[u8; 8] = b"integrt\0";
 /// The superblock's size on disk (the kernel's `SB_SECTORS`, 8 sectors).
 pub const SUPERBLOCK_BYTES: usize = 4096;
 
+/// The most data sectors taken (512 TiB): offsets computed from more could overflow.
+const MAX_DATA_SECTORS: u64 = 1 << 40;
+
 /// Journal sectors keep 8 bytes for a MAC.
 pub const FLAG_HAVE_JOURNAL_MAC: u32 = 0x01;
 /// Tags are being recalculated (an internal hash only).
@@ -129,6 +132,12 @@ impl Superblock {
         }
         if self.journal_sections == 0 {
             return bad("no journal section".into());
+        }
+        if self.provided_data_sectors > MAX_DATA_SECTORS {
+            return bad(format!(
+                "{} data sectors (more than 512 TiB)",
+                self.provided_data_sectors
+            ));
         }
         if self.provided_data_sectors == 0
             || !self

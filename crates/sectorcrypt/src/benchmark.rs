@@ -81,6 +81,10 @@ pub(crate) struct Args {
         requires = "device"
     )]
     io_threads: usize,
+    /// With --device, a volume with integrity: write without its journal (as
+    /// `serve --integrity-no-journal`).
+    #[arg(long = "integrity-no-journal", requires = "device")]
+    integrity_no_journal: bool,
     /// With --device: bytes to move, each way (K, M, G suffixes).
     #[arg(
         long = "io-total",
@@ -273,6 +277,7 @@ fn run_io(
         key_slot: args.key_slot,
         readonly: io_type == IoType::Read,
         allow_discards: false,
+        integrity_no_journal: args.integrity_no_journal,
         threads: None,
         backend: args.backend.clone(),
         size: None,

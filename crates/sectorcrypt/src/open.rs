@@ -42,6 +42,10 @@ pub(crate) struct VolumeArgs {
     /// Pass discards (TRIM) down to the device. Off by default: holes show which blocks are in use.
     #[arg(long = "allow-discards")]
     pub allow_discards: bool,
+    /// A volume with integrity: write data and tags in place without the journal (faster; a
+    /// crash can then leave a sector that fails its check, as the kernel's direct mode).
+    #[arg(long = "integrity-no-journal")]
+    pub integrity_no_journal: bool,
     /// Cipher threads for large requests (default: the number of CPUs).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
     pub threads: Option<u32>,
@@ -171,9 +175,14 @@ impl VolumeArgs {
                          dm-integrity superblock gives",
                     ));
                 }
-                let volume =
-                    Volume::open_integrity(h, Arc::clone(&data), &unlocked.volume_key, &options)
-                        .map_err(|e| self.cannot_open(e))?;
+                let volume = Volume::open_integrity(
+                    h,
+                    Arc::clone(&data),
+                    &unlocked.volume_key,
+                    &options,
+                    !self.integrity_no_journal,
+                )
+                .map_err(|e| self.cannot_open(e))?;
                 drop((pass, unlocked));
                 crate::secrets::keys_ready();
                 return Ok(Opened {

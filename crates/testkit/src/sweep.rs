@@ -47,6 +47,10 @@ pub struct Survivor {
     /// Whether this is the uninterrupted run (which must show the operation's result, not the
     /// starting state).
     pub complete: bool,
+    /// Writes and syncs the operation had done when the power went (all of them when
+    /// `complete`): a check that knows where the operation's syncs fall can ask more of a later
+    /// survivor.
+    pub cut: u64,
 }
 
 /// Sweep `op` over every power cut. `images` are the starting bytes of its devices, which share
@@ -80,12 +84,13 @@ pub fn sweep_with_atoms<T, E: Debug>(
             .collect();
         (power, devs)
     };
-    let back_on = |devs: &[Arc<CrashingStorage>], o: &Outcome, complete: bool| Survivor {
+    let back_on = |devs: &[Arc<CrashingStorage>], o: &Outcome, complete: bool, cut: u64| Survivor {
         devices: devs
             .iter()
             .map(|d| Arc::new(MemStorage::new(d.image(o))))
             .collect(),
         complete,
+        cut,
     };
     let (power, devs) = devices(None);
     if let Err(e) = op(&devs) {
@@ -104,7 +109,7 @@ pub fn sweep_with_atoms<T, E: Debug>(
     };
     record(
         "uninterrupted".into(),
-        back_on(&devs, &Outcome::EverythingSurvives, true),
+        back_on(&devs, &Outcome::EverythingSurvives, true, total),
         &mut report,
     );
     for cut in 0..=total {
@@ -123,7 +128,7 @@ pub fn sweep_with_atoms<T, E: Debug>(
         let refs: Vec<&CrashingStorage> = devs.iter().map(|d| &**d).collect();
         for o in crash::outcomes(&refs, cut) {
             let what = format!("cut after {cut} of {total}, {o:?}");
-            record(what, back_on(&devs, &o, false), &mut report);
+            record(what, back_on(&devs, &o, false, cut), &mut report);
         }
     }
     report

@@ -15,7 +15,8 @@ use crate::{Error, Layout, Volume, VolumeOptions};
 impl Volume {
     /// Open the integrity data segment of `header` on `storage` with `volume_key` (the
     /// encryption key and, for HMAC modes, the MAC key after it). Opened writable, a journal a
-    /// crash left is replayed first.
+    /// crash left is replayed first. Writes go through the journal unless `journal` is false
+    /// (`--integrity-no-journal`) or the header's persistent flags say `no-journal`.
     ///
     /// Errors: [`Error::Refused`] with `allow_discards`; [`Error::Luks`] for the segment;
     /// [`Error::Integrity`] for the mode or the integrity device.
@@ -24,6 +25,7 @@ impl Volume {
         storage: Arc<dyn Storage>,
         volume_key: &[u8],
         opts: &VolumeOptions,
+        journal: bool,
     ) -> Result<Volume, Error> {
         header.metadata().check_requirements_known()?;
         if opts.allow_discards {
@@ -41,9 +43,20 @@ impl Volume {
             segment.sector_size as usize,
         )
         .map_err(Error::Integrity)?;
-        let device =
-            IntegrityDevice::open(Arc::clone(&storage), segment.offset, mode, opts.read_only)
-                .map_err(Error::Integrity)?;
+        let persistent_no_journal = header
+            .metadata()
+            .config
+            .flags
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|f| f == "no-journal"));
+        let device = IntegrityDevice::open_with(
+            Arc::clone(&storage),
+            segment.offset,
+            mode,
+            opts.read_only,
+            journal && !persistent_no_journal,
+        )
+        .map_err(Error::Integrity)?;
         let layout = Layout {
             offset: segment.offset,
             size: device.size(),

@@ -866,8 +866,12 @@ impl Volume {
         Ok(())
     }
 
-    /// Make every completed write durable (fdatasync).
+    /// Make every completed write durable (fdatasync; on a volume with integrity, the writes
+    /// waiting in its journal committed first).
     pub fn flush(&self) -> Result<(), Error> {
+        if let Some(device) = &self.integrity {
+            return device.flush().map_err(Error::Integrity);
+        }
         self.storage.sync()?;
         Ok(())
     }

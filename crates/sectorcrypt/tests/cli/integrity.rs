@@ -212,6 +212,29 @@ fn key_commands_work_and_what_integrity_cannot_take_is_refused_with_the_device_u
         sc(&["test-passphrase", p(&img), "--key-file", p(&second)]),
         "the new key opens it",
     );
+    // Without the journal: data and tags in place at once, the journal untouched.
+    let l = layout(&img);
+    let journal = (16 << 20) + 4096..((16 << 20) + l.initial_sectors * 512) as usize;
+    let journal_before = std::fs::read(&img).unwrap()[journal.clone()].to_vec();
+    let input = dir.join("direct.bin");
+    let data = pattern(64 << 10, 23);
+    std::fs::write(&input, &data).unwrap();
+    let served = Served::unix(&dir, "d.sock", &img, &key, &["--integrity-no-journal"]);
+    ok(
+        run(Command::new("nbdcopy").args([p(&input), &served.uri])),
+        "nbdcopy in",
+    );
+    let back = dir.join("direct.out");
+    ok(
+        run(Command::new("nbdcopy").args([&served.uri, p(&back)])),
+        "nbdcopy out",
+    );
+    served.stop();
+    assert!(std::fs::read(&back).unwrap()[..data.len()] == data[..]);
+    assert!(
+        std::fs::read(&img).unwrap()[journal] == journal_before[..],
+        "--integrity-no-journal wrote to the journal"
+    );
     let before = std::fs::read(&img).unwrap();
     sc_exits(
         &[
@@ -258,4 +281,52 @@ fn key_commands_work_and_what_integrity_cannot_take_is_refused_with_the_device_u
             "{extra:?} wrote to the device"
         );
     }
+}
+
+/// A write the client flushed survives the server's SIGKILL (the flush committed it to the
+/// journal); the volume then opens with the journal replayed and every tag good.
+#[test]
+fn a_flushed_write_survives_a_killed_server() {
+    let dir = scratch("cli-integrity-kill");
+    let key = dir.join("key");
+    std::fs::write(&key, PASSPHRASE).unwrap();
+    let img = dir.join("int.img");
+    format(
+        &img,
+        &key,
+        &["--integrity", "hmac-sha256", "--sector-size", "4096"],
+    );
+    let served = Served::unix(&dir, "k.sock", &img, &key, &[]);
+    ok(
+        run(Command::new("qemu-io").args([
+            "-f",
+            "raw",
+            &served.uri,
+            "-c",
+            "write -P 0x6b 40960 131072",
+            "-c",
+            "flush",
+        ])),
+        "qemu-io write and flush",
+    );
+    ok(
+        run(Command::new("kill").args(["-KILL", &served.pid().to_string()])),
+        "kill",
+    );
+    drop(served);
+    let served = Served::unix(&dir, "k2.sock", &img, &key, &["--readonly"]);
+    ok(
+        run(Command::new("qemu-io").args([
+            "-f",
+            "raw",
+            "-r",
+            &served.uri,
+            "-c",
+            "read -P 0x6b 40960 131072",
+            "-c",
+            "read -P 0 0 40960",
+        ])),
+        "the flushed write, after the kill",
+    );
+    served.stop();
 }

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Authenticated encryption against plain AES-XTS through `sectorcrypt serve` (issue 34):
+#
+#   scripts/bench-integrity.sh [ROUNDS] [SECONDS]     (defaults 2 and 10)
+#
+# The same 1 GiB payload in LUKS2 volumes with 4096-byte sectors: aes-xts-plain64, and with
+# --integrity hmac-sha256 (over aes-xts-plain64), aead (aes-gcm-random) and poly1305
+# (chacha20-random), each served with dm-integrity's journal and with --integrity-no-journal.
+# Per round and contender: nbdcopy writes 1 GiB of random data (flushed) and reads it back (1 MiB
+# requests, 8 in flight), timing each and taking the server's CPU seconds; then fio's nbd engine
+# runs 128 KiB sequential reads and writes (8 in flight) for SECONDS each. Prints a Markdown
+# table: medians, with the ratio to aes-xts of the same round. Images go to $BENCH_DIR (default
+# target/bench-integrity), about 8 GiB.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds="${1:-2}"
+secs="${2:-10}"
+dir="${BENCH_DIR:-target/bench-integrity}"
+mkdir -p "$dir"
+dir="$(cd "$dir" && pwd)"
+out="$dir/results"
+rm -rf "$out"
+mkdir -p "$out"
+sock="$dir/nbd.sock"
+uri="nbd+unix:///?socket=$sock"
+server=""
+trap 'if [ -n "$server" ]; then kill "$server" 2>/dev/null || true; fi' EXIT
+
+cargo build --release --locked -q -p sectorcrypt
+sc="$PWD/target/release/sectorcrypt"
+key="$dir/passphrase"
+printf 'benchmark passphrase' >"$key"
+gib=$((1 << 30))
+if [ ! -f "$dir/source.raw" ]; then head -c "$gib" /dev/urandom >"$dir/source.raw"; fi
+make_image() { # name, then format options; 1 GiB of payload at least
+  local img="$dir/$1.img"
+  shift
+  rm -f "$img"
+  truncate -s $((gib + (64 << 20))) "$img"
+  "$sc" format "$img" --key-file "$key" --pbkdf pbkdf2 --pbkdf-force-iterations 1000 -q \
+    --sector-size 4096 "$@"
+}
+make_image xts
+make_image hmac --integrity hmac-sha256 --integrity-no-wipe
+make_image gcm --integrity aead --cipher aes-gcm-random --integrity-no-wipe
+make_image chacha --integrity poly1305 --cipher chacha20-random --integrity-no-wipe
+
+bench=bench-integrity
+source scripts/bench-server.sh
+server_cmd() { # contender -> command
+  local serve="$sc serve --key-file $key --socket $sock"
+  case "$1" in
+  xts) echo "$serve $dir/xts.img" ;;
+  hmac-journal) echo "$serve $dir/hmac.img" ;;
+  hmac-direct) echo "$serve $dir/hmac.img --integrity-no-journal" ;;
+  gcm-journal) echo "$serve $dir/gcm.img" ;;
+  gcm-direct) echo "$serve $dir/gcm.img --integrity-no-journal" ;;
+  chacha-journal) echo "$serve $dir/chacha.img" ;;
+  chacha-direct) echo "$serve $dir/chacha.img --integrity-no-journal" ;;
+  esac
+}
+contenders=(xts hmac-journal hmac-direct gcm-journal gcm-direct chacha-journal chacha-direct)
+copy=(nbdcopy -C 1 --requests=8 --request-size=1048576)
+now() { date +%s.%N; }
+
+for r in $(seq "$rounds"); do
+  for c in "${contenders[@]}"; do
+    # shellcheck disable=SC2046
+    start $(server_cmd "$c")
+    t0=$(now)
+    "${copy[@]}" --flush "$dir/source.raw" "$uri"
+    t1=$(now)
+    stop
+    write_cpu=$cpu
+    # shellcheck disable=SC2046
+    start $(server_cmd "$c")
+    t2=$(now)
+    "${copy[@]}" "$uri" null:
+    t3=$(now)
+    stop
+    read_cpu=$cpu
+    # shellcheck disable=SC2046
+    start $(server_cmd "$c")
+    for w in read write; do
+      fio --name=bench --ioengine=nbd --uri="$uri" --rw="$w" --bs=128k --iodepth=8 \
+        --size=1g --time_based --runtime="$secs" --ramp_time=1 \
+        --output-format=json >"$out/fio.$r.$c.$w.json"
+    done
+    stop
+    echo "{\"round\":$r,\"contender\":\"$c\",\"write_s\":$(echo "$t1 - $t0" | bc),\"read_s\":$(echo "$t3 - $t2" | bc),\"write_cpu\":$write_cpu,\"read_cpu\":$read_cpu}" >>"$out/copy.jsonl"
+  done
+done
+
+python3 - "$out" "$rounds" "${contenders[@]}" <<'PY'
+import json, pathlib, statistics, subprocess, sys
+out, rounds, contenders = pathlib.Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+med = statistics.median
+copy = [json.loads(l) for l in (out / "copy.jsonl").read_text().splitlines()]
+def row(c, r):
+    return next(m for m in copy if m["contender"] == c and m["round"] == r)
+def fio(c, r, w):
+    j = json.loads((out / f"fio.{r}.{c}.{w}.json").read_text())["jobs"][0]
+    return j[w]["bw"] / 1024  # MiB/s
+model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+print(f"Machine: {model}, {nproc} cores; {rounds} rounds; medians, ratio to aes-xts in the same round.\n")
+print("| contender | nbdcopy write MiB/s | x xts | read MiB/s | x xts | server CPU s/GiB write | read | fio 128K read MiB/s | x xts | fio 128K write MiB/s | x xts |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for c in contenders:
+    rs = range(1, rounds + 1)
+    cells = []
+    for key in ("write_s", "read_s"):
+        mibs = [1024 / row(c, r)[key] for r in rs]
+        ratio = [row("xts", r)[key] / row(c, r)[key] for r in rs]
+        cells += [f"{med(mibs):.0f}", f"{med(ratio):.2f}x"]
+    cells += [f"{med([row(c, r)['write_cpu'] for r in rs]):.2f}", f"{med([row(c, r)['read_cpu'] for r in rs]):.2f}"]
+    for w in ("read", "write"):
+        bw = [fio(c, r, w) for r in rs]
+        ratio = [fio(c, r, w) / fio("xts", r, w) for r in rs]
+        cells += [f"{med(bw):.0f}", f"{med(ratio):.2f}x"]
+    print(f"| {c} | " + " | ".join(cells) + " |")
+PY
