@@ -2,6 +2,7 @@
 
 mod crash;
 mod kernel;
+mod replay;
 mod superblock;
 
 use std::path::Path;

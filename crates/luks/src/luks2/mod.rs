@@ -538,7 +538,9 @@ impl Header {
         }
         match self.metadata.segments.get(0) {
             Some(SegmentEntry::Crypt(c)) if c.integrity.is_some() => Err(Error::Unsupported(
-                "data segments with dm-integrity (authenticated encryption)".into(),
+                "this on a volume with integrity (authenticated encryption): conversions and \
+                 resizing of such volumes are refused, as in cryptsetup"
+                    .into(),
             )),
             Some(SegmentEntry::Crypt(c)) => Ok(Segment {
                 offset: c.offset,

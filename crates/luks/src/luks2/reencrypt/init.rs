@@ -69,6 +69,9 @@ pub(super) fn plain_data_segment(header: &Header) -> Result<(CryptSegment, u32),
                 .ok_or_else(|| Error::Corrupt("segment 0 has no digest".into()))?;
             Ok((c.clone(), d))
         }
+        Some(SegmentEntry::Crypt(c)) if c.integrity.is_some() => Err(Error::Unsupported(
+            "reencryption of a device with an integrity profile (as in cryptsetup)".into(),
+        )),
         _ => Err(Error::Unsupported(
             "starting a reencryption on anything but one crypt segment without integrity".into(),
         )),
