@@ -278,7 +278,6 @@ impl IntegrityDevice {
         }
         let n = self.check_range(first, buf.len())?;
         let bs = self.layout.block_size();
-        let mut writes = self.writes.write().unwrap_or_else(PoisonError::into_inner);
         let mut iv = vec![0u8; self.mode.random_iv_size()];
         let mut sealed = Vec::with_capacity(n as usize);
         for (k, plain) in buf.chunks(bs).enumerate() {
@@ -290,6 +289,9 @@ impl IntegrityDevice {
                 .seal(self.sector(block), &mut data, &mut tag, &iv)?;
             sealed.push(JournalBlock { block, data, tag });
         }
+        // Sealed before the lock: concurrent writes encrypt in parallel, and only queue or
+        // place one at a time.
+        let mut writes = self.writes.write().unwrap_or_else(PoisonError::into_inner);
         if !self.journal {
             self.place(&sealed)?;
             writes.placed_unsynced = true;

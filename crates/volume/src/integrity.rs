@@ -1,6 +1,6 @@
 //! Volumes with authenticated encryption (LUKS2 `--integrity`): requests go to the volume's
 //! [`IntegrityDevice`], which reads and writes whole blocks; an unaligned head or tail is read,
-//! patched and written back whole (under one lock: the device takes one write at a time anyway).
+//! patched and written back whole, with no other write in between.
 //! Discards are refused (as `cryptsetup open --integrity` volumes have none), and so are
 //! conversions and resizing (cryptsetup refuses them too).
 
@@ -116,15 +116,13 @@ impl Volume {
             return Ok(());
         }
         let _busy = self.begin();
-        // Every write under one lock, so that no write lands between the read and the write of
-        // an unaligned request's read-modify-write.
-        let _writes = self.stripes[0]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
         let bs = self.layout.sector_size as u64;
         if offset.is_multiple_of(bs) && (data.len() as u64).is_multiple_of(bs) {
+            let _whole = self.rmw.read().unwrap_or_else(PoisonError::into_inner);
             return device.write(offset / bs, data).map_err(Error::Integrity);
         }
+        // No write lands between the read and the write of this read-modify-write.
+        let _partial = self.rmw.write().unwrap_or_else(PoisonError::into_inner);
         let (first, count) = self.blocks(offset, data.len());
         let mut span = vec![0u8; (count * bs) as usize];
         device.read(first, &mut span).map_err(Error::Integrity)?;

@@ -308,6 +308,9 @@ pub struct Volume {
     /// A volume with authenticated encryption: requests go to its integrity device
     /// ([`integrity`]), which has the keys; `cipher` is then `None`.
     integrity: Option<sectorcrypt_integrity::IntegrityDevice>,
+    /// Integrity volumes: whole-block writes hold this shared, a read-modify-write of partial
+    /// blocks exclusive (no write lands between its read and its write).
+    rmw: RwLock<()>,
 }
 
 /// A write of a buffer at an offset (scrambling the buffer), for [`Volume::zeroes`].
@@ -502,6 +505,7 @@ impl Volume {
             live: RwLock::new(None),
             options: opts.clone(),
             integrity: None,
+            rmw: RwLock::new(()),
         }
     }
 

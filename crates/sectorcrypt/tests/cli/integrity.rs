@@ -41,6 +41,16 @@ fn write_through_nbd(dir: &Path, img: &Path, key: &Path, data: &[u8]) -> u64 {
     size
 }
 
+/// `qemu-io` on `uri` (read-only with `-r` in `options`), running `commands` in turn.
+fn qemu_io(uri: &str, options: &[&str], commands: &[&str]) -> std::process::Output {
+    let mut cmd = Command::new("qemu-io");
+    cmd.args(["-f", "raw"]).args(options).arg(uri);
+    for c in commands {
+        cmd.args(["-c", c]);
+    }
+    run(&mut cmd)
+}
+
 /// The integrity layout of a LUKS2 volume whose data segment starts at 16 MiB.
 fn layout(img: &Path) -> Layout {
     let bytes = std::fs::read(img).unwrap();
@@ -149,15 +159,17 @@ fn a_tampered_block_is_an_io_error_and_every_other_block_reads() {
     bytes[at as usize] ^= 1;
     std::fs::write(&img, bytes).unwrap();
     let served = Served::unix(&dir, "r.sock", &img, &key, &["--readonly"]);
-    let qemu_io =
-        |cmd: &str| run(Command::new("qemu-io").args(["-f", "raw", "-r", &served.uri, "-c", cmd]));
-    let read = qemu_io("read 28672 4096");
+    let read = qemu_io(&served.uri, &["-r"], &["read 28672 4096"]);
     let said =
         String::from_utf8_lossy(&read.stdout).into_owned() + &String::from_utf8_lossy(&read.stderr);
     assert!(said.contains("Input/output error"), "block 7: {said}");
     for block in [6u64, 8, 39] {
         let out = ok(
-            qemu_io(&format!("read -v {} 16", block * 4096)),
+            qemu_io(
+                &served.uri,
+                &["-r"],
+                &[&format!("read -v {} 16", block * 4096)],
+            ),
             "qemu-io read",
         );
         let text = String::from_utf8_lossy(&out.stdout);
@@ -298,15 +310,7 @@ fn a_flushed_write_survives_a_killed_server() {
     );
     let served = Served::unix(&dir, "k.sock", &img, &key, &[]);
     ok(
-        run(Command::new("qemu-io").args([
-            "-f",
-            "raw",
-            &served.uri,
-            "-c",
-            "write -P 0x6b 40960 131072",
-            "-c",
-            "flush",
-        ])),
+        qemu_io(&served.uri, &[], &["write -P 0x6b 40960 131072", "flush"]),
         "qemu-io write and flush",
     );
     ok(
@@ -316,16 +320,11 @@ fn a_flushed_write_survives_a_killed_server() {
     drop(served);
     let served = Served::unix(&dir, "k2.sock", &img, &key, &["--readonly"]);
     ok(
-        run(Command::new("qemu-io").args([
-            "-f",
-            "raw",
-            "-r",
+        qemu_io(
             &served.uri,
-            "-c",
-            "read -P 0x6b 40960 131072",
-            "-c",
-            "read -P 0 0 40960",
-        ])),
+            &["-r"],
+            &["read -P 0x6b 40960 131072", "read -P 0 0 40960"],
+        ),
         "the flushed write, after the kill",
     );
     served.stop();
