@@ -14,6 +14,7 @@
 //! verify in every mode (cryptsetup's release notes say so: "Integrity protection of this type
 //! cannot prevent a replay attack"); a block moved elsewhere or altered does not.
 
+mod aegis;
 mod device;
 pub mod format;
 mod journal;

@@ -12,6 +12,7 @@
 //! | `aes-xts-plain64` + `hmac(sha512)` | `authenc(hmac(sha512),xts(aes))` | XTS key, then 64-byte MAC key | HMAC (64) |
 //! | `aes-gcm-random` + `aead` | `gcm(aes)` | 16 or 32 bytes | tag (16), IV (12) |
 //! | `chacha20-random` + `poly1305` | `rfc7539(chacha20,poly1305)` | 32 bytes | tag (16), IV (12) |
+//! | `aegis128-random` + `aead` | `aegis128` ([`crate::aegis`]) | 16 bytes | tag (16), IV (16) |
 //!
 //! For `authenc` the IV is plain64 (the sector number, 16 bytes), the block is encrypted with
 //! XTS and the HMAC covers the associated data and the ciphertext (encrypt-then-MAC). A tag is
@@ -41,6 +42,7 @@ enum Kind {
     AesGcm128(SecretBox<Aes128Gcm>),
     AesGcm256(SecretBox<Aes256Gcm>),
     ChaCha20Poly1305(SecretBox<ChaCha20Poly1305>),
+    Aegis128(SecretBox<[u8; 16]>),
 }
 
 /// One volume's authenticated encryption, keyed.
@@ -62,6 +64,8 @@ impl std::fmt::Debug for Mode {
 const AEAD_TAG: usize = 16;
 /// Bytes of the random IV of GCM and ChaCha20-Poly1305.
 const AEAD_IV: usize = 12;
+/// Bytes of AEGIS-128's random IV.
+const AEGIS_IV: usize = 16;
 
 impl Mode {
     /// The mode of a LUKS2 segment whose `encryption` is `encryption` and whose integrity type
@@ -116,11 +120,15 @@ impl Mode {
             ("chacha20-random", "poly1305") => Kind::ChaCha20Poly1305(SecretBox::new(
                 ChaCha20Poly1305::new_from_slice(key).map_err(|_| key_error("32 bytes"))?,
             )),
+            ("aegis128-random", "aead") => Kind::Aegis128(SecretBox::new(
+                key.try_into()
+                    .map_err(|_| key_error("16 bytes (--key-size 128)"))?,
+            )),
             _ => {
                 return Err(Error::Unsupported(format!(
                     "{encryption} with integrity {integrity} (supported: aes-xts-plain64 with \
-                     hmac(sha256) or hmac(sha512), aes-gcm-random with aead, chacha20-random with \
-                     poly1305)"
+                     hmac(sha256) or hmac(sha512), aes-gcm-random or aegis128-random with aead, \
+                     chacha20-random with poly1305)"
                 )))
             }
         };
@@ -134,6 +142,7 @@ impl Mode {
             Kind::HmacXts { sha512: true, .. } => "aes-xts-plain64 hmac(sha512)",
             Kind::AesGcm128(_) | Kind::AesGcm256(_) => "aes-gcm-random aead",
             Kind::ChaCha20Poly1305(_) => "chacha20-random poly1305",
+            Kind::Aegis128(_) => "aegis128-random aead",
         }
     }
 
@@ -147,6 +156,7 @@ impl Mode {
                     32
                 }
             }
+            Kind::Aegis128(_) => AEAD_TAG + AEGIS_IV,
             _ => AEAD_TAG + AEAD_IV,
         }
     }
@@ -155,6 +165,7 @@ impl Mode {
     pub fn random_iv_size(&self) -> usize {
         match &self.kind {
             Kind::HmacXts { .. } => 0,
+            Kind::Aegis128(_) => AEGIS_IV,
             _ => AEAD_IV,
         }
     }
@@ -195,6 +206,13 @@ impl Mode {
             Kind::AesGcm128(c) => aead_open(&**c, sector, data, tuple),
             Kind::AesGcm256(c) => aead_open(&**c, sector, data, tuple),
             Kind::ChaCha20Poly1305(c) => aead_open(&**c, sector, data, tuple),
+            Kind::Aegis128(key) => {
+                let (tag, iv) = tuple.split_at(AEAD_TAG);
+                let nonce: &[u8; AEGIS_IV] = iv.try_into().map_err(|_| Mismatch)?;
+                crate::aegis::open(key, nonce, &aegis_aad(sector, nonce), data, tag)
+                    .then_some(())
+                    .ok_or(Mismatch)
+            }
         }
     }
 
@@ -231,6 +249,13 @@ impl Mode {
             Kind::AesGcm128(c) => aead_seal(&**c, sector, data, tuple, iv),
             Kind::AesGcm256(c) => aead_seal(&**c, sector, data, tuple, iv),
             Kind::ChaCha20Poly1305(c) => aead_seal(&**c, sector, data, tuple, iv),
+            Kind::Aegis128(key) => {
+                let nonce: &[u8; AEGIS_IV] = iv.try_into().expect("checked above");
+                let tag = crate::aegis::seal(key, nonce, &aegis_aad(sector, nonce), data);
+                tuple[..AEAD_TAG].copy_from_slice(&tag);
+                tuple[AEAD_TAG..].copy_from_slice(iv);
+                Ok(())
+            }
         }
     }
 
@@ -257,6 +282,14 @@ fn hmac_tag(key: &[u8], sha512: bool, sector: u64, ciphertext: &[u8]) -> Vec<u8>
     } else {
         tag!(Sha256)
     }
+}
+
+/// The associated data of an AEGIS-128 block: the sector, then its 16-byte IV.
+fn aegis_aad(sector: u64, iv: &[u8; AEGIS_IV]) -> [u8; 8 + AEGIS_IV] {
+    let mut aad = [0u8; 8 + AEGIS_IV];
+    aad[..8].copy_from_slice(&sector.to_le_bytes());
+    aad[8..].copy_from_slice(iv);
+    aad
 }
 
 /// The associated data of a random-IV AEAD block: the sector, then the IV.

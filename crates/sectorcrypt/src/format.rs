@@ -59,8 +59,8 @@ pub(crate) struct FormatArgs {
     #[arg(long = "luks2-keyslots-size", value_name = "BYTES")]
     keyslots_size: Option<u64>,
     /// Authenticated encryption (dm-integrity's format, as cryptsetup's `--integrity`):
-    /// hmac-sha256 or hmac-sha512 (with aes-xts-plain64), aead (with --cipher aes-gcm-random)
-    /// or poly1305 (with --cipher chacha20-random).
+    /// hmac-sha256 or hmac-sha512 (with aes-xts-plain64), aead (with --cipher aes-gcm-random,
+    /// or aegis128-random and --key-size 128) or poly1305 (with --cipher chacha20-random).
     #[arg(long, value_name = "MODE")]
     integrity: Option<String>,
     /// With --integrity: leave the data unwritten (every sector then fails its check until

@@ -11,12 +11,13 @@ use sectorcrypt_testkit::{kernel_oracle, ok, pattern, scratch};
 use crate::{open, PASSPHRASE};
 
 /// ID, cipher, integrity, key bits, sector size.
-const CASES: [(&str, &str, &str, u32, usize); 5] = [
+const CASES: [(&str, &str, &str, u32, usize); 6] = [
     ("h256", "aes-xts-plain64", "hmac-sha256", 512, 4096),
     ("h512", "aes-xts-plain64", "hmac-sha512", 512, 512),
     ("gcm", "aes-gcm-random", "aead", 256, 4096),
     ("gcm128", "aes-gcm-random", "aead", 128, 512),
     ("cha", "chacha20-random", "poly1305", 256, 4096),
+    ("aegis", "aegis128-random", "aead", 128, 4096),
 ];
 
 /// Bytes the kernel writes at the start of each volume.

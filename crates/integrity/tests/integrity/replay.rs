@@ -10,11 +10,12 @@ use sectorcrypt_integrity::{format, Error, IntegrityDevice, Mode};
 use sectorcrypt_storage::{MemStorage, Storage};
 use sectorcrypt_testkit::pattern;
 
-const MODES: [(&str, &str, usize); 4] = [
+const MODES: [(&str, &str, usize); 5] = [
     ("aes-xts-plain64", "hmac(sha256)", 96),
     ("aes-xts-plain64", "hmac(sha512)", 128),
     ("aes-gcm-random", "aead", 32),
     ("chacha20-random", "poly1305", 32),
+    ("aegis128-random", "aead", 16),
 ];
 
 #[test]
