@@ -209,9 +209,15 @@ impl Mode {
             Kind::Aegis128(key) => {
                 let (tag, iv) = tuple.split_at(AEAD_TAG);
                 let nonce: &[u8; AEGIS_IV] = iv.try_into().map_err(|_| Mismatch)?;
-                crate::aegis::open(key, nonce, &aegis_aad(sector, nonce), data, tag)
-                    .then_some(())
-                    .ok_or(Mismatch)
+                crate::aegis::open(
+                    key,
+                    nonce,
+                    &associated_data::<{ 8 + AEGIS_IV }>(sector, nonce),
+                    data,
+                    tag,
+                )
+                .then_some(())
+                .ok_or(Mismatch)
             }
         }
     }
@@ -251,7 +257,12 @@ impl Mode {
             Kind::ChaCha20Poly1305(c) => aead_seal(&**c, sector, data, tuple, iv),
             Kind::Aegis128(key) => {
                 let nonce: &[u8; AEGIS_IV] = iv.try_into().expect("checked above");
-                let tag = crate::aegis::seal(key, nonce, &aegis_aad(sector, nonce), data);
+                let tag = crate::aegis::seal(
+                    key,
+                    nonce,
+                    &associated_data::<{ 8 + AEGIS_IV }>(sector, nonce),
+                    data,
+                );
                 tuple[..AEAD_TAG].copy_from_slice(&tag);
                 tuple[AEAD_TAG..].copy_from_slice(iv);
                 Ok(())
@@ -284,17 +295,9 @@ fn hmac_tag(key: &[u8], sha512: bool, sector: u64, ciphertext: &[u8]) -> Vec<u8>
     }
 }
 
-/// The associated data of an AEGIS-128 block: the sector, then its 16-byte IV.
-fn aegis_aad(sector: u64, iv: &[u8; AEGIS_IV]) -> [u8; 8 + AEGIS_IV] {
-    let mut aad = [0u8; 8 + AEGIS_IV];
-    aad[..8].copy_from_slice(&sector.to_le_bytes());
-    aad[8..].copy_from_slice(iv);
-    aad
-}
-
-/// The associated data of a random-IV AEAD block: the sector, then the IV.
-fn aead_aad(sector: u64, iv: &[u8]) -> [u8; 8 + AEAD_IV] {
-    let mut aad = [0u8; 8 + AEAD_IV];
+/// The associated data of a random-IV block: the sector, then the IV (`N` is 8 plus its size).
+fn associated_data<const N: usize>(sector: u64, iv: &[u8]) -> [u8; N] {
+    let mut aad = [0u8; N];
     aad[..8].copy_from_slice(&sector.to_le_bytes());
     aad[8..].copy_from_slice(iv);
     aad
@@ -310,7 +313,7 @@ fn aead_open<A: AeadInPlace>(
     cipher
         .decrypt_in_place_detached(
             Nonce::from_slice(iv),
-            &aead_aad(sector, iv),
+            &associated_data::<{ 8 + AEAD_IV }>(sector, iv),
             data,
             Tag::from_slice(tag),
         )
@@ -325,7 +328,11 @@ fn aead_seal<A: AeadInPlace>(
     iv: &[u8],
 ) -> Result<(), Error> {
     let tag = cipher
-        .encrypt_in_place_detached(Nonce::from_slice(iv), &aead_aad(sector, iv), data)
+        .encrypt_in_place_detached(
+            Nonce::from_slice(iv),
+            &associated_data::<{ 8 + AEAD_IV }>(sector, iv),
+            data,
+        )
         .map_err(|_| Error::Key("the AEAD refused a block".into()))?;
     tuple[..AEAD_TAG].copy_from_slice(&tag);
     tuple[AEAD_TAG..].copy_from_slice(iv);

@@ -92,16 +92,9 @@ impl Volume {
             return Ok(());
         }
         let _busy = self.begin();
-        let bs = self.layout.sector_size as u64;
-        if offset.is_multiple_of(bs) && (buf.len() as u64).is_multiple_of(bs) {
-            return device.read(offset / bs, buf).map_err(Error::Integrity);
-        }
-        let (first, count) = self.blocks(offset, buf.len());
-        let mut span = vec![0u8; (count * bs) as usize];
-        device.read(first, &mut span).map_err(Error::Integrity)?;
-        let skip = (offset - first * bs) as usize;
-        buf.copy_from_slice(&span[skip..skip + buf.len()]);
-        Ok(())
+        self.read_covering(buf, offset, |blocks, first| {
+            device.read(first, blocks).map_err(Error::Integrity)
+        })
     }
 
     pub(crate) fn integrity_write(

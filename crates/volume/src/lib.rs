@@ -733,17 +733,29 @@ impl Volume {
             return Ok(());
         }
         let _busy = self.begin();
+        self.read_covering(buf, offset, |sectors, first| {
+            self.read_sectors(key, sectors, first)
+        })
+    }
+
+    /// Fill `buf` from `offset` with `read`, which reads whole sectors from a first sector:
+    /// straight into `buf` when it is aligned (the common case, one request), else the whole
+    /// sector span once, into a buffer of its own.
+    pub(crate) fn read_covering(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        read: impl FnOnce(&mut [u8], u64) -> Result<(), Error>,
+    ) -> Result<(), Error> {
         let ss = self.layout.sector_size as u64;
         let len = buf.len() as u64;
         if offset.is_multiple_of(ss) && len.is_multiple_of(ss) {
-            // The common case: straight into the caller's buffer, one extended request.
-            return self.read_sectors(key, buf, offset / ss);
+            return read(buf, offset / ss);
         }
-        // Head or tail unaligned: read the whole sector span once, decrypt it as one request.
         let first = offset / ss;
         let end = (offset + len).div_ceil(ss);
         let mut span = vec![0u8; ((end - first) * ss) as usize];
-        self.read_sectors(key, &mut span, first)?;
+        read(&mut span, first)?;
         let skip = (offset - first * ss) as usize;
         buf.copy_from_slice(&span[skip..skip + buf.len()]);
         Ok(())
