@@ -15,7 +15,7 @@
 //!   passes), timed per phase.
 //!
 //! `unsafe` lives only in the x86-64 kernels (`aes::ni`, `aes::vaes512`, `aes::x86`,
-//! `lea::avx2`, `lea::avx512`, which expand the mode loops of `lea::simd`; `serpent::avx2`,
+//! `gcm::clmul`, `lea::avx2`, `lea::avx512`, which expand the mode loops of `lea::simd`; `serpent::avx2`,
 //! `serpent::avx512`, which expand `serpent::simd`; `twofish::avx2`, `twofish::avx512`, which
 //! expand the kernels of `twofish::simd`) and the TSC reader
 //! (`tsc`, feature `bench`) and the register wipe after keyed calls (`wipe`), each block with a `SAFETY:` comment: the crate denies `unsafe_code`
@@ -27,6 +27,7 @@ pub mod backend;
 pub mod engine;
 pub mod error;
 pub mod essiv;
+pub mod gcm;
 pub mod gf128;
 pub mod hash;
 pub mod keys;

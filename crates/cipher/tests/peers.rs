@@ -1,5 +1,5 @@
 //! Random cross-checks against independent implementations: AES (XTS, CBC-ESSIV, CBC, ECB, every
-//! IV generator) against OpenSSL through Python's `cryptography`; LEA, Serpent, Twofish, Camellia,
+//! IV generator; GCM) against OpenSSL through Python's `cryptography`; LEA, Serpent, Twofish, Camellia,
 //! ARIA, SM4 and CAST6 (XTS, CBC with every IV generator and ESSIV hash, ECB) and AES-XTS against
 //! Crypto++. Random keys, sector numbers (including above 2^32), sector sizes and request lengths,
 //! on every backend. The peers are installed by the test set-up (scripts/install-test-deps.sh);
@@ -170,6 +170,91 @@ fn aes_matches_openssl() {
     let mut cmd = Command::new(common::python());
     cmd.arg(script);
     cross_check(cmd, &jobs);
+}
+
+/// AES-GCM against OpenSSL, with the AES of every backend: random keys of every size, nonces,
+/// associated data and lengths from 0 to past 4 KiB (partial blocks, fewer and more than the eight
+/// blocks GHASH sums per reduction).
+#[test]
+fn aes_gcm_matches_openssl() {
+    use sectorcrypt_cipher::gcm::{AesGcm, NONCE, TAG};
+    if !AesGcm::available() {
+        eprintln!("no carry-less multiply on this CPU: nothing to check");
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(0x6C);
+    // Key, nonce, associated data, message.
+    type GcmJob = (Vec<u8>, [u8; NONCE], Vec<u8>, Vec<u8>);
+    let jobs: Vec<GcmJob> = (0..300)
+        .map(|i| {
+            let mut key = vec![0u8; [16, 24, 32][i % 3]];
+            rng.fill_bytes(&mut key);
+            let mut nonce = [0u8; NONCE];
+            rng.fill_bytes(&mut nonce);
+            let mut aad = vec![0u8; [0, 20, 24, 37, 200][i % 5]];
+            rng.fill_bytes(&mut aad);
+            let len = match i % 4 {
+                0 => 4096,
+                1 => 512,
+                _ => rng.gen_range(0..4200),
+            };
+            let mut data = vec![0u8; len];
+            rng.fill_bytes(&mut data);
+            (key, nonce, aad, data)
+        })
+        .collect();
+    let field = |b: &[u8]| {
+        if b.is_empty() {
+            "-".to_string()
+        } else {
+            hex::encode(b)
+        }
+    };
+    let input: String = jobs
+        .iter()
+        .map(|(k, n, a, d)| format!("{} {} {} {}\n", field(k), field(n), field(a), field(d)))
+        .collect();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers/gcm_openssl.py");
+    let mut child = Command::new(common::python())
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 with `cryptography` (run scripts/install-test-deps.sh)");
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let outputs: Vec<String> = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map(|l| l.unwrap())
+        .collect();
+    writer.join().unwrap().unwrap();
+    assert!(child.wait().unwrap().success(), "the OpenSSL peer failed");
+    assert_eq!(outputs.len(), jobs.len(), "the peer answered every job");
+    let backends = sectorcrypt_cipher::Algorithm::Aes.available_backends();
+    for (i, ((key, nonce, aad, data), want)) in jobs.iter().zip(&outputs).enumerate() {
+        let backend = backends[i % backends.len()];
+        let gcm = AesGcm::new(key, BackendChoice::Exact(backend)).unwrap();
+        let mut buf = data.clone();
+        let tag = gcm.seal(nonce, aad, &mut buf);
+        buf.extend_from_slice(&tag);
+        assert_eq!(
+            &hex::encode(&buf),
+            want,
+            "AES on {backend}, {}-bit key, {} bytes of associated data, {} bytes",
+            key.len() * 8,
+            aad.len(),
+            data.len()
+        );
+        let (cipher, tag) = buf.split_at(data.len());
+        let mut opened = cipher.to_vec();
+        assert!(gcm.open(nonce, aad, &mut opened, tag.try_into().unwrap()));
+        assert_eq!(&opened, data);
+        let mut forged: [u8; TAG] = tag.try_into().unwrap();
+        forged[rng.gen_range(0..TAG)] ^= 1 << rng.gen_range(0..8);
+        let mut refused = cipher.to_vec();
+        assert!(!gcm.open(nonce, aad, &mut refused, &forged));
+        assert_eq!(refused, cipher, "a refused message stays as it was");
+    }
 }
 
 /// Build the Crypto++ peer once into the test scratch directory. Tests run on several threads, so

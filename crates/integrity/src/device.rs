@@ -278,25 +278,39 @@ impl IntegrityDevice {
         }
         let n = self.check_range(first, buf.len())?;
         let bs = self.layout.block_size();
-        let mut iv = vec![0u8; self.mode.random_iv_size()];
-        let mut sealed = Vec::with_capacity(n as usize);
-        for (k, plain) in buf.chunks(bs).enumerate() {
-            let mut data = plain.to_vec();
-            let mut tag = vec![0u8; self.layout.tag_size as usize];
-            rand::rngs::OsRng.fill_bytes(&mut iv);
-            let block = first + k as u64;
+        let ts = self.layout.tag_size as usize;
+        // Every block's random IV from one call: one system call a request, not a block.
+        let iv_size = self.mode.random_iv_size();
+        let mut ivs = vec![0u8; n as usize * iv_size];
+        rand::rngs::OsRng.fill_bytes(&mut ivs);
+        let mut data = buf.to_vec();
+        let mut tags = vec![0u8; n as usize * ts];
+        for (k, (block, tag)) in data.chunks_mut(bs).zip(tags.chunks_mut(ts)).enumerate() {
+            let iv = &ivs[k * iv_size..(k + 1) * iv_size];
             self.mode
-                .seal(self.sector(block), &mut data, &mut tag, &iv)?;
-            sealed.push(JournalBlock { block, data, tag });
+                .seal(self.sector(first + k as u64), block, tag, iv)?;
         }
         // Sealed before the lock: concurrent writes encrypt in parallel, and only queue or
         // place one at a time.
         let mut writes = self.writes.write().unwrap_or_else(PoisonError::into_inner);
         if !self.journal {
-            self.place(&sealed)?;
+            for (start, count) in self.runs(first, n) {
+                let k = (start - first) as usize;
+                let end = k + count as usize;
+                self.write_run(start, &data[k * bs..end * bs], &tags[k * ts..end * ts])?;
+            }
             writes.placed_unsynced = true;
             return Ok(());
         }
+        let sealed = data
+            .chunks(bs)
+            .zip(tags.chunks(ts))
+            .enumerate()
+            .map(|(k, (data, tag))| JournalBlock {
+                block: first + k as u64,
+                data: data.to_vec(),
+                tag: tag.to_vec(),
+            });
         let capacity =
             (self.layout.journal_section_entries * self.layout.journal_sections) as usize;
         for b in sealed {
@@ -407,12 +421,9 @@ impl IntegrityDevice {
         let mut run: Vec<&JournalBlock> = Vec::new();
         let flush_run = |run: &mut Vec<&JournalBlock>| -> Result<(), Error> {
             if let Some(first) = run.first() {
-                let data: Vec<u8> = run.iter().flat_map(|b| b.data.iter().copied()).collect();
-                let tags: Vec<u8> = run.iter().flat_map(|b| b.tag.iter().copied()).collect();
-                self.storage
-                    .write_at(&data, self.layout.data_offset(first.block))?;
-                self.storage
-                    .write_at(&tags, self.layout.tag_offset(first.block))?;
+                let (data, tags): (Vec<&[u8]>, Vec<&[u8]>) =
+                    run.iter().map(|b| (&b.data[..], &b.tag[..])).unzip();
+                self.write_run(first.block, &data.concat(), &tags.concat())?;
             }
             run.clear();
             Ok(())
@@ -427,6 +438,15 @@ impl IntegrityDevice {
             run.push(b);
         }
         flush_run(&mut run)
+    }
+
+    /// Write the ciphertext `data` and the tags `tags` of consecutive blocks from `first`, all in
+    /// one area, in their places.
+    fn write_run(&self, first: u64, data: &[u8], tags: &[u8]) -> Result<(), Error> {
+        self.storage
+            .write_at(data, self.layout.data_offset(first))?;
+        self.storage.write_at(tags, self.layout.tag_offset(first))?;
+        Ok(())
     }
 
     /// The 512-byte sector number of block `block` (what the associated data carries).

@@ -22,7 +22,8 @@ use aes_gcm::aead::{AeadInPlace, KeyInit};
 use aes_gcm::{Aes128Gcm, Aes256Gcm, Nonce, Tag};
 use chacha20poly1305::ChaCha20Poly1305;
 use hmac::{Hmac, Mac};
-use sectorcrypt_cipher::{CipherSpec, SectorCipher, SectorOptions};
+use sectorcrypt_cipher::gcm::AesGcm;
+use sectorcrypt_cipher::{BackendChoice, CipherSpec, SectorCipher, SectorOptions};
 use sectorcrypt_secret::{SecretBox, SecretBytes};
 use sha2::{Sha256, Sha512};
 use subtle::ConstantTimeEq;
@@ -39,6 +40,10 @@ enum Kind {
         mac_key: SecretBytes,
         sha512: bool,
     },
+    /// This project's GCM (VAES or AES-NI, and an eight-way GHASH), where the CPU has a
+    /// carry-less multiply.
+    AesGcm(AesGcm),
+    /// RustCrypto's portable, constant-time GCM elsewhere.
     AesGcm128(SecretBox<Aes128Gcm>),
     AesGcm256(SecretBox<Aes256Gcm>),
     ChaCha20Poly1305(SecretBox<ChaCha20Poly1305>),
@@ -109,6 +114,10 @@ impl Mode {
                 }
             }
             ("aes-gcm-random", "aead") => match key.len() {
+                16 | 32 if AesGcm::available() => Kind::AesGcm(
+                    AesGcm::new(key, BackendChoice::Auto)
+                        .ok_or_else(|| key_error("16 or 32 bytes"))?,
+                ),
                 16 => Kind::AesGcm128(SecretBox::new(
                     Aes128Gcm::new_from_slice(key).map_err(|_| key_error("16 or 32 bytes"))?,
                 )),
@@ -140,7 +149,7 @@ impl Mode {
         match &self.kind {
             Kind::HmacXts { sha512: false, .. } => "aes-xts-plain64 hmac(sha256)",
             Kind::HmacXts { sha512: true, .. } => "aes-xts-plain64 hmac(sha512)",
-            Kind::AesGcm128(_) | Kind::AesGcm256(_) => "aes-gcm-random aead",
+            Kind::AesGcm(_) | Kind::AesGcm128(_) | Kind::AesGcm256(_) => "aes-gcm-random aead",
             Kind::ChaCha20Poly1305(_) => "chacha20-random poly1305",
             Kind::Aegis128(_) => "aegis128-random aead",
         }
@@ -203,6 +212,15 @@ impl Mode {
                 xts.decrypt(data, sector >> self.log2_sectors_per_block())
                     .map_err(|_| Mismatch)
             }
+            Kind::AesGcm(gcm) => {
+                let (tag, iv) = tuple.split_at(AEAD_TAG);
+                let nonce: &[u8; AEAD_IV] = iv.try_into().map_err(|_| Mismatch)?;
+                let tag: &[u8; AEAD_TAG] = tag.try_into().map_err(|_| Mismatch)?;
+                let aad = associated_data::<{ 8 + AEAD_IV }>(sector, nonce);
+                gcm.open(nonce, &aad, data, tag)
+                    .then_some(())
+                    .ok_or(Mismatch)
+            }
             Kind::AesGcm128(c) => aead_open(&**c, sector, data, tuple),
             Kind::AesGcm256(c) => aead_open(&**c, sector, data, tuple),
             Kind::ChaCha20Poly1305(c) => aead_open(&**c, sector, data, tuple),
@@ -250,6 +268,13 @@ impl Mode {
                 xts.encrypt(data, sector >> self.log2_sectors_per_block())
                     .map_err(|e| Error::Key(e.to_string()))?;
                 tuple.copy_from_slice(&hmac_tag(mac_key, *sha512, sector, data));
+                Ok(())
+            }
+            Kind::AesGcm(gcm) => {
+                let nonce: &[u8; AEAD_IV] = iv.try_into().expect("checked above");
+                let aad = associated_data::<{ 8 + AEAD_IV }>(sector, nonce);
+                tuple[..AEAD_TAG].copy_from_slice(&gcm.seal(nonce, &aad, data));
+                tuple[AEAD_TAG..].copy_from_slice(iv);
                 Ok(())
             }
             Kind::AesGcm128(c) => aead_seal(&**c, sector, data, tuple, iv),
