@@ -73,7 +73,8 @@ fn random_jobs(
 }
 
 /// Run every job through the peer program and through sectorcrypt on every backend.
-fn cross_check(mut peer: Command, jobs: &[Job]) {
+/// Feed `input` (one job a line) to `peer` and return its `count` answer lines.
+fn answers(mut peer: Command, input: String, count: usize) -> Vec<String> {
     let mut child = peer
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -81,6 +82,24 @@ fn cross_check(mut peer: Command, jobs: &[Job]) {
         .unwrap_or_else(|e| {
             panic!("cannot start peer {peer:?}: {e} (run scripts/install-test-deps.sh)")
         });
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let outputs: Vec<String> = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map(|l| l.unwrap())
+        .collect();
+    writer.join().unwrap().unwrap();
+    assert!(child.wait().unwrap().success(), "peer {peer:?} failed");
+    assert_eq!(
+        outputs.len(),
+        count,
+        "peer answered {} of {count} jobs",
+        outputs.len()
+    );
+    outputs
+}
+
+fn cross_check(peer: Command, jobs: &[Job]) {
     let mut input = String::new();
     for j in jobs {
         input += &format!(
@@ -93,21 +112,7 @@ fn cross_check(mut peer: Command, jobs: &[Job]) {
             hex::encode(&j.data)
         );
     }
-    let mut stdin = child.stdin.take().unwrap();
-    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
-    let outputs: Vec<String> = BufReader::new(child.stdout.take().unwrap())
-        .lines()
-        .map(|l| l.unwrap())
-        .collect();
-    writer.join().unwrap().unwrap();
-    assert!(child.wait().unwrap().success(), "peer {peer:?} failed");
-    assert_eq!(
-        outputs.len(),
-        jobs.len(),
-        "peer answered {} of {} jobs",
-        outputs.len(),
-        jobs.len()
-    );
+    let outputs = answers(peer, input, jobs.len());
     let mut checked = 0;
     for (j, want) in jobs.iter().zip(&outputs) {
         let spec = CipherSpec::parse(j.spec).unwrap();
@@ -215,21 +220,9 @@ fn aes_gcm_matches_openssl() {
         .map(|(k, n, a, d)| format!("{} {} {} {}\n", field(k), field(n), field(a), field(d)))
         .collect();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers/gcm_openssl.py");
-    let mut child = Command::new(common::python())
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3 with `cryptography` (run scripts/install-test-deps.sh)");
-    let mut stdin = child.stdin.take().unwrap();
-    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
-    let outputs: Vec<String> = BufReader::new(child.stdout.take().unwrap())
-        .lines()
-        .map(|l| l.unwrap())
-        .collect();
-    writer.join().unwrap().unwrap();
-    assert!(child.wait().unwrap().success(), "the OpenSSL peer failed");
-    assert_eq!(outputs.len(), jobs.len(), "the peer answered every job");
+    let mut peer = Command::new(common::python());
+    peer.arg(script);
+    let outputs = answers(peer, input, jobs.len());
     let backends = sectorcrypt_cipher::Algorithm::Aes.available_backends();
     for (i, ((key, nonce, aad, data), want)) in jobs.iter().zip(&outputs).enumerate() {
         let backend = backends[i % backends.len()];
