@@ -2,7 +2,7 @@
 # The kernel's side of the integrity interop tests (crates/integrity/tests/), run as root inside
 # the kernel oracle's guest (scripts/kernel-oracle.sh) in the shared WORK folder, which holds the
 # passphrase file `key` and a CASES file, one case a line:
-#   ID CIPHER INTEGRITY KEY_BITS SECTOR_SIZE
+#   ID CIPHER INTEGRITY KEY_BITS SECTOR_SIZE [FORMAT_OPTION...]
 #
 #   kernel-oracle-integrity.sh write CASES
 #       per case: cryptsetup formats int-ID.img (an existing file) with `--integrity INTEGRITY`
@@ -51,14 +51,15 @@ bring_back() {
 }
 
 # The cases come on descriptor 3, so that nothing in the loop can read them as its input.
-while read -r -u 3 id cipher integrity bits sector; do
+while read -r -u 3 id cipher integrity bits sector options; do
   case "$phase" in
   write)
     bring_in "$id"
     dev=$(losetup -f --show "/mnt/int-$id.img") || { echo "write $id failed losetup"; continue; }
+    # shellcheck disable=SC2086
     if ! cryptsetup luksFormat -q --type luks2 --cipher "$cipher" --integrity "$integrity" \
       --key-size "$bits" --sector-size "$sector" --pbkdf pbkdf2 --pbkdf-force-iterations 1000 \
-      --key-file key "$dev" 2>err.txt; then
+      $options --key-file key "$dev" 2>err.txt; then
       echo "write $id failed format: $(tail -n 1 err.txt)"
       losetup -D
       rm -f "/mnt/int-$id.img"

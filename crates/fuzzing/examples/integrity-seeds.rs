@@ -17,6 +17,7 @@ fn main() {
     for (name, cipher, integrity, key_len, only_journal) in [
         ("hmac-sha256", "aes-xts-plain64", "hmac(sha256)", 96, false),
         ("hmac-sha512", "aes-xts-plain64", "hmac(sha512)", 128, false),
+        ("hmac-sha1", "aes-xts-plain64", "hmac(sha1)", 84, false),
         ("aes-gcm-random", "aes-gcm-random", "aead", 32, false),
         (
             "hmac-sha256-journal-only",
@@ -28,7 +29,7 @@ fn main() {
     ] {
         let mode = || Mode::new(cipher, integrity, &key[..key_len], 4096).expect("a mode");
         let mem = Arc::new(MemStorage::new(vec![0; 1 << 20]));
-        let sb = format::plan(1 << 20, 0, mode().tag_size() as u16, 4096).expect("a plan");
+        let sb = format::plan(1 << 20, 0, mode().tag_size() as u16, 4096, false).expect("a plan");
         let layout = format::format(&*mem, 0, &sb).expect("formatted");
         let dev = IntegrityDevice::open(Arc::clone(&mem) as Arc<dyn Storage>, 0, mode(), false)
             .expect("opened");

@@ -10,7 +10,7 @@ const DEVICE: usize = 1 << 20;
 
 /// The input as the start of a 1 MiB device whose integrity superblock is at byte 0 (the rest
 /// zeros), under a fixed key in the mode its tag size names (32 bytes hmac(sha256) over XTS, 64
-/// hmac(sha512), 28 aes-gcm-random): open it read-only (superblock, layout, journal scan and its
+/// hmac(sha512), 20 hmac(sha1), 28 aes-gcm-random): open it read-only (superblock, layout, journal scan and its
 /// blocks read from the journal) and read every block; open it writable (the journal replayed or
 /// cleared), write block 0, flush, and read it back, there and after opening again: it must be
 /// what was written.
@@ -25,6 +25,7 @@ pub fn integrity_device(data: &[u8]) {
     let (cipher, integrity, key_len) = match sb.tag_size {
         32 => ("aes-xts-plain64", "hmac(sha256)", 96),
         64 => ("aes-xts-plain64", "hmac(sha512)", 128),
+        20 => ("aes-xts-plain64", "hmac(sha1)", 84),
         28 => ("aes-gcm-random", "aead", 32),
         _ => return,
     };

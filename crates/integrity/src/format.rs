@@ -1,7 +1,8 @@
 //! A new dm-integrity device, laid out as the kernel lays one out when cryptsetup formats a LUKS2
 //! volume with `--integrity` (`dm_integrity_ctr` and `initialize_superblock` with cryptsetup's
-//! arguments: default journal size and interleave, `fix_padding`, the volume's sector size as the
-//! block size): superblock version 4, a journal of `min(131072, device sectors / 128)` sectors in
+//! arguments: default journal size and interleave, `fix_padding` unless
+//! `--integrity-legacy-padding`, the volume's sector size as the block size): superblock version
+//! 4 (1 with the legacy padding), a journal of `min(131072, device sectors / 128)` sectors in
 //! whole sections, and the largest data size whose last block fits the device.
 
 use sectorcrypt_storage::Storage;
@@ -21,7 +22,8 @@ const LOG2_INTERLEAVE_SECTORS: u8 = 15;
 const LOG2_SECTORS_PER_BITMAP_BIT: u32 = 15;
 
 /// The superblock the kernel would write on a device of `device_bytes` whose superblock is at
-/// byte `offset`, for `tag_size`-byte tags on `block_size`-byte blocks.
+/// byte `offset`, for `tag_size`-byte tags on `block_size`-byte blocks, tag runs padded to 4 KiB
+/// or (`legacy_padding`, for kernels before 5.4) to 128 KiB.
 ///
 /// Errors: [`Error::Format`] for a block size other than 512 to 4096 bytes (a power of two), an
 /// offset off a block, or a device too small to hold one block.
@@ -30,6 +32,7 @@ pub fn plan(
     offset: u64,
     tag_size: u16,
     block_size: usize,
+    legacy_padding: bool,
 ) -> Result<Superblock, Error> {
     if !block_size.is_power_of_two() || !(512..=4096).contains(&block_size) {
         return Err(Error::Format(format!(
@@ -45,12 +48,16 @@ pub fn plan(
     let start = offset / 512;
     let l2spb = (block_size / 512).trailing_zeros() as u8;
     let mut sb = Superblock {
-        version: 4,
+        version: if legacy_padding { 1 } else { 4 },
         log2_interleave_sectors: LOG2_INTERLEAVE_SECTORS,
         tag_size,
         journal_sections: 1,
         provided_data_sectors: 1 << l2spb,
-        flags: FLAG_FIXED_PADDING,
+        flags: if legacy_padding {
+            0
+        } else {
+            FLAG_FIXED_PADDING
+        },
         log2_sectors_per_block: l2spb,
         log2_blocks_per_bitmap_bit: 0,
         recalc_sector: 0,

@@ -10,6 +10,7 @@
 //! |---|---|---|---|
 //! | `aes-xts-plain64` + `hmac(sha256)` | `authenc(hmac(sha256),xts(aes))` | XTS key, then 32-byte MAC key | HMAC (32) |
 //! | `aes-xts-plain64` + `hmac(sha512)` | `authenc(hmac(sha512),xts(aes))` | XTS key, then 64-byte MAC key | HMAC (64) |
+//! | `aes-xts-plain64` + `hmac(sha1)` | `authenc(hmac(sha1),xts(aes))` | XTS key, then 20-byte MAC key | HMAC (20) |
 //! | `aes-gcm-random` + `aead` | `gcm(aes)` | 16 or 32 bytes | tag (16), IV (12) |
 //! | `chacha20-random` + `poly1305` | `rfc7539(chacha20,poly1305)` | 32 bytes | tag (16), IV (12) |
 //! | `aegis128-random` + `aead` | `aegis128` ([`crate::aegis`]) | 16 bytes | tag (16), IV (16) |
@@ -25,6 +26,7 @@ use hmac::{Hmac, Mac};
 use sectorcrypt_cipher::gcm::AesGcm;
 use sectorcrypt_cipher::{BackendChoice, CipherSpec, SectorCipher, SectorOptions};
 use sectorcrypt_secret::{SecretBox, SecretBytes};
+use sha1::Sha1;
 use sha2::{Sha256, Sha512};
 use subtle::ConstantTimeEq;
 
@@ -38,7 +40,7 @@ enum Kind {
     HmacXts {
         xts: SectorCipher,
         mac_key: SecretBytes,
-        sha512: bool,
+        hash: HmacHash,
     },
     /// This project's GCM (VAES or AES-NI, and an eight-way GHASH), where the CPU has a
     /// carry-less multiply.
@@ -48,6 +50,25 @@ enum Kind {
     AesGcm256(SecretBox<Aes256Gcm>),
     ChaCha20Poly1305(SecretBox<ChaCha20Poly1305>),
     Aegis128(SecretBox<[u8; 16]>),
+}
+
+/// The hash of an HMAC.
+#[derive(Clone, Copy)]
+enum HmacHash {
+    Sha1,
+    Sha256,
+    Sha512,
+}
+
+impl HmacHash {
+    /// Bytes of its digest: the tag, and the MAC key cryptsetup gives it.
+    fn bytes(self) -> usize {
+        match self {
+            HmacHash::Sha1 => 20,
+            HmacHash::Sha256 => 32,
+            HmacHash::Sha512 => 64,
+        }
+    }
 }
 
 /// One volume's authenticated encryption, keyed.
@@ -91,9 +112,13 @@ impl Mode {
             ))
         };
         let kind = match (encryption, integrity) {
-            ("aes-xts-plain64", "hmac(sha256)" | "hmac(sha512)") => {
-                let sha512 = integrity == "hmac(sha512)";
-                let mac_len = if sha512 { 64 } else { 32 };
+            ("aes-xts-plain64", "hmac(sha1)" | "hmac(sha256)" | "hmac(sha512)") => {
+                let hash = match integrity {
+                    "hmac(sha1)" => HmacHash::Sha1,
+                    "hmac(sha256)" => HmacHash::Sha256,
+                    _ => HmacHash::Sha512,
+                };
+                let mac_len = hash.bytes();
                 if !matches!(key.len().checked_sub(mac_len), Some(32 | 64)) {
                     return Err(key_error(&format!(
                         "an XTS key of 32 or 64 bytes and a {mac_len}-byte MAC key"
@@ -110,7 +135,7 @@ impl Mode {
                     xts: SectorCipher::new(spec, xts_key, &options)
                         .map_err(|e| Error::Key(e.to_string()))?,
                     mac_key: SecretBytes::from_slice(mac_key),
-                    sha512,
+                    hash,
                 }
             }
             ("aes-gcm-random", "aead") => match key.len() {
@@ -136,7 +161,7 @@ impl Mode {
             _ => {
                 return Err(Error::Unsupported(format!(
                     "{encryption} with integrity {integrity} (supported: aes-xts-plain64 with \
-                     hmac(sha256) or hmac(sha512), aes-gcm-random or aegis128-random with aead, \
+                     hmac(sha1), hmac(sha256) or hmac(sha512), aes-gcm-random or aegis128-random with aead, \
                      chacha20-random with poly1305)"
                 )))
             }
@@ -147,8 +172,11 @@ impl Mode {
     /// cryptsetup's name of the mode's integrity part.
     pub fn name(&self) -> &'static str {
         match &self.kind {
-            Kind::HmacXts { sha512: false, .. } => "aes-xts-plain64 hmac(sha256)",
-            Kind::HmacXts { sha512: true, .. } => "aes-xts-plain64 hmac(sha512)",
+            Kind::HmacXts { hash, .. } => match hash {
+                HmacHash::Sha1 => "aes-xts-plain64 hmac(sha1)",
+                HmacHash::Sha256 => "aes-xts-plain64 hmac(sha256)",
+                HmacHash::Sha512 => "aes-xts-plain64 hmac(sha512)",
+            },
             Kind::AesGcm(_) | Kind::AesGcm128(_) | Kind::AesGcm256(_) => "aes-gcm-random aead",
             Kind::ChaCha20Poly1305(_) => "chacha20-random poly1305",
             Kind::Aegis128(_) => "aegis128-random aead",
@@ -158,13 +186,7 @@ impl Mode {
     /// Bytes of the tuple stored per block (the superblock's tag size).
     pub fn tag_size(&self) -> usize {
         match &self.kind {
-            Kind::HmacXts { sha512, .. } => {
-                if *sha512 {
-                    64
-                } else {
-                    32
-                }
-            }
+            Kind::HmacXts { hash, .. } => hash.bytes(),
             Kind::Aegis128(_) => AEAD_TAG + AEGIS_IV,
             _ => AEAD_TAG + AEAD_IV,
         }
@@ -200,12 +222,8 @@ impl Mode {
             return Err(Mismatch);
         }
         match &self.kind {
-            Kind::HmacXts {
-                xts,
-                mac_key,
-                sha512,
-            } => {
-                let want = hmac_tag(mac_key, *sha512, sector, data);
+            Kind::HmacXts { xts, mac_key, hash } => {
+                let want = hmac_tag(mac_key, *hash, sector, data);
                 if !bool::from(want.as_slice().ct_eq(tuple)) {
                     return Err(Mismatch);
                 }
@@ -260,14 +278,10 @@ impl Mode {
             )));
         }
         match &self.kind {
-            Kind::HmacXts {
-                xts,
-                mac_key,
-                sha512,
-            } => {
+            Kind::HmacXts { xts, mac_key, hash } => {
                 xts.encrypt(data, sector >> self.log2_sectors_per_block())
                     .map_err(|e| Error::Key(e.to_string()))?;
-                tuple.copy_from_slice(&hmac_tag(mac_key, *sha512, sector, data));
+                tuple.copy_from_slice(&hmac_tag(mac_key, *hash, sector, data));
                 Ok(())
             }
             Kind::AesGcm(gcm) => {
@@ -301,22 +315,23 @@ impl Mode {
 }
 
 /// `authenc`'s tag: HMAC over the associated data (sector, plain64 IV) and the ciphertext.
-fn hmac_tag(key: &[u8], sha512: bool, sector: u64, ciphertext: &[u8]) -> Vec<u8> {
+fn hmac_tag(key: &[u8], hash: HmacHash, sector: u64, ciphertext: &[u8]) -> Vec<u8> {
     let mut iv = [0u8; 16];
     iv[..8].copy_from_slice(&sector.to_le_bytes());
-    macro_rules! tag {
-        ($hash:ty) => {{
-            let mut mac = <Hmac<$hash> as Mac>::new_from_slice(key).expect("HMAC takes any key");
-            mac.update(&sector.to_le_bytes());
+    let sector = sector.to_le_bytes();
+    macro_rules! hmac {
+        ($key:expr, $hash:ty) => {{
+            let mut mac = <Hmac<$hash> as Mac>::new_from_slice($key).expect("HMAC takes any key");
+            mac.update(&sector);
             mac.update(&iv);
             mac.update(ciphertext);
             mac.finalize().into_bytes().to_vec()
         }};
     }
-    if sha512 {
-        tag!(Sha512)
-    } else {
-        tag!(Sha256)
+    match hash {
+        HmacHash::Sha1 => hmac!(key, Sha1),
+        HmacHash::Sha256 => hmac!(key, Sha256),
+        HmacHash::Sha512 => hmac!(key, Sha512),
     }
 }
 

@@ -59,14 +59,19 @@ pub(crate) struct FormatArgs {
     #[arg(long = "luks2-keyslots-size", value_name = "BYTES")]
     keyslots_size: Option<u64>,
     /// Authenticated encryption (dm-integrity's format, as cryptsetup's `--integrity`):
-    /// hmac-sha256 or hmac-sha512 (with aes-xts-plain64), aead (with --cipher aes-gcm-random,
-    /// or aegis128-random and --key-size 128) or poly1305 (with --cipher chacha20-random).
+    /// hmac-sha256, hmac-sha512 or hmac-sha1 (with aes-xts-plain64), aead (with
+    /// --cipher aes-gcm-random, or aegis128-random and --key-size 128) or poly1305 (with
+    /// --cipher chacha20-random); none: no integrity (as cryptsetup).
     #[arg(long, value_name = "MODE")]
     integrity: Option<String>,
     /// With --integrity: leave the data unwritten (every sector then fails its check until
     /// written) instead of writing zeros over all of it.
     #[arg(long = "integrity-no-wipe", requires = "integrity")]
     integrity_no_wipe: bool,
+    /// With --integrity: pad the tag areas to 128 KiB as kernels before 5.4 need (cryptsetup's
+    /// option of that name), not to 4 KiB.
+    #[arg(long = "integrity-legacy-padding", requires = "integrity")]
+    integrity_legacy_padding: bool,
     /// Do not ask for confirmation.
     #[arg(short = 'q', long = "batch-mode")]
     batch: bool,
@@ -78,10 +83,11 @@ fn integrity_type(name: &str) -> Result<(&'static str, usize), CliError> {
     match name {
         "hmac-sha256" => Ok(("hmac(sha256)", 32)),
         "hmac-sha512" => Ok(("hmac(sha512)", 64)),
+        "hmac-sha1" => Ok(("hmac(sha1)", 20)),
         "aead" => Ok(("aead", 0)),
         "poly1305" => Ok(("poly1305", 0)),
         other => Err(CliError::usage(format!(
-            "--integrity {other}: use hmac-sha256, hmac-sha512, aead or poly1305"
+            "--integrity {other}: use hmac-sha256, hmac-sha512, hmac-sha1, aead, poly1305 or none"
         ))),
     }
 }
@@ -109,7 +115,7 @@ pub(crate) fn format(args: FormatArgs) -> Result<(), CliError> {
         None => None,
     };
     let integrity = match &args.integrity {
-        Some(name) => Some(integrity_options(&args, name)?),
+        Some(name) => integrity_options(&args, name)?,
         None => None,
     };
     let options = FormatOptions {
@@ -181,10 +187,13 @@ struct Integrity {
 
 /// The header's part of `--integrity NAME`, checked against the cipher before anything is
 /// written: the cipher's key (`--key-size`, default 512 bits for XTS and 256 otherwise, as
-/// cryptsetup) and the MAC's.
-fn integrity_options(args: &FormatArgs, name: &str) -> Result<Integrity, CliError> {
+/// cryptsetup) and the MAC's. `none` is no integrity, as cryptsetup takes it.
+fn integrity_options(args: &FormatArgs, name: &str) -> Result<Option<Integrity>, CliError> {
     if args.luks_version != 2 {
         return Err(CliError::usage("--integrity needs LUKS2 (--type luks2)"));
+    }
+    if name == "none" {
+        return Ok(None);
     }
     let (kind, mac_bytes) = integrity_type(name)?;
     let cipher = args.segment.cipher.as_deref().unwrap_or("aes-xts-plain64");
@@ -196,7 +205,7 @@ fn integrity_options(args: &FormatArgs, name: &str) -> Result<Integrity, CliErro
     let sector = args.segment.sector_size.unwrap_or(512);
     sectorcrypt_integrity::Mode::new(cipher, kind, &vec![0; key_bits / 8], sector)
         .map_err(|e| CliError::usage(format!("--integrity {name} with {cipher}: {e}")))?;
-    Ok(Integrity { kind, key_bits })
+    Ok(Some(Integrity { kind, key_bits }))
 }
 
 /// The dm-integrity device at the data offset, as the kernel formats it, then (unless
@@ -228,6 +237,7 @@ fn format_integrity(
         segment.offset,
         mode.tag_size() as u16,
         segment.sector_size as usize,
+        args.integrity_legacy_padding,
     )
     .map_err(failed)?;
     format::format(&**data, segment.offset, &sb).map_err(failed)?;

@@ -26,7 +26,7 @@ fn mode(m: &(&str, &str, Vec<u8>)) -> Mode {
 /// A formatted, wiped 2 MiB device whose first `old_blocks` blocks hold `old`.
 fn image(m: &(&str, &str, Vec<u8>), old: &[u8]) -> Vec<u8> {
     let mem = Arc::new(MemStorage::new(vec![0; 2 << 20]));
-    let sb = format::plan(2 << 20, OFFSET, mode(m).tag_size() as u16, BLOCK).unwrap();
+    let sb = format::plan(2 << 20, OFFSET, mode(m).tag_size() as u16, BLOCK, false).unwrap();
     format::format(&*mem, OFFSET, &sb).unwrap();
     let dev = IntegrityDevice::open(Arc::clone(&mem) as Arc<dyn Storage>, OFFSET, mode(m), false)
         .unwrap();

@@ -6,19 +6,26 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use sectorcrypt_integrity::format;
+use sectorcrypt_integrity::superblock::{Superblock, SUPERBLOCK_BYTES};
 use sectorcrypt_testkit::{kernel_oracle, ok, pattern, scratch};
 
 use crate::{open, PASSPHRASE};
 
-/// ID, cipher, integrity, key bits, sector size.
-const CASES: [(&str, &str, &str, u32, usize); 6] = [
-    ("h256", "aes-xts-plain64", "hmac-sha256", 512, 4096),
-    ("h512", "aes-xts-plain64", "hmac-sha512", 512, 512),
-    ("gcm", "aes-gcm-random", "aead", 256, 4096),
-    ("gcm128", "aes-gcm-random", "aead", 128, 512),
-    ("cha", "chacha20-random", "poly1305", 256, 4096),
-    ("aegis", "aegis128-random", "aead", 128, 4096),
+/// ID, cipher, integrity, key bits, sector size, `--integrity-legacy-padding`.
+const CASES: [(&str, &str, &str, u32, usize, bool); 8] = [
+    ("h256", "aes-xts-plain64", "hmac-sha256", 512, 4096, false),
+    ("h512", "aes-xts-plain64", "hmac-sha512", 512, 512, false),
+    ("h1", "aes-xts-plain64", "hmac-sha1", 256, 512, false),
+    ("gcm", "aes-gcm-random", "aead", 256, 4096, false),
+    ("gcm128", "aes-gcm-random", "aead", 128, 512, false),
+    ("cha", "chacha20-random", "poly1305", 256, 4096, false),
+    ("aegis", "aegis128-random", "aead", 128, 4096, false),
+    ("legacy", "aes-gcm-random", "aead", 256, 4096, true),
 ];
+/// Bytes of each image, and where its LUKS2 data (the integrity superblock) starts.
+const IMAGE: u64 = 32 << 20;
+const DATA_OFFSET: u64 = 16 << 20;
 
 /// Bytes the kernel writes at the start of each volume.
 const KERNEL_DATA: usize = 1 << 20;
@@ -66,7 +73,7 @@ fn kernel_and_sectorcrypt_read_each_others_integrity_volumes_and_refuse_the_same
     std::fs::write(dir.join("key"), PASSPHRASE).unwrap();
     let write_cases: Vec<String> = CASES
         .iter()
-        .map(|(id, cipher, integrity, bits, sector)| {
+        .map(|(id, cipher, integrity, bits, sector, legacy)| {
             std::fs::write(dir.join(format!("data-{id}.bin")), pattern(KERNEL_DATA, 1)).unwrap();
             std::fs::write(
                 dir.join(format!("journal-{id}.bin")),
@@ -74,16 +81,32 @@ fn kernel_and_sectorcrypt_read_each_others_integrity_volumes_and_refuse_the_same
             )
             .unwrap();
             let img = std::fs::File::create(dir.join(format!("int-{id}.img"))).unwrap();
-            img.set_len(32 << 20).unwrap();
-            format!("{id} {cipher} {integrity} {bits} {sector}")
+            img.set_len(IMAGE).unwrap();
+            let padding = if *legacy {
+                " --integrity-legacy-padding"
+            } else {
+                ""
+            };
+            format!("{id} {cipher} {integrity} {bits} {sector}{padding}")
         })
         .collect();
     let written = boot(&dir, "write", &write_cases);
     let mut read_cases = Vec::new();
     let mut expected = Vec::new();
-    for (id, cipher, integrity, bits, sector) in CASES {
+    for (id, cipher, integrity, bits, sector, legacy) in CASES {
         assert_eq!(lines(&written, "write", id), ["ok"], "{written}");
         let image = dir.join(format!("int-{id}.img"));
+        // The superblock the kernel wrote is the one `format` writes here, byte for byte.
+        let bytes = std::fs::read(&image).unwrap();
+        let at = DATA_OFFSET as usize;
+        let kernels = &bytes[at..at + SUPERBLOCK_BYTES];
+        let tag_size = Superblock::parse(kernels).unwrap().tag_size;
+        let ours = format::plan(IMAGE, DATA_OFFSET, tag_size, sector, legacy).unwrap();
+        assert!(
+            ours.to_bytes()[..] == kernels[..],
+            "{id}: our superblock {ours:?} is not the kernel's {:?}",
+            Superblock::parse(kernels).unwrap()
+        );
         // The kernel's writes and cryptsetup's wipe (zeros) read back here, every tag verified.
         let device = open(&image, true);
         let size: u64 = lines(&written, "size", id)[0].parse().unwrap();

@@ -10,9 +10,10 @@ use sectorcrypt_integrity::{format, Error, IntegrityDevice, Mode};
 use sectorcrypt_storage::{MemStorage, Storage};
 use sectorcrypt_testkit::pattern;
 
-const MODES: [(&str, &str, usize); 5] = [
+const MODES: [(&str, &str, usize); 6] = [
     ("aes-xts-plain64", "hmac(sha256)", 96),
     ("aes-xts-plain64", "hmac(sha512)", 128),
+    ("aes-xts-plain64", "hmac(sha1)", 84),
     ("aes-gcm-random", "aead", 32),
     ("chacha20-random", "poly1305", 32),
     ("aegis128-random", "aead", 16),
@@ -25,7 +26,7 @@ fn a_moved_sector_is_refused_and_a_replayed_one_is_not_in_any_mode() {
             let key = pattern(key_len, 3);
             let mode = || Mode::new(cipher, integrity, &key, block_size).unwrap();
             let mem = Arc::new(MemStorage::new(vec![0; 4 << 20]));
-            let sb = format::plan(4 << 20, 0, mode().tag_size() as u16, block_size).unwrap();
+            let sb = format::plan(4 << 20, 0, mode().tag_size() as u16, block_size, false).unwrap();
             let layout = format::format(&*mem, 0, &sb).unwrap();
             let open = || {
                 IntegrityDevice::open(Arc::clone(&mem) as Arc<dyn Storage>, 0, mode(), false)

@@ -63,19 +63,35 @@ fn integrity_volumes_formatted_and_written_here_read_back_in_the_kernel() {
     let dir = scratch("cli-integrity-kernel");
     let key = dir.join("key");
     std::fs::write(&key, PASSPHRASE).unwrap();
-    // ID, --integrity, --cipher, --sector-size, wiped.
+    // ID, --integrity, --cipher, --sector-size, wiped, --integrity-legacy-padding.
     let cases = [
-        ("h256", "hmac-sha256", "aes-xts-plain64", "4096", true),
-        ("h512", "hmac-sha512", "aes-xts-plain64", "512", true),
-        ("gcm", "aead", "aes-gcm-random", "4096", true),
-        ("cha", "poly1305", "chacha20-random", "4096", true),
-        ("aegis", "aead", "aegis128-random", "512", true),
-        ("nowipe", "hmac-sha256", "aes-xts-plain64", "4096", false),
+        (
+            "h256",
+            "hmac-sha256",
+            "aes-xts-plain64",
+            "4096",
+            true,
+            false,
+        ),
+        ("h512", "hmac-sha512", "aes-xts-plain64", "512", true, false),
+        ("h1", "hmac-sha1", "aes-xts-plain64", "4096", true, false),
+        ("gcm", "aead", "aes-gcm-random", "4096", true, false),
+        ("cha", "poly1305", "chacha20-random", "4096", true, false),
+        ("aegis", "aead", "aegis128-random", "512", true, false),
+        (
+            "nowipe",
+            "hmac-sha256",
+            "aes-xts-plain64",
+            "4096",
+            false,
+            false,
+        ),
+        ("legacy", "aead", "aes-gcm-random", "4096", true, true),
     ];
     let data = pattern(1 << 20, 21);
     let mut lines = Vec::new();
     let mut sizes = Vec::new();
-    for (id, integrity, cipher, sector, wiped) in cases {
+    for (id, integrity, cipher, sector, wiped, legacy) in cases {
         let img = dir.join(format!("int-{id}.img"));
         let mut extra = vec![
             "--integrity",
@@ -87,6 +103,9 @@ fn integrity_volumes_formatted_and_written_here_read_back_in_the_kernel() {
         ];
         if !wiped {
             extra.push("--integrity-no-wipe");
+        }
+        if legacy {
+            extra.push("--integrity-legacy-padding");
         }
         if cipher.starts_with("aegis128") {
             // AEGIS-128 takes a 128-bit key only; cryptsetup wants it said too.
@@ -106,13 +125,21 @@ fn integrity_volumes_formatted_and_written_here_read_back_in_the_kernel() {
         "the kernel oracle's read phase",
     );
     let out = String::from_utf8_lossy(&out.stdout).into_owned();
-    for ((id, _, _, sector, wiped), size) in cases.into_iter().zip(sizes) {
+    for ((id, _, _, sector, wiped, legacy), size) in cases.into_iter().zip(sizes) {
         let said = |word: &str| -> Vec<String> {
             out.lines()
                 .filter_map(|l| l.strip_prefix(&format!("{word} {id} ")).map(str::to_string))
                 .collect()
         };
         assert_eq!(said("read"), ["ok"], "{out}");
+        if legacy {
+            // 4096 tags of 28 bytes: 112 KiB, padded to 128 KiB (4 KiB padding leaves it).
+            assert_eq!(
+                layout(&dir.join(format!("int-{id}.img"))).metadata_run,
+                256,
+                "{id}: tag runs padded to 128 KiB"
+            );
+        }
         assert_eq!(
             said("size"),
             [size.to_string()],
@@ -284,6 +311,7 @@ fn key_commands_work_and_what_integrity_cannot_take_is_refused_with_the_device_u
             &["--integrity", "hmac-sha256", "--type", "luks1"][..],
             "LUKS2",
         ),
+        (&["--integrity", "none", "--type", "luks1"][..], "LUKS2"),
         (
             &["--integrity", "poly1305", "--cipher", "aes-gcm-random"][..],
             "poly1305",
@@ -298,6 +326,21 @@ fn key_commands_work_and_what_integrity_cannot_take_is_refused_with_the_device_u
             "{extra:?} wrote to the device"
         );
     }
+    // `--integrity none` is no integrity, as cryptsetup takes it: a plain LUKS2 volume.
+    format(
+        &fresh,
+        &key,
+        &["--integrity", "none", "--sector-size", "4096"],
+    );
+    let dump = ok(
+        run(Command::new("cryptsetup").args(["luksDump", p(&fresh)])),
+        "cryptsetup luksDump",
+    );
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    assert!(
+        dump.contains("cipher: aes-xts-plain64") && !dump.contains("integrity"),
+        "{dump}"
+    );
 }
 
 /// A write the client flushed survives the server's SIGKILL (the flush committed it to the
