@@ -111,9 +111,9 @@ pub trait BlockEngine: Send + Sync {
 /// An engine whose round keys live in secret memory (locked, left out of core dumps, zeroized on
 /// drop): a key schedule is key material (AES's first round key is the key itself). Every
 /// constructor in this crate hands out its engines this way, through [`keyed`]; every keyed call
-/// ends by clearing the vector registers (`crate::wipe`).
+/// ends by clearing the vector registers and the stack below it (`crate::wipe`).
 /// `BlockEngine` for `$holder<E>`, a holder that derefs to an engine `E`: every keyed call goes
-/// to `E` and ends by clearing the vector registers (`crate::wipe`).
+/// to `E` and ends by clearing the vector registers and the stack below it (`crate::wipe`).
 macro_rules! wiping_engine {
     ($holder:ident) => {
         impl<E: BlockEngine> BlockEngine for $holder<E> {
@@ -122,27 +122,27 @@ macro_rules! wiping_engine {
             }
             fn encrypt_ecb(&self, buf: &mut [u8]) {
                 (**self).encrypt_ecb(buf);
-                crate::wipe::vector_registers();
+                crate::wipe::after_keyed_call();
             }
             fn decrypt_ecb(&self, buf: &mut [u8]) {
                 (**self).decrypt_ecb(buf);
-                crate::wipe::vector_registers();
+                crate::wipe::after_keyed_call();
             }
             fn xts_encrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
                 (**self).xts_encrypt_units(buf, unit_len, tweaks);
-                crate::wipe::vector_registers();
+                crate::wipe::after_keyed_call();
             }
             fn xts_decrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
                 (**self).xts_decrypt_units(buf, unit_len, tweaks);
-                crate::wipe::vector_registers();
+                crate::wipe::after_keyed_call();
             }
             fn cbc_encrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
                 (**self).cbc_encrypt_units(buf, unit_len, ivs);
-                crate::wipe::vector_registers();
+                crate::wipe::after_keyed_call();
             }
             fn cbc_decrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
                 (**self).cbc_decrypt_units(buf, unit_len, ivs);
-                crate::wipe::vector_registers();
+                crate::wipe::after_keyed_call();
             }
         }
     };
@@ -158,7 +158,7 @@ pub(crate) fn keyed<E: BlockEngine + 'static>(
 ) -> Option<Box<dyn BlockEngine>> {
     let engine = SecretBox::try_init(make);
     // The key expansion leaves round keys in the vector registers too.
-    crate::wipe::vector_registers();
+    crate::wipe::after_keyed_call();
     engine.map(|e| Box::new(e) as Box<dyn BlockEngine>)
 }
 

@@ -73,7 +73,7 @@ impl AesGcm {
             let wide = matches!(aes.backend(), Backend::Vaes256 | Backend::Vaes512);
             let ghash = SecretBox::try_init(|| Some(clmul::Key::new(&h, wide)))?;
             h.zeroize();
-            crate::wipe::vector_registers();
+            crate::wipe::after_keyed_call();
             Some(AesGcm { aes, ghash })
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -87,66 +87,89 @@ impl AesGcm {
     ///
     /// `data` is at most 2^36 - 32 bytes (GCM's limit for one message).
     pub fn seal(&self, nonce: &[u8; NONCE], aad: &[u8], data: &mut [u8]) -> [u8; TAG] {
-        self.keystream(nonce, data);
-        let tag = self.tag(nonce, aad, data);
-        crate::wipe::vector_registers();
+        let mut mask = [0u8; TAG];
+        self.counter_mode(nonce, data, |e_j0| {
+            mask = *e_j0;
+            true
+        });
+        let mut tag = self.ghash(aad, data);
+        xor_into(&mut tag, &mask);
+        mask.zeroize();
+        crate::wipe::after_keyed_call();
         tag
     }
 
     /// Check `tag` over `aad` and the ciphertext `data` under `nonce` (in constant time) and, if it
     /// verifies, decrypt `data` in place. `false`: `data` is left as it was, undecrypted.
     pub fn open(&self, nonce: &[u8; NONCE], aad: &[u8], data: &mut [u8], tag: &[u8; TAG]) -> bool {
-        let want = self.tag(nonce, aad, data);
-        let diff = want.iter().zip(tag).fold(0u8, |d, (a, b)| d | (a ^ b));
-        // Read through a black box so the comparison stays branch-free up to this point.
-        let ok = std::hint::black_box(diff) == 0;
-        if ok {
-            self.keystream(nonce, data);
-        }
-        crate::wipe::vector_registers();
+        let hash = self.ghash(aad, data);
+        let ok = self.counter_mode(nonce, data, |e_j0| {
+            let diff = (hash.iter().zip(e_j0).zip(tag)).fold(0u8, |d, ((h, e), t)| d | (h ^ e ^ t));
+            // Read through a black box so the comparison stays branch-free up to this point.
+            std::hint::black_box(diff) == 0
+        });
+        crate::wipe::after_keyed_call();
         ok
     }
 
-    /// XOR `data` with the keystream from counter block 2 (`inc32` of the nonce's `J0`).
-    fn keystream(&self, nonce: &[u8; NONCE], data: &mut [u8]) {
+    /// Counter mode under `nonce`: `E(K, J0)` goes to `check`, and only if it says yes is `data`
+    /// XORed with the keystream from counter block 2 (`inc32` of `J0`). `J0` rides in the first
+    /// engine call, so a 4 KiB sector is one call.
+    fn counter_mode(
+        &self,
+        nonce: &[u8; NONCE],
+        data: &mut [u8],
+        check: impl FnOnce(&[u8; BLOCK]) -> bool,
+    ) -> bool {
         // Counter blocks as big-endian 128-bit numbers: the nonce above 32 counter bits.
         let mut prefix = [0u8; BLOCK];
         prefix[..NONCE].copy_from_slice(nonce);
         let prefix = u128::from_be_bytes(prefix);
-        let mut ks = [[0u8; BLOCK]; BATCH];
-        let mut counter = 2u32;
-        for piece in data.chunks_mut(BATCH * BLOCK) {
+        // Slot 0 holds `J0` in the first call and is unused after.
+        let mut ks = [[0u8; BLOCK]; BATCH + 1];
+        let mut counter = 1u32;
+        let mut check = Some(check);
+        let mut ok = true;
+        let mut pieces = data.chunks_mut(BATCH * BLOCK).peekable();
+        // An empty message still needs `E(K, J0)`.
+        let mut empty: [u8; 0] = [];
+        let first: Option<&mut [u8]> = if pieces.peek().is_none() {
+            Some(&mut empty)
+        } else {
+            None
+        };
+        for piece in first.into_iter().chain(pieces) {
+            let from = if counter == 1 { 0 } else { 1 };
             let blocks = piece.len().div_ceil(BLOCK);
-            for slot in &mut ks[..blocks] {
+            for slot in &mut ks[from..=blocks] {
                 *slot = (prefix | u128::from(counter)).to_be_bytes();
                 counter = counter.wrapping_add(1);
             }
-            let ks = ks[..blocks].as_flattened_mut();
-            self.aes.encrypt_ecb(ks);
-            xor_into(piece, &ks[..piece.len()]);
+            self.aes.encrypt_ecb(ks[from..=blocks].as_flattened_mut());
+            if let Some(check) = check.take() {
+                ok = check(&ks[0]);
+                if !ok {
+                    break;
+                }
+            }
+            xor_into(piece, &ks[1..=blocks].as_flattened()[..piece.len()]);
         }
         // The keystream is as secret as the plaintext it hides. Cleared with wide stores (a
         // byte-wise volatile clear costs as much as the encryption); `black_box` keeps them.
         ks.fill([0; BLOCK]);
         std::hint::black_box(&mut ks);
+        ok
     }
 
-    /// GHASH of `aad` and `ciphertext` (with their lengths), masked with `E(K, J0)`.
-    fn tag(&self, nonce: &[u8; NONCE], aad: &[u8], ciphertext: &[u8]) -> [u8; TAG] {
-        let mut j0 = [0u8; BLOCK];
-        j0[..NONCE].copy_from_slice(nonce);
-        j0[NONCE..].copy_from_slice(&1u32.to_be_bytes());
-        self.aes.encrypt_ecb(&mut j0);
+    /// GHASH of `aad` and `ciphertext`, with their lengths.
+    fn ghash(&self, aad: &[u8], ciphertext: &[u8]) -> [u8; TAG] {
         let mut lengths = [0u8; BLOCK];
         lengths[..8].copy_from_slice(&(aad.len() as u64 * 8).to_be_bytes());
         lengths[8..].copy_from_slice(&(ciphertext.len() as u64 * 8).to_be_bytes());
         #[cfg(target_arch = "x86_64")]
-        let mut s = self.ghash.hash([aad, ciphertext, &lengths]);
+        return self.ghash.hash([aad, ciphertext, &lengths]);
         #[cfg(not(target_arch = "x86_64"))]
-        let mut s = [0u8; TAG];
-        xor_into(&mut s, &j0);
-        j0.zeroize();
-        s
+        return [0u8; TAG];
     }
 }
 

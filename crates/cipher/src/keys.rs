@@ -231,7 +231,7 @@ impl<E: HeldEngine + 'static> Slots for Typed<E> {
                 _ => LoadError::OutOfRange,
             })?;
         // Building a key schedule leaves round keys in the vector registers.
-        crate::wipe::vector_registers();
+        crate::wipe::after_keyed_call();
         Ok(())
     }
 
@@ -265,8 +265,8 @@ impl<E: HeldEngine + 'static> Slots for Typed<E> {
     }
 }
 
-/// An engine held by value in a slot: every keyed call ends by clearing the vector registers,
-/// as an engine in a [`sectorcrypt_secret::SecretBox`] does.
+/// An engine held by value in a slot: every keyed call ends by clearing the vector registers and
+/// the stack below it, as an engine in a [`sectorcrypt_secret::SecretBox`] does.
 pub(crate) struct InSlot<E>(pub(crate) E);
 
 impl<E: BlockEngine> HeldEngine for InSlot<E> {
