@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Authenticated encryption against plain AES-XTS through `sectorcrypt serve` (issue 34):
 #
-#   scripts/bench-integrity.sh [ROUNDS] [SECONDS]     (defaults 2 and 10)
+#   scripts/bench-integrity.sh [ROUNDS] [SECONDS] [CONTENDER...]   (defaults 2, 10 and all)
 #
 # The same 1 GiB payload in LUKS2 volumes with 4096-byte sectors: aes-xts-plain64, and with
 # --integrity hmac-sha256 (over aes-xts-plain64), aead (aes-gcm-random) and poly1305
@@ -15,6 +15,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-2}"
 secs="${2:-10}"
+for c in "${@:3}"; do
+  case "$c" in
+  xts | hmac-journal | hmac-direct | gcm-journal | gcm-direct | chacha-journal | chacha-direct) ;;
+  *)
+    echo "bench-integrity.sh: no contender '$c' (xts, {hmac,gcm,chacha}-{journal,direct})" >&2
+    exit 2
+    ;;
+  esac
+done
 dir="${BENCH_DIR:-target/bench-integrity}"
 mkdir -p "$dir"
 dir="$(cd "$dir" && pwd)"
@@ -59,6 +68,12 @@ server_cmd() { # contender -> command
   esac
 }
 contenders=(xts hmac-journal hmac-direct gcm-journal gcm-direct chacha-journal chacha-direct)
+if [ $# -gt 2 ]; then # a subset: xts always, as the reference
+  contenders=(xts)
+  for c in "${@:3}"; do
+    [ "$c" = xts ] || contenders+=("$c")
+  done
+fi
 fio_run() { # name, then fio options: one job on the served volume, JSON to $out/NAME.json
   local name=$1
   shift

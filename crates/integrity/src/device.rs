@@ -6,24 +6,38 @@
 //! tag verifies.
 //!
 //! Writes go through the journal as the kernel's journal mode ('J') takes them: a written block
-//! waits in memory (reads see it) until a flush, or until it and the others waiting fill the
-//! journal; then they are committed: the previous commit's copies in place are synced (the ring
-//! is about to overwrite their sections), the waiting blocks are written as whole journal
-//! sections, synced (the commit point), and copied in place. A crash leaves every block as its
-//! last flush left it or newer, never torn: a replay (here or by the kernel) finishes any copy
-//! in place. Without the journal (`--integrity-no-journal`, the kernel's 'D' mode) blocks go in
-//! place at once, data and tag, and a crash can leave a block that fails its check, as there.
+//! waits in memory (reads see it) until a flush, or until it and the others waiting fill a
+//! quarter of the journal; then they are committed: written as whole journal sections, synced
+//! (the commit point), and copied in place. A crash leaves every block as its last flush left it
+//! or newer, never torn: a replay (here or by the kernel) finishes any copy in place.
 //!
-//! Reads and writes exclude each other per device (a read under a shared lock, a write under an
-//! exclusive one): a read never sees a block's new data with its old tag.
+//! A commit's I/O runs outside the device lock, in three stages (journal write, sync, copies in
+//! place) that successive commits overlap: while one commit syncs, the next one writes its
+//! sections and the one before copies in place, and later blocks are sealed and queued. One
+//! commit is in each stage at a time, in order (each takes the next stage's turn before leaving
+//! its own), and reads see every commit's blocks until they are in place. A quarter of the
+//! journal per commit makes one sync per commit enough: a commit's copies in place are done
+//! before the sync two commits later begins, which ends before the commit four later writes the
+//! journal, the first that can reach the same sections. When that does not hold (a small
+//! journal, a flush that left the ring elsewhere), a commit waits for the stages to empty and
+//! syncs first. After an I/O error in a commit the device refuses writes and flushes, as the
+//! kernel's fails; reopening replays the journal.
+//!
+//! Without the journal (`--integrity-no-journal`, the kernel's 'D' mode) blocks go in place at
+//! once, data and tag, and a crash can leave a block that fails its check, as there.
+//!
+//! Reads and writes exclude each other per device (a read under a shared lock, a placement in
+//! place under an exclusive one, or with the blocks still readable from memory): a read never
+//! sees a block's new data with its old tag.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, PoisonError, RwLock, RwLockWriteGuard};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use rand::RngCore;
 use sectorcrypt_storage::Storage;
 
-use crate::journal::{self, JournalBlock, Ring};
+use crate::batch::{Batch, Sealed};
+use crate::journal::{self, Ring};
 use crate::layout::Layout;
 use crate::mode::Mode;
 use crate::superblock::{Superblock, SUPERBLOCK_BYTES};
@@ -38,22 +52,66 @@ pub struct IntegrityDevice {
     /// Writes go through the journal (else straight in place).
     journal: bool,
     /// Opened read-only: the committed blocks the journal holds that may not be in place yet.
-    journalled: HashMap<u64, JournalBlock>,
+    journalled: Batch,
     /// The writes not yet committed and the ring (reads hold it shared, writes exclusive).
     writes: RwLock<Writes>,
+    /// The turns of a commit's stages (see the module docs), taken in this order, each before
+    /// `writes`.
+    journal_turn: Mutex<()>,
+    sync_turn: Mutex<()>,
+    place_turn: Mutex<()>,
+}
+
+fn lock(turn: &Mutex<()>) -> MutexGuard<'_, ()> {
+    turn.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Sections `start..start + count` of a ring of `sections` (wrapping).
+#[derive(Clone, Copy, Debug)]
+struct Sections {
+    start: u64,
+    count: u64,
+}
+
+impl Sections {
+    fn overlaps(self, other: Sections, sections: u64) -> bool {
+        (0..self.count).any(|i| {
+            let s = (self.start + i) % sections;
+            (s + sections - other.start) % sections < other.count
+        })
+    }
 }
 
 /// What waits to be committed, and where the journal goes on.
 struct Writes {
     /// The next journal section and its sequence.
     ring: Ring,
-    /// Blocks written since the last commit, each once (its latest data), in order of first
-    /// write.
-    pending: Vec<JournalBlock>,
-    /// Where each pending block is in `pending`.
-    index: HashMap<u64, usize>,
-    /// Copies in place made since the storage was last synced.
-    placed_unsynced: bool,
+    /// Blocks written since the last commit began.
+    pending: Batch,
+    /// Commits begun and not yet in place, oldest first, with their sections.
+    unplaced: VecDeque<(Sections, Arc<Batch>)>,
+    /// Sections of commits copied in place since the last sync began, oldest first.
+    placed_unsynced: Vec<Sections>,
+    /// A commit failed: writes and flushes are refused.
+    failed: bool,
+}
+
+impl Writes {
+    /// The newest data of `block` not yet in place.
+    fn unplaced(&self, block: u64) -> Option<(&[u8], &[u8])> {
+        self.pending
+            .get(block)
+            .or_else(|| self.unplaced.iter().rev().find_map(|(_, b)| b.get(block)))
+    }
+
+    fn check_failed(&self) -> Result<(), Error> {
+        if self.failed {
+            return Err(Error::Io(std::io::Error::other(
+                "a journal commit failed; reopen the device to replay its journal",
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for IntegrityDevice {
@@ -132,25 +190,28 @@ impl IntegrityDevice {
             mode,
             read_only,
             journal,
-            journalled: HashMap::new(),
+            journalled: Batch::default(),
             writes: RwLock::new(Writes {
                 ring: scan.ring,
-                pending: Vec::new(),
-                index: HashMap::new(),
-                placed_unsynced: false,
+                pending: Batch::default(),
+                unplaced: VecDeque::new(),
+                placed_unsynced: Vec::new(),
+                failed: false,
             }),
+            journal_turn: Mutex::new(()),
+            sync_turn: Mutex::new(()),
+            place_turn: Mutex::new(()),
         };
+        let replay = Batch::from_journal(scan.replay);
         if read_only {
-            for b in scan.replay {
-                device.journalled.insert(b.block, b);
-            }
+            device.journalled = replay;
         } else {
-            if !scan.replay.is_empty() {
-                device.place(&scan.replay)?;
+            if !replay.is_empty() {
+                device.place(&replay)?;
                 device.storage.sync()?;
             }
             let clear = match scan.clear {
-                None if !journal && !scan.replay.is_empty() => Some(0),
+                None if !journal && !replay.is_empty() => Some(0),
                 clear => clear,
             };
             if let Some(seq) = clear {
@@ -243,14 +304,12 @@ impl IntegrityDevice {
             for (i, (block, tag)) in data.chunks_mut(bs).zip(tags.chunks(ts)).enumerate() {
                 let number = start + i as u64;
                 let newer = writes
-                    .index
-                    .get(&number)
-                    .map(|&i| &writes.pending[i])
-                    .or_else(|| self.journalled.get(&number));
+                    .unplaced(number)
+                    .or_else(|| self.journalled.get(number));
                 let tag = match newer {
-                    Some(j) => {
-                        block.copy_from_slice(&j.data);
-                        &j.tag[..]
+                    Some((data, tag)) => {
+                        block.copy_from_slice(data);
+                        tag
                     }
                     None => tag,
                 };
@@ -267,11 +326,12 @@ impl IntegrityDevice {
     }
 
     /// Encrypt and write whole blocks from block `first`: into the journal's waiting blocks
-    /// (committed at the next flush, or once they fill the journal), or in place without the
-    /// journal.
+    /// (committed at the next flush, or once they fill a quarter of the journal), or in place
+    /// without the journal.
     ///
-    /// Errors: [`Error::ReadOnly`]; [`Error::Range`]; [`Error::Io`] from a commit (the blocks
-    /// then keep waiting; a crash leaves them as the last flush did).
+    /// Errors: [`Error::ReadOnly`]; [`Error::Range`]; [`Error::Io`] from a commit, or after one
+    /// failed (the device then refuses writes and flushes; reopening replays the journal, and a
+    /// block reads as the last flush left it or newer).
     pub fn write(&self, first: u64, buf: &[u8]) -> Result<(), Error> {
         if self.read_only {
             return Err(Error::ReadOnly);
@@ -292,70 +352,143 @@ impl IntegrityDevice {
         }
         // Sealed before the lock: concurrent writes encrypt in parallel, and only queue or
         // place one at a time.
-        let mut writes = self.writes.write().unwrap_or_else(PoisonError::into_inner);
         if !self.journal {
+            let _writes = self.writes.write().unwrap_or_else(PoisonError::into_inner);
             for (start, count) in self.runs(first, n) {
                 let k = (start - first) as usize;
                 let end = k + count as usize;
                 self.write_run(start, &data[k * bs..end * bs], &tags[k * ts..end * ts])?;
             }
-            writes.placed_unsynced = true;
             return Ok(());
         }
-        let sealed = data
-            .chunks(bs)
-            .zip(tags.chunks(ts))
-            .enumerate()
-            .map(|(k, (data, tag))| JournalBlock {
-                block: first + k as u64,
-                data: data.to_vec(),
-                tag: tag.to_vec(),
-            });
-        let capacity =
-            (self.layout.journal_section_entries * self.layout.journal_sections) as usize;
-        for b in sealed {
-            if writes.pending.len() == capacity && !writes.index.contains_key(&b.block) {
-                self.commit(&mut writes)?;
+        let sealed = Arc::new(Sealed {
+            first,
+            block_size: bs,
+            data,
+            tags,
+        });
+        let (n, mut k) = (n as usize, 0);
+        while k < n {
+            let mut writes = self.writes.write().unwrap_or_else(PoisonError::into_inner);
+            writes.check_failed()?;
+            while k < n
+                && (writes.pending.len() < self.batch_blocks()
+                    || writes.pending.contains(first + k as u64))
+            {
+                writes.pending.put(&sealed, k);
+                k += 1;
             }
-            match writes.index.get(&b.block) {
-                Some(&i) => writes.pending[i] = b,
-                None => {
-                    let i = writes.pending.len();
-                    writes.index.insert(b.block, i);
-                    writes.pending.push(b);
-                }
+            drop(writes);
+            if k < n {
+                self.commit(false)?;
             }
         }
         Ok(())
     }
 
-    /// Commit the waiting blocks (see the module docs).
-    fn commit(&self, writes: &mut RwLockWriteGuard<'_, Writes>) -> Result<(), Error> {
-        if writes.pending.is_empty() {
+    /// Blocks per commit: those of a quarter of the journal's sections (at least one section).
+    fn batch_blocks(&self) -> usize {
+        let sections = (self.layout.journal_sections / 4).max(1);
+        (sections * self.layout.journal_section_entries) as usize
+    }
+
+    /// Commit the blocks waiting (at most a batch of them; see the module docs), after the
+    /// commits under way; unless `partial`, only a full batch (the commit this caller waited for
+    /// may have taken its blocks). With nothing to commit and `partial`, wait for the commits
+    /// under way to be durable.
+    ///
+    /// Errors: [`Error::Io`]; the device then refuses writes and flushes.
+    fn commit(&self, partial: bool) -> Result<(), Error> {
+        let journal_turn = lock(&self.journal_turn);
+        let mut writes = self.writes.write().unwrap_or_else(PoisonError::into_inner);
+        writes.check_failed()?;
+        let waiting = writes.pending.len();
+        if waiting == 0 && partial {
+            drop(writes);
+            // The commit before this one has synced once its turn is free.
+            drop(lock(&self.sync_turn));
+            return self.read_writes().check_failed();
+        }
+        if waiting == 0 || (!partial && waiting < self.batch_blocks()) {
             return Ok(());
         }
-        if writes.placed_unsynced {
-            self.storage.sync()?;
-            writes.placed_unsynced = false;
-        }
-        let mut ring = writes.ring;
-        for entries in writes
-            .pending
-            .chunks(self.layout.journal_section_entries as usize)
-        {
-            let section = journal::section_bytes(&self.layout, ring.section, ring.seq, entries);
-            self.storage
-                .write_at(&section, self.layout.journal_sector_offset(ring.section, 0))?;
+        // Never more than a batch: writes wait for a commit rather than grow it.
+        let batch = Arc::new(std::mem::take(&mut writes.pending));
+        let entries = self.layout.journal_section_entries as usize;
+        let start = writes.ring;
+        let sections = Sections {
+            start: start.section,
+            count: batch.len().div_ceil(entries) as u64,
+        };
+        let ring_sections = self.layout.journal_sections;
+        let mut ring = start;
+        for _ in 0..sections.count {
             ring = journal::advance(&self.layout, ring);
         }
-        self.storage.sync()?;
-        // Committed: from here a crash is repaired by the replay.
         writes.ring = ring;
-        writes.placed_unsynced = true;
-        let placed = self.place(&writes.pending);
-        writes.pending.clear();
-        writes.index.clear();
-        placed
+        let reused = writes
+            .unplaced
+            .iter()
+            .map(|(s, _)| s)
+            .chain(&writes.placed_unsynced)
+            .any(|s| s.overlaps(sections, ring_sections));
+        writes.unplaced.push_back((sections, Arc::clone(&batch)));
+        drop(writes);
+        let stages = || -> Result<(), Error> {
+            // Sections whose copies in place may not be durable: wait for the commits under way
+            // to leave every stage, then sync.
+            let early = reused.then(|| (lock(&self.sync_turn), lock(&self.place_turn)));
+            if early.is_some() {
+                self.sync_placed()?;
+            }
+            let mut at = start;
+            let mut bytes = vec![0u8; (self.layout.journal_section_sectors * 512) as usize];
+            for chunk in batch.entries().chunks(entries) {
+                journal::fill_section(&self.layout, at.section, at.seq, chunk, &mut bytes);
+                self.storage
+                    .write_at(&bytes, self.layout.journal_sector_offset(at.section, 0))?;
+                at = journal::advance(&self.layout, at);
+            }
+            let (sync_turn, early_place) = match early {
+                Some((s, p)) => (s, Some(p)),
+                None => (lock(&self.sync_turn), None),
+            };
+            drop(journal_turn);
+            self.read_writes().check_failed()?;
+            // The commit point; it also makes the copies in place done before it durable.
+            self.sync_placed()?;
+            let place_turn = early_place.unwrap_or_else(|| lock(&self.place_turn));
+            drop(sync_turn);
+            self.read_writes().check_failed()?;
+            self.place(&batch)?;
+            let mut writes = self.writes.write().unwrap_or_else(PoisonError::into_inner);
+            writes.unplaced.retain(|(_, b)| !Arc::ptr_eq(b, &batch));
+            writes.placed_unsynced.push(sections);
+            drop(place_turn);
+            Ok(())
+        };
+        let done = stages();
+        if done.is_err() {
+            // Its blocks stay readable from memory.
+            self.writes
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .failed = true;
+        }
+        done
+    }
+
+    fn read_writes(&self) -> std::sync::RwLockReadGuard<'_, Writes> {
+        self.writes.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sync the storage; the copies in place done before it are then durable.
+    fn sync_placed(&self) -> Result<(), Error> {
+        let covered = self.read_writes().placed_unsynced.len();
+        self.storage.sync()?;
+        let mut writes = self.writes.write().unwrap_or_else(PoisonError::into_inner);
+        writes.placed_unsynced.drain(..covered);
+        Ok(())
     }
 
     /// Write every block as zeros, encrypted and tagged, in place without the journal (as
@@ -401,43 +534,29 @@ impl IntegrityDevice {
     ///
     /// Errors: [`Error::Io`].
     pub fn flush(&self) -> Result<(), Error> {
-        let mut writes = self.writes.write().unwrap_or_else(PoisonError::into_inner);
-        if self.journal {
-            self.commit(&mut writes)
-        } else {
-            self.storage.sync()?;
-            writes.placed_unsynced = false;
-            Ok(())
+        if !self.journal {
+            let _writes = self.writes.write().unwrap_or_else(PoisonError::into_inner);
+            return Ok(self.storage.sync()?);
+        }
+        // Each commit waits for the one before; the last one (with nothing left to commit, the
+        // one under way) makes every write so far durable.
+        loop {
+            self.commit(true)?;
+            if self.read_writes().pending.is_empty() {
+                return Ok(());
+            }
         }
     }
 
-    /// Write `blocks` (ciphertext and tags; a later one of the same block wins) in their places:
-    /// each run of consecutive blocks inside an area with one write for the data and one for the
-    /// tags.
-    fn place(&self, blocks: &[JournalBlock]) -> Result<(), Error> {
-        let latest: BTreeMap<u64, &JournalBlock> = blocks.iter().map(|b| (b.block, b)).collect();
+    /// Write the blocks of `batch` (ciphertext and tags) in their places: each run of them that
+    /// one request holds, inside an area, with one write for the data and one for the tags.
+    fn place(&self, batch: &Batch) -> Result<(), Error> {
         let per_area =
             1u64 << (self.layout.log2_interleave_sectors - self.layout.log2_sectors_per_block);
-        let mut run: Vec<&JournalBlock> = Vec::new();
-        let flush_run = |run: &mut Vec<&JournalBlock>| -> Result<(), Error> {
-            if let Some(first) = run.first() {
-                let (data, tags): (Vec<&[u8]>, Vec<&[u8]>) =
-                    run.iter().map(|b| (&b.data[..], &b.tag[..])).unzip();
-                self.write_run(first.block, &data.concat(), &tags.concat())?;
-            }
-            run.clear();
-            Ok(())
-        };
-        for b in latest.into_values() {
-            let follows = run
-                .last()
-                .is_some_and(|l| l.block + 1 == b.block && b.block % per_area != 0);
-            if !follows {
-                flush_run(&mut run)?;
-            }
-            run.push(b);
+        for (first, data, tags) in batch.runs(per_area) {
+            self.write_run(first, data, tags)?;
         }
-        flush_run(&mut run)
+        Ok(())
     }
 
     /// Write the ciphertext `data` and the tags `tags` of consecutive blocks from `first`, all in

@@ -229,33 +229,44 @@ fn section_blocks(bytes: &[u8], layout: &Layout) -> Vec<JournalBlock> {
     out
 }
 
-/// One section as the kernel writes it: `blocks` (at most a section's entries) in its first
-/// entries, the others unused, every sector stamped for `section` under `seq`.
-pub(crate) fn section_bytes(
+/// A block to journal: its number, ciphertext and tag.
+pub(crate) type Entry<'a> = (u64, &'a [u8], &'a [u8]);
+
+/// Fill `out` (one section's bytes) with the section as the kernel writes it: `entries` (at most
+/// a section's) in its first entries, the others unused, every sector stamped for `section`
+/// under `seq`. Every byte of `out` is written.
+pub(crate) fn fill_section(
     layout: &Layout,
     section: u64,
     seq: u8,
-    blocks: &[JournalBlock],
-) -> Vec<u8> {
-    debug_assert!(blocks.len() as u64 <= layout.journal_section_entries);
+    entries: &[Entry<'_>],
+    out: &mut [u8],
+) {
+    debug_assert!(entries.len() as u64 <= layout.journal_section_entries);
+    debug_assert_eq!(out.len() as u64, layout.journal_section_sectors * 512);
     let spb = 1u64 << layout.log2_sectors_per_block;
-    let mut out = vec![0u8; (layout.journal_section_sectors * 512) as usize];
+    let data_start = (JOURNAL_BLOCK_SECTORS * 512) as usize;
+    out[..data_start].fill(0);
     for n in 0..layout.journal_section_entries {
         let at = entry_offset(layout, n);
-        match blocks.get(n as usize) {
-            None => out[at + 4..at + 8].copy_from_slice(&UNUSED.to_le_bytes()),
-            Some(b) => {
-                let sector = b.block << layout.log2_sectors_per_block;
+        let first = ((JOURNAL_BLOCK_SECTORS + n * spb) * 512) as usize;
+        let block_bytes = (spb * 512) as usize;
+        match entries.get(n as usize) {
+            None => {
+                out[at + 4..at + 8].copy_from_slice(&UNUSED.to_le_bytes());
+                out[first..first + block_bytes].fill(0);
+            }
+            Some(&(block, data, tag)) => {
+                let sector = block << layout.log2_sectors_per_block;
                 out[at..at + 8].copy_from_slice(&sector.to_le_bytes());
-                let first = ((JOURNAL_BLOCK_SECTORS + n * spb) * 512) as usize;
-                out[first..first + b.data.len()].copy_from_slice(&b.data);
+                out[first..first + block_bytes].copy_from_slice(data);
                 for s in 0..spb as usize {
                     let last = at + 8 + s * 8;
                     out[last..last + 8]
-                        .copy_from_slice(&b.data[s * 512 + JOURNAL_SECTOR_DATA..(s + 1) * 512]);
+                        .copy_from_slice(&data[s * 512 + JOURNAL_SECTOR_DATA..(s + 1) * 512]);
                 }
                 let tag_at = at + 8 + spb as usize * 8;
-                out[tag_at..tag_at + b.tag.len()].copy_from_slice(&b.tag);
+                out[tag_at..tag_at + tag.len()].copy_from_slice(tag);
             }
         }
     }
@@ -263,17 +274,15 @@ pub(crate) fn section_bytes(
         let at = j as usize * 512 + JOURNAL_SECTOR_DATA;
         out[at..at + 8].copy_from_slice(&commit_id(section, j, seq).to_le_bytes());
     }
-    out
 }
 
 /// Write every section empty under `seq` (the kernel's clear: the section where the ring was
 /// first, then the others).
 pub(crate) fn clear(storage: &dyn Storage, layout: &Layout, seq: u8) -> Result<(), Error> {
+    let mut bytes = vec![0u8; (layout.journal_section_sectors * 512) as usize];
     for section in 0..layout.journal_sections {
-        storage.write_at(
-            &section_bytes(layout, section, seq, &[]),
-            layout.journal_sector_offset(section, 0),
-        )?;
+        fill_section(layout, section, seq, &[], &mut bytes);
+        storage.write_at(&bytes, layout.journal_sector_offset(section, 0))?;
     }
     Ok(())
 }

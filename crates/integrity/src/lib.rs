@@ -15,6 +15,7 @@
 //! cannot prevent a replay attack"); a block moved elsewhere or altered does not.
 
 mod aegis;
+mod batch;
 mod device;
 pub mod format;
 mod journal;

@@ -1,5 +1,6 @@
 //! The integrity format against the real kernel, under power cuts, and against hostile input.
 
+mod concurrent;
 mod crash;
 mod kernel;
 mod replay;
