@@ -87,36 +87,55 @@ impl AesGcm {
     ///
     /// `data` is at most 2^36 - 32 bytes (GCM's limit for one message).
     pub fn seal(&self, nonce: &[u8; NONCE], aad: &[u8], data: &mut [u8]) -> [u8; TAG] {
-        let mut mask = [0u8; TAG];
-        self.counter_mode(nonce, data, |e_j0| {
-            mask = *e_j0;
-            true
-        });
-        let mut tag = self.ghash(aad, data);
-        xor_into(&mut tag, &mask);
-        mask.zeroize();
-        crate::wipe::after_keyed_call();
+        let mut tag = [0u8; TAG];
+        self.seal_each([(nonce, aad, data, &mut tag)]);
         tag
+    }
+
+    /// [`AesGcm::seal`] for each message (nonce, associated data, data encrypted in place, and
+    /// where its tag goes): the sectors of a request, with one keystream buffer and one clearing
+    /// of what the kernels leave behind for all of them.
+    pub fn seal_each<'a, A: AsRef<[u8]>>(
+        &self,
+        messages: impl IntoIterator<Item = (&'a [u8; NONCE], A, &'a mut [u8], &'a mut [u8; TAG])>,
+    ) {
+        let mut ks = [[0u8; BLOCK]; BATCH + 1];
+        for (nonce, aad, data, tag) in messages {
+            let mut mask = [0u8; TAG];
+            self.counter_mode(&mut ks, nonce, data, |e_j0| {
+                mask = *e_j0;
+                true
+            });
+            *tag = self.ghash(aad.as_ref(), data);
+            xor_into(tag, &mask);
+            mask.zeroize();
+        }
+        clear_keystream(&mut ks);
+        crate::wipe::after_keyed_call();
     }
 
     /// Check `tag` over `aad` and the ciphertext `data` under `nonce` (in constant time) and, if it
     /// verifies, decrypt `data` in place. `false`: `data` is left as it was, undecrypted.
     pub fn open(&self, nonce: &[u8; NONCE], aad: &[u8], data: &mut [u8], tag: &[u8; TAG]) -> bool {
         let hash = self.ghash(aad, data);
-        let ok = self.counter_mode(nonce, data, |e_j0| {
+        let mut ks = [[0u8; BLOCK]; BATCH + 1];
+        let ok = self.counter_mode(&mut ks, nonce, data, |e_j0| {
             let diff = (hash.iter().zip(e_j0).zip(tag)).fold(0u8, |d, ((h, e), t)| d | (h ^ e ^ t));
             // Read through a black box so the comparison stays branch-free up to this point.
             std::hint::black_box(diff) == 0
         });
+        clear_keystream(&mut ks);
         crate::wipe::after_keyed_call();
         ok
     }
 
     /// Counter mode under `nonce`: `E(K, J0)` goes to `check`, and only if it says yes is `data`
     /// XORed with the keystream from counter block 2 (`inc32` of `J0`). `J0` rides in the first
-    /// engine call, so a 4 KiB sector is one call.
+    /// engine call, so a 4 KiB sector is one call. The keystream is left in `ks` for the caller
+    /// to clear.
     fn counter_mode(
         &self,
+        ks: &mut [[u8; BLOCK]; BATCH + 1],
         nonce: &[u8; NONCE],
         data: &mut [u8],
         check: impl FnOnce(&[u8; BLOCK]) -> bool,
@@ -126,7 +145,6 @@ impl AesGcm {
         prefix[..NONCE].copy_from_slice(nonce);
         let prefix = u128::from_be_bytes(prefix);
         // Slot 0 holds `J0` in the first call and is unused after.
-        let mut ks = [[0u8; BLOCK]; BATCH + 1];
         let mut counter = 1u32;
         let mut check = Some(check);
         let mut ok = true;
@@ -154,10 +172,6 @@ impl AesGcm {
             }
             xor_into(piece, &ks[1..=blocks].as_flattened()[..piece.len()]);
         }
-        // The keystream is as secret as the plaintext it hides. Cleared with wide stores (a
-        // byte-wise volatile clear costs as much as the encryption); `black_box` keeps them.
-        ks.fill([0; BLOCK]);
-        std::hint::black_box(&mut ks);
         ok
     }
 
@@ -171,6 +185,13 @@ impl AesGcm {
         #[cfg(not(target_arch = "x86_64"))]
         return [0u8; TAG];
     }
+}
+
+/// The keystream is as secret as the plaintext it hides. Cleared with wide stores (a byte-wise
+/// volatile clear costs as much as the encryption); `black_box` keeps them.
+fn clear_keystream(ks: &mut [[u8; BLOCK]; BATCH + 1]) {
+    ks.fill([0; BLOCK]);
+    std::hint::black_box(ks);
 }
 
 #[cfg(test)]
@@ -198,6 +219,24 @@ mod tests {
             ("feffe9928665731c6d6a8f9467308308feffe9928665731c6d6a8f9467308308", "cafebabefacedbaddecaf888", p, "", "522dc1f099567d07f47f37a32a84427d643a8cdcbfe5c0c97598a2bd2555d1aa8cb08e48590dbb3da7b08b1056828838c5f61e6393ba7a0abcc9f662898015ad", "b094dac5d93471bdec1a502270e3cc6c"),
             ("feffe9928665731c6d6a8f9467308308feffe9928665731c6d6a8f9467308308", "cafebabefacedbaddecaf888", &p[..120], a, "522dc1f099567d07f47f37a32a84427d643a8cdcbfe5c0c97598a2bd2555d1aa8cb08e48590dbb3da7b08b1056828838c5f61e6393ba7a0abcc9f662", "76fc6ece0f4e1768cddf8853bb2d551b"),
         ];
+        // Cases 3 and 4, and 15 and 16, share a key: sealed together in one call, each as alone.
+        for pair in [&cases[1..3], &cases[3..5]] {
+            let gcm = AesGcm::new(&unhex(pair[0].0), BackendChoice::Auto).expect("key");
+            let nonces: Vec<[u8; NONCE]> = pair
+                .iter()
+                .map(|c| unhex(c.1).try_into().expect("iv"))
+                .collect();
+            let mut data: Vec<Vec<u8>> = pair.iter().map(|c| unhex(c.2)).collect();
+            let mut tags = [[0u8; TAG]; 2];
+            let messages = nonces.iter().zip(pair).zip(&mut data).zip(&mut tags);
+            gcm.seal_each(messages.map(|(((n, c), d), t)| (n, unhex(c.3), &mut d[..], t)));
+            for ((c, d), t) in pair.iter().zip(&data).zip(&tags) {
+                assert_eq!(
+                    (hex::encode(d), hex::encode(t)),
+                    (c.4.to_string(), c.5.to_string())
+                );
+            }
+        }
         // Case 2's plaintext is one zero block.
         for (i, (key, iv, plain, aad, cipher, tag)) in cases.into_iter().enumerate() {
             let plain = if i == 0 { vec![0u8; 16] } else { unhex(plain) };

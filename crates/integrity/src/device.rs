@@ -345,11 +345,8 @@ impl IntegrityDevice {
         rand::rngs::OsRng.fill_bytes(&mut ivs);
         let mut data = buf.to_vec();
         let mut tags = vec![0u8; n as usize * ts];
-        for (k, (block, tag)) in data.chunks_mut(bs).zip(tags.chunks_mut(ts)).enumerate() {
-            let iv = &ivs[k * iv_size..(k + 1) * iv_size];
-            self.mode
-                .seal(self.sector(first + k as u64), block, tag, iv)?;
-        }
+        self.mode
+            .seal_blocks(self.sector(first), &mut data, &mut tags, &ivs)?;
         // Sealed before the lock: concurrent writes encrypt in parallel, and only queue or
         // place one at a time.
         if !self.journal {
@@ -504,7 +501,6 @@ impl IntegrityDevice {
         let _writes = self.writes.write().unwrap_or_else(PoisonError::into_inner);
         let (bs, ts) = (self.layout.block_size(), self.layout.tag_size as usize);
         let total = self.layout.blocks();
-        let mut iv = vec![0u8; self.mode.random_iv_size()];
         // At most 1 MiB of data a write.
         let chunk = (1 << 20) / bs as u64;
         let mut done = 0;
@@ -514,10 +510,10 @@ impl IntegrityDevice {
                 let n = chunk.min(start + count - b);
                 let mut data = vec![0u8; n as usize * bs];
                 let mut tags = vec![0u8; n as usize * ts];
-                for (k, (block, tag)) in data.chunks_mut(bs).zip(tags.chunks_mut(ts)).enumerate() {
-                    rand::rngs::OsRng.fill_bytes(&mut iv);
-                    self.mode.seal(self.sector(b + k as u64), block, tag, &iv)?;
-                }
+                let mut ivs = vec![0u8; n as usize * self.mode.random_iv_size()];
+                rand::rngs::OsRng.fill_bytes(&mut ivs);
+                self.mode
+                    .seal_blocks(self.sector(b), &mut data, &mut tags, &ivs)?;
                 self.storage.write_at(&data, self.layout.data_offset(b))?;
                 self.storage.write_at(&tags, self.layout.tag_offset(b))?;
                 b += n;
