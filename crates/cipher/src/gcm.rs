@@ -117,16 +117,35 @@ impl AesGcm {
     /// Check `tag` over `aad` and the ciphertext `data` under `nonce` (in constant time) and, if it
     /// verifies, decrypt `data` in place. `false`: `data` is left as it was, undecrypted.
     pub fn open(&self, nonce: &[u8; NONCE], aad: &[u8], data: &mut [u8], tag: &[u8; TAG]) -> bool {
-        let hash = self.ghash(aad, data);
+        let mut ok = true;
+        self.open_each([(nonce, aad, data, tag)], |_| ok = false);
+        ok
+    }
+
+    /// [`AesGcm::open`] for each message (nonce, associated data, ciphertext decrypted in place
+    /// if its tag verifies, and the tag), with one keystream buffer and one clearing for all of
+    /// them; `refused` gets the position of each message whose tag does not verify (left as
+    /// ciphertext).
+    pub fn open_each<'a, A: AsRef<[u8]>>(
+        &self,
+        messages: impl IntoIterator<Item = (&'a [u8; NONCE], A, &'a mut [u8], &'a [u8; TAG])>,
+        mut refused: impl FnMut(usize),
+    ) {
         let mut ks = [[0u8; BLOCK]; BATCH + 1];
-        let ok = self.counter_mode(&mut ks, nonce, data, |e_j0| {
-            let diff = (hash.iter().zip(e_j0).zip(tag)).fold(0u8, |d, ((h, e), t)| d | (h ^ e ^ t));
-            // Read through a black box so the comparison stays branch-free up to this point.
-            std::hint::black_box(diff) == 0
-        });
+        for (i, (nonce, aad, data, tag)) in messages.into_iter().enumerate() {
+            let hash = self.ghash(aad.as_ref(), data);
+            let ok = self.counter_mode(&mut ks, nonce, data, |e_j0| {
+                let diff =
+                    (hash.iter().zip(e_j0).zip(tag)).fold(0u8, |d, ((h, e), t)| d | (h ^ e ^ t));
+                // Read through a black box so the comparison stays branch-free up to this point.
+                std::hint::black_box(diff) == 0
+            });
+            if !ok {
+                refused(i);
+            }
+        }
         clear_keystream(&mut ks);
         crate::wipe::after_keyed_call();
-        ok
     }
 
     /// Counter mode under `nonce`: `E(K, J0)` goes to `check`, and only if it says yes is `data`
@@ -236,6 +255,18 @@ mod tests {
                     (c.4.to_string(), c.5.to_string())
                 );
             }
+            // Opened together with the second tag forged: the first decrypts, the second is
+            // refused and stays ciphertext.
+            tags[1][0] ^= 1;
+            let mut refused = Vec::new();
+            let messages = nonces.iter().zip(pair).zip(&mut data).zip(&tags);
+            gcm.open_each(
+                messages.map(|(((n, c), d), t)| (n, unhex(c.3), &mut d[..], t)),
+                |i| refused.push(i),
+            );
+            assert_eq!(refused, [1]);
+            assert_eq!(hex::encode(&data[0]), pair[0].2);
+            assert_eq!(hex::encode(&data[1]), pair[1].4);
         }
         // Case 2's plaintext is one zero block.
         for (i, (key, iv, plain, aad, cipher, tag)) in cases.into_iter().enumerate() {

@@ -301,21 +301,18 @@ impl IntegrityDevice {
             let mut tags = vec![0u8; count as usize * ts];
             self.storage
                 .read_at(&mut tags, self.layout.tag_offset(start))?;
-            for (i, (block, tag)) in data.chunks_mut(bs).zip(tags.chunks(ts)).enumerate() {
+            for (i, (block, tag)) in data.chunks_mut(bs).zip(tags.chunks_mut(ts)).enumerate() {
                 let number = start + i as u64;
                 let newer = writes
                     .unplaced(number)
                     .or_else(|| self.journalled.get(number));
-                let tag = match newer {
-                    Some((data, tag)) => {
-                        block.copy_from_slice(data);
-                        tag
-                    }
-                    None => tag,
-                };
-                if self.mode.open(self.sector(number), block, tag).is_err() && failed.is_none() {
-                    failed = Some(number);
+                if let Some((newer_data, newer_tag)) = newer {
+                    block.copy_from_slice(newer_data);
+                    tag.copy_from_slice(newer_tag);
                 }
+            }
+            if let Err(k) = self.mode.open_blocks(self.sector(start), data, &tags) {
+                failed = failed.or(Some(start + k as u64));
             }
             done += count as usize * bs;
         }

@@ -258,6 +258,43 @@ impl Mode {
         }
     }
 
+    /// [`Mode::open`] for consecutive blocks: `data` holds whole blocks from 512-byte sector
+    /// `sector` and `tuples` their stored tuples, one after another. Every block that verifies
+    /// is decrypted and every other one zeroed; the first that did not, by its position.
+    pub fn open_blocks(&self, sector: u64, data: &mut [u8], tuples: &[u8]) -> Result<(), usize> {
+        let (bs, ts) = (self.block_size, self.tag_size());
+        let step = (bs / 512) as u64;
+        let n = data.len() / bs;
+        debug_assert!(data.len().is_multiple_of(bs) && tuples.len() == n * ts);
+        let mut refused = Vec::new();
+        match &self.kind {
+            Kind::AesGcm(gcm) => {
+                let blocks = data.chunks_mut(bs).zip(tuples.chunks(ts)).enumerate();
+                gcm.open_each(
+                    blocks.map(|(k, (block, tuple))| {
+                        let (tag, iv) = tuple.split_at(AEAD_TAG);
+                        let nonce: &[u8; AEAD_IV] = iv.try_into().expect("a tuple's IV");
+                        let aad =
+                            associated_data::<{ 8 + AEAD_IV }>(sector + k as u64 * step, nonce);
+                        (nonce, aad, block, tag.try_into().expect("a tuple's tag"))
+                    }),
+                    |k| refused.push(k),
+                );
+                for &k in &refused {
+                    data[k * bs..(k + 1) * bs].fill(0);
+                }
+            }
+            _ => {
+                for (k, (block, tuple)) in data.chunks_mut(bs).zip(tuples.chunks(ts)).enumerate() {
+                    if self.open(sector + k as u64 * step, block, tuple).is_err() {
+                        refused.push(k);
+                    }
+                }
+            }
+        }
+        refused.first().map_or(Ok(()), |&k| Err(k))
+    }
+
     /// [`Mode::seal`] for consecutive blocks: `data` holds whole blocks from 512-byte sector
     /// `sector`, `tuples` gets their tuples and `ivs` holds their random IVs, one after another.
     /// With this crate's AES-GCM, the request is one call (one clearing of what the kernels
