@@ -25,9 +25,9 @@ pub type Block = [u8; BLOCK];
 /// set of the 16-block AVX-512 kernels (Serpent, Twofish), two sets of the 8-block AVX2 ones.
 pub const CBC_LANES: usize = 16;
 
-/// Largest data unit the generic code keeps tweaks for on the stack (dm-crypt's maximum sector
-/// size). Larger units are processed in pieces of this size with the tweak carried across.
-const TWEAK_CHUNK_BLOCKS: usize = 4096 / BLOCK;
+/// Blocks of tweaks or keystream the generic code keeps on the stack (dm-crypt's largest sector,
+/// 4 KiB). Larger units are processed in pieces of this size with the tweak carried across.
+const STACK_BLOCKS: usize = 4096 / BLOCK;
 
 /// A keyed block cipher on one backend.
 ///
@@ -56,6 +56,13 @@ pub trait BlockEngine: Send + Sync {
     /// Inverse of [`BlockEngine::xts_encrypt_units`]: `P = D(C ^ T) ^ T`.
     fn xts_decrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
         generic_xts_units(self, buf, unit_len, tweaks, Direction::Decrypt);
+    }
+
+    /// Counter mode with GCM's `inc32`: XOR each job's buffer (any length) with the keystream
+    /// from its counter block, block `j` with `E(counter + j)` where `+` adds to the low 32 bits
+    /// (big-endian, wrapping); a partial last block takes the keystream's first bytes.
+    fn ctr32_xor(&self, jobs: &mut [(Block, &mut [u8])]) {
+        generic_ctr32(self, jobs);
     }
 
     /// CBC-encrypt whole data units in place, unit `u` chained from `ivs[u]`.
@@ -136,6 +143,10 @@ macro_rules! wiping_engine {
                 (**self).xts_decrypt_units(buf, unit_len, tweaks);
                 crate::wipe::after_keyed_call();
             }
+            fn ctr32_xor(&self, jobs: &mut [(Block, &mut [u8])]) {
+                (**self).ctr32_xor(jobs);
+                crate::wipe::after_keyed_call();
+            }
             fn cbc_encrypt_units(&self, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
                 (**self).cbc_encrypt_units(buf, unit_len, ivs);
                 crate::wipe::after_keyed_call();
@@ -188,6 +199,28 @@ pub fn xor_into(dst: &mut [u8], src: &[u8]) {
     }
 }
 
+/// The counter mode every backend gets for free: a stack buffer of counter blocks, one ECB call
+/// per 4 KiB, XOR.
+fn generic_ctr32<E: BlockEngine + ?Sized>(engine: &E, jobs: &mut [(Block, &mut [u8])]) {
+    let mut ks = [[0u8; BLOCK]; STACK_BLOCKS];
+    for (counter, buf) in jobs.iter_mut() {
+        let (prefix, start) = counter.split_at(BLOCK - 4);
+        let mut n = u32::from_be_bytes(start.try_into().unwrap());
+        for piece in buf.chunks_mut(ks.as_flattened().len()) {
+            let ks = &mut ks[..piece.len().div_ceil(BLOCK)];
+            for block in ks.iter_mut() {
+                block[..BLOCK - 4].copy_from_slice(prefix);
+                block[BLOCK - 4..].copy_from_slice(&n.to_be_bytes());
+                n = n.wrapping_add(1);
+            }
+            engine.encrypt_ecb(ks.as_flattened_mut());
+            xor_into(piece, &ks.as_flattened()[..piece.len()]);
+        }
+    }
+    // The keystream is as secret as the plaintext it hides.
+    zeroize::Zeroize::zeroize(ks.as_flattened_mut());
+}
+
 /// The XTS path every backend gets for free: tweaks into a stack buffer, XOR, one ECB call, XOR.
 /// This is the paper's "extended request" structure, one unit (or 4 KiB of it) at a time.
 fn generic_xts_units<E: BlockEngine + ?Sized>(
@@ -197,7 +230,7 @@ fn generic_xts_units<E: BlockEngine + ?Sized>(
     tweaks: &[Block],
     dir: Direction,
 ) {
-    let mut tweak_buf = [0u8; TWEAK_CHUNK_BLOCKS * BLOCK];
+    let mut tweak_buf = [0u8; STACK_BLOCKS * BLOCK];
     for (unit, first) in buf.chunks_exact_mut(unit_len).zip(tweaks) {
         let mut next = *first;
         for piece in unit.chunks_mut(tweak_buf.len()) {

@@ -2,11 +2,14 @@
 //! volumes (`aes-gcm-random`): one message is one sector of at most 4 KiB, so what counts is the
 //! cost per 4 KiB, not the set-up.
 //!
-//! The counter-mode half runs on this crate's AES engines (VAES or AES-NI, a 4 KiB sector per
-//! call). GHASH runs on the carry-less multiply (`clmul`): eight blocks are multiplied by
-//! `H^8 .. H^1` and summed before one reduction, where a one-block-at-a-time GHASH reduces after
-//! every block and costs three times the AES; with a VAES backend, two blocks per instruction. There is no portable GHASH here: [`AesGcm::new`] says
-//! `None` on a CPU without `pclmulqdq`, and the caller keeps a portable, constant-time GCM
+//! The counter-mode half runs on the counter kernels of this crate's AES engines
+//! ([`BlockEngine::ctr32_xor`]: counter blocks made in registers, the data XORed in through the
+//! last round key), every sector of a request in one call and the tag masks `E(K, J0)` of all of
+//! them in one ECB call. GHASH runs on the carry-less multiply (`clmul`): eight blocks are
+//! multiplied by `H^8 .. H^1` and summed before one reduction, where a one-block-at-a-time GHASH
+//! reduces after every block and costs three times the AES; with a VAES backend, two blocks per
+//! instruction. There is no portable GHASH here: [`AesGcm::new`] says `None` on a CPU without
+//! `pclmulqdq`, and the caller keeps a portable, constant-time GCM
 //! (RustCrypto's `aes-gcm`) for that case. The tests check this one against the GCM
 //! specification's vectors and against OpenSSL on random messages, with the AES of every backend.
 //!
@@ -17,7 +20,7 @@ use sectorcrypt_secret::SecretBox;
 use zeroize::Zeroize;
 
 use crate::backend::{Algorithm, Backend, BackendChoice};
-use crate::engine::{xor_into, BlockEngine, BLOCK};
+use crate::engine::{xor_into, Block, BlockEngine, BLOCK};
 
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)] // PCLMULQDQ kernels
@@ -27,9 +30,6 @@ mod clmul;
 pub const NONCE: usize = 12;
 /// Bytes of a GCM tag.
 pub const TAG: usize = 16;
-
-/// Counter blocks encrypted per engine call (a 4 KiB sector in one).
-const BATCH: usize = 256;
 
 /// An AES-GCM key: AES-128, -192 or -256 and the GHASH key's powers, both in locked memory.
 pub struct AesGcm {
@@ -93,24 +93,25 @@ impl AesGcm {
     }
 
     /// [`AesGcm::seal`] for each message (nonce, associated data, data encrypted in place, and
-    /// where its tag goes): the sectors of a request, with one keystream buffer and one clearing
-    /// of what the kernels leave behind for all of them.
+    /// where its tag goes): the sectors of a request, with two AES calls for all of them (the
+    /// tag masks `E(K, J0)` in one, every message's counter mode in the other) and one clearing
+    /// of what the kernels leave behind.
     pub fn seal_each<'a, A: AsRef<[u8]>>(
         &self,
         messages: impl IntoIterator<Item = (&'a [u8; NONCE], A, &'a mut [u8], &'a mut [u8; TAG])>,
     ) {
-        let mut ks = [[0u8; BLOCK]; BATCH + 1];
-        for (nonce, aad, data, tag) in messages {
-            let mut mask = [0u8; TAG];
-            self.counter_mode(&mut ks, nonce, data, |e_j0| {
-                mask = *e_j0;
-                true
-            });
-            *tag = self.ghash(aad.as_ref(), data);
-            xor_into(tag, &mask);
-            mask.zeroize();
+        let mut messages: Vec<_> = messages.into_iter().collect();
+        let mut masks = self.tag_masks(messages.iter().map(|m| m.0));
+        let mut jobs: Vec<(Block, &mut [u8])> = (messages.iter_mut())
+            .map(|(nonce, _, data, _)| (counter_block(nonce, 2), &mut **data))
+            .collect();
+        self.aes.ctr32_xor(&mut jobs);
+        drop(jobs);
+        for ((_, aad, data, tag), mask) in messages.iter_mut().zip(&masks) {
+            **tag = self.ghash(aad.as_ref(), data);
+            xor_into(&mut **tag, mask);
         }
-        clear_keystream(&mut ks);
+        masks.zeroize();
         crate::wipe::after_keyed_call();
     }
 
@@ -123,75 +124,43 @@ impl AesGcm {
     }
 
     /// [`AesGcm::open`] for each message (nonce, associated data, ciphertext decrypted in place
-    /// if its tag verifies, and the tag), with one keystream buffer and one clearing for all of
-    /// them; `refused` gets the position of each message whose tag does not verify (left as
+    /// if its tag verifies, and the tag), with two AES calls and one clearing for all of them;
+    /// `refused` gets the position of each message whose tag does not verify (left as
     /// ciphertext).
     pub fn open_each<'a, A: AsRef<[u8]>>(
         &self,
         messages: impl IntoIterator<Item = (&'a [u8; NONCE], A, &'a mut [u8], &'a [u8; TAG])>,
         mut refused: impl FnMut(usize),
     ) {
-        let mut ks = [[0u8; BLOCK]; BATCH + 1];
-        for (i, (nonce, aad, data, tag)) in messages.into_iter().enumerate() {
-            let hash = self.ghash(aad.as_ref(), data);
-            let ok = self.counter_mode(&mut ks, nonce, data, |e_j0| {
+        let mut messages: Vec<_> = messages.into_iter().collect();
+        let mut masks = self.tag_masks(messages.iter().map(|m| m.0));
+        let verified: Vec<bool> = (messages.iter().zip(&masks))
+            .map(|((_, aad, data, tag), mask)| {
+                let hash = self.ghash(aad.as_ref(), data);
                 let diff =
-                    (hash.iter().zip(e_j0).zip(tag)).fold(0u8, |d, ((h, e), t)| d | (h ^ e ^ t));
+                    (hash.iter().zip(mask).zip(*tag)).fold(0u8, |d, ((h, m), t)| d | (h ^ m ^ t));
                 // Read through a black box so the comparison stays branch-free up to this point.
                 std::hint::black_box(diff) == 0
-            });
-            if !ok {
-                refused(i);
-            }
+            })
+            .collect();
+        masks.zeroize();
+        let mut jobs: Vec<(Block, &mut [u8])> = (messages.iter_mut().zip(&verified))
+            .filter(|(_, ok)| **ok)
+            .map(|((nonce, _, data, _), _)| (counter_block(nonce, 2), &mut **data))
+            .collect();
+        self.aes.ctr32_xor(&mut jobs);
+        drop(jobs);
+        for (i, _) in verified.iter().enumerate().filter(|(_, ok)| !**ok) {
+            refused(i);
         }
-        clear_keystream(&mut ks);
         crate::wipe::after_keyed_call();
     }
 
-    /// Counter mode under `nonce`: `E(K, J0)` goes to `check`, and only if it says yes is `data`
-    /// XORed with the keystream from counter block 2 (`inc32` of `J0`). `J0` rides in the first
-    /// engine call, so a 4 KiB sector is one call. The keystream is left in `ks` for the caller
-    /// to clear.
-    fn counter_mode(
-        &self,
-        ks: &mut [[u8; BLOCK]; BATCH + 1],
-        nonce: &[u8; NONCE],
-        data: &mut [u8],
-        check: impl FnOnce(&[u8; BLOCK]) -> bool,
-    ) -> bool {
-        // Counter blocks as big-endian 128-bit numbers: the nonce above 32 counter bits.
-        let mut prefix = [0u8; BLOCK];
-        prefix[..NONCE].copy_from_slice(nonce);
-        let prefix = u128::from_be_bytes(prefix);
-        // Slot 0 holds `J0` in the first call and is unused after.
-        let mut counter = 1u32;
-        let mut check = Some(check);
-        let mut ok = true;
-        let mut pieces = data.chunks_mut(BATCH * BLOCK).peekable();
-        // An empty message still needs `E(K, J0)`.
-        let mut empty: [u8; 0] = [];
-        let first: Option<&mut [u8]> = if pieces.peek().is_none() {
-            Some(&mut empty)
-        } else {
-            None
-        };
-        for piece in first.into_iter().chain(pieces) {
-            let from = if counter == 1 { 0 } else { 1 };
-            let blocks = piece.len().div_ceil(BLOCK);
-            for slot in &mut ks[from..=blocks] {
-                *slot = (prefix | u128::from(counter)).to_be_bytes();
-                counter = counter.wrapping_add(1);
-            }
-            self.aes.encrypt_ecb(ks[from..=blocks].as_flattened_mut());
-            if let Some(check) = check.take() {
-                ok = check(&ks[0]);
-                if !ok {
-                    break;
-                }
-            }
-            xor_into(piece, &ks[1..=blocks].as_flattened()[..piece.len()]);
-        }
-        ok
+    /// `E(K, J0)` of each nonce (what a tag is masked with), in one ECB call.
+    fn tag_masks<'a>(&self, nonces: impl Iterator<Item = &'a [u8; NONCE]>) -> Vec<Block> {
+        let mut masks: Vec<Block> = nonces.map(|n| counter_block(n, 1)).collect();
+        self.aes.encrypt_ecb(masks.as_flattened_mut());
+        masks
     }
 
     /// GHASH of `aad` and `ciphertext`, with their lengths.
@@ -206,11 +175,12 @@ impl AesGcm {
     }
 }
 
-/// The keystream is as secret as the plaintext it hides. Cleared with wide stores (a byte-wise
-/// volatile clear costs as much as the encryption); `black_box` keeps them.
-fn clear_keystream(ks: &mut [[u8; BLOCK]; BATCH + 1]) {
-    ks.fill([0; BLOCK]);
-    std::hint::black_box(ks);
+/// The counter block of `nonce` with 32-bit counter `n` (`J0` is counter 1, data starts at 2).
+fn counter_block(nonce: &[u8; NONCE], n: u32) -> Block {
+    let mut block = [0u8; BLOCK];
+    block[..NONCE].copy_from_slice(nonce);
+    block[NONCE..].copy_from_slice(&n.to_be_bytes());
+    block
 }
 
 #[cfg(test)]

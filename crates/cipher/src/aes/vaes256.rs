@@ -115,6 +115,24 @@ fn for_groups(buf: &mut [u8], mut f: impl FnMut(&mut [u8], usize)) {
     }
 }
 
+/// `b` in both lanes.
+#[inline]
+#[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse4.1")]
+fn broadcast_block(b: &Block) -> __m256i {
+    _mm256_broadcastsi128_si256(load_block(b))
+}
+
+/// Counter offsets of a register's two lanes (in each lane's lowest 32 bits), and two: the step
+/// to the next register.
+#[inline]
+#[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse4.1")]
+fn ctr_lanes() -> (__m256i, __m256i) {
+    (
+        _mm256_set_epi32(0, 0, 0, 1, 0, 0, 0, 0),
+        _mm256_set_epi32(0, 0, 0, 2, 0, 0, 0, 2),
+    )
+}
+
 /// `x ^ y ^ z`.
 #[inline]
 #[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse4.1")]
@@ -142,6 +160,8 @@ super::wide::vaes_common! {
     bslli: _mm256_bslli_epi128,
     bsrli: _mm256_bsrli_epi128,
     clmul: _mm256_clmulepi64_epi128,
+    add32: _mm256_add_epi32,
+    shuffle: _mm256_shuffle_epi8,
 }
 
 // ---------------------------------------------------------------------------------------------

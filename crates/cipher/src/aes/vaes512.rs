@@ -138,6 +138,24 @@ fn xor3(x: __m512i, y: __m512i, z: __m512i) -> __m512i {
     _mm512_ternarylogic_epi64(x, y, z, 0x96)
 }
 
+/// `b` in all four lanes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn broadcast_block(b: &Block) -> __m512i {
+    _mm512_broadcast_i32x4(load_block(b, 0))
+}
+
+/// Counter offsets of a register's four lanes (in each lane's lowest 32 bits), and four: the
+/// step to the next register.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
+fn ctr_lanes() -> (__m512i, __m512i) {
+    (
+        _mm512_set_epi32(0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0),
+        _mm512_set_epi32(0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4),
+    )
+}
+
 super::wide::vaes_common! {
     feature: "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes",
     reg: __m512i,
@@ -158,6 +176,8 @@ super::wide::vaes_common! {
     bslli: _mm512_bslli_epi128,
     bsrli: _mm512_bsrli_epi128,
     clmul: _mm512_clmulepi64_epi128,
+    add32: _mm512_add_epi32,
+    shuffle: _mm512_shuffle_epi8,
 }
 
 // ---------------------------------------------------------------------------------------------

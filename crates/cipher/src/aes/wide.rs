@@ -8,12 +8,13 @@
 //! `GROUP` and `GROUP_BLOCKS`, a keys type with `enc`, `dec` (round keys pre-broadcast to a
 //! register) and `rounds`, `rk` (load a round key), `load_reg` and `store_reg` (register `i` of a
 //! group), `xor3`, `unit_tweaks` (the tweaks of a unit's first group), the step from one group's
-//! tweaks to the next one's, and `for_groups` (every group of a buffer, the last one possibly
-//! partial, with its index).
+//! tweaks to the next one's, `for_groups` (every group of a buffer, the last one possibly
+//! partial, with its index), `broadcast_block` (a block in every lane) and `ctr_lanes` (the
+//! counter offsets of a register's lanes, and the step from one register to the next).
 
 /// Expands, in the calling module: `middle_rounds`, `last_round`, `first_key`, `last_key`,
-/// `gf_poly`, `mul_lanes`, `mul_bytes`, `xts_group`, `StagedTweaks` and the XTS kernel `xts`, on
-/// registers `$v` with the named intrinsics.
+/// `gf_poly`, `mul_lanes`, `mul_bytes`, `xts_group`, `StagedTweaks`, the XTS kernel `xts` and
+/// the counter-mode kernel `ctr32`, on registers `$v` with the named intrinsics.
 macro_rules! vaes_common {
     (
         feature: $feature:tt,
@@ -34,7 +35,9 @@ macro_rules! vaes_common {
         sub: $sub:ident,
         bslli: $bslli:ident,
         bsrli: $bsrli:ident,
-        clmul: $clmul:ident $(,)?
+        clmul: $clmul:ident,
+        add32: $add32:ident,
+        shuffle: $shuffle:ident $(,)?
     ) => {
         /// The middle rounds (1 .. rounds-1) on `N` registers. One branch on the (public) round
         /// count, then straight-line code: a runtime round loop gets unrolled by LLVM into a
@@ -198,6 +201,43 @@ macro_rules! vaes_common {
                     });
                 });
                 staged.0.zeroize();
+            }
+        }
+
+        /// Counter mode (`inc32`) on each job: the counter blocks of a group are made in
+        /// registers, byte-reversed so that one 32-bit add per register steps every lane, and the
+        /// data is XORed in through the last round key. A tail shorter than a group runs padded
+        /// in a stack buffer.
+        #[target_feature(enable = $feature)]
+        fn ctr32(k: &$keys, jobs: &mut [(Block, &mut [u8])]) {
+            let reverse = broadcast_block(&super::x86::REVERSE_BYTES);
+            let (offsets, step) = ctr_lanes();
+            let (k0, kl) = (first_key::<false>(k), last_key::<false>(k));
+            for (counter, buf) in jobs.iter_mut() {
+                let mut c = $add32($shuffle(broadcast_block(counter), reverse), offsets);
+                let mut group = |g: &mut [u8]| {
+                    let mut x = [$zero(); REGS];
+                    for v in x.iter_mut() {
+                        *v = $xor($shuffle(c, reverse), k0);
+                        c = $add32(c, step);
+                    }
+                    middle_rounds::<REGS, false>(k, &mut x);
+                    for (i, v) in x.iter().enumerate() {
+                        store_reg(g, i, last_round::<false>(*v, $xor(kl, load_reg(g, i))));
+                    }
+                };
+                let mut groups = buf.chunks_exact_mut(GROUP);
+                for g in &mut groups {
+                    group(g);
+                }
+                let tail = groups.into_remainder();
+                if !tail.is_empty() {
+                    let mut pad = [0u8; GROUP];
+                    pad[..tail.len()].copy_from_slice(tail);
+                    group(&mut pad);
+                    tail.copy_from_slice(&pad[..tail.len()]);
+                    pad.zeroize();
+                }
             }
         }
 

@@ -4,18 +4,22 @@
 //! modulo `x^128 + x^7 + x^2 + x + 1`. Reduction is linear, so eight products are summed first and
 //! reduced once (the "aggregated reduction" of the same paper).
 //!
-//! Two kernels: PCLMULQDQ on one block per instruction (`narrow`), and VPCLMULQDQ on 256-bit
-//! registers, two blocks per instruction (`wide`, on the CPUs whose AES runs on VAES). The
+//! Two kernels: PCLMULQDQ on one block per instruction, eight blocks per reduction (`narrow`),
+//! and VPCLMULQDQ on 256-bit registers, two blocks per instruction, sixteen per reduction and
+//! three multiplies per product (`wide`, on the CPUs whose AES runs on VAES). The
 //! caller picks one per key, so tests run both on one machine.
 
 use std::arch::x86_64::*;
 
-/// Blocks summed per reduction.
+/// Blocks summed per reduction in the narrow kernel.
 const WAYS: usize = 8;
+/// Blocks summed per reduction in the wide kernel (a reduction costs as much as several
+/// products, and its latency chains one group to the next).
+const WIDE_WAYS: usize = 16;
 
-/// The GHASH key `H` and its powers up to `H^8`, byte-reflected (`powers[i]` is `H^(i+1)`).
+/// The GHASH key `H` and its powers up to `H^16`, byte-reflected (`powers[i]` is `H^(i+1)`).
 pub(super) struct Key {
-    powers: [[u8; 16]; WAYS],
+    powers: [[u8; 16]; WIDE_WAYS],
     /// Groups of eight blocks go through the VPCLMULQDQ kernel.
     wide: bool,
 }
@@ -133,7 +137,7 @@ unsafe fn powers(h: &[u8; 16]) -> Key {
     // SAFETY: `h` is 16 bytes.
     let h = unsafe { load(h) };
     let mut key = Key {
-        powers: [[0; 16]; WAYS],
+        powers: [[0; 16]; WIDE_WAYS],
         wide: false,
     };
     let mut p = h;
@@ -156,11 +160,14 @@ unsafe fn hash(key: &Key, parts: &[&[u8]]) -> [u8; 16] {
     let mut y = _mm_setzero_si128();
     for part in parts {
         let whole = part.len() / 16 * 16;
-        let mut groups = part[..whole].chunks_exact(16 * WAYS);
+        let mut whole_part = &part[..whole];
         if key.wide {
+            let mut groups = whole_part.chunks_exact(16 * WIDE_WAYS);
             // SAFETY: `wide` is set only where the CPU has VPCLMULQDQ and AVX2 (`Key::new`).
             y = unsafe { hash_groups_wide(key, y, &mut groups) };
+            whole_part = groups.remainder();
         }
+        let mut groups = whole_part.chunks_exact(16 * WAYS);
         for group in &mut groups {
             let (mut lo, mut mid, mut hi) = (
                 _mm_setzero_si128(),
@@ -203,25 +210,30 @@ unsafe fn hash(key: &Key, parts: &[&[u8]]) -> [u8; 16] {
     out
 }
 
-/// GHASH every group of eight blocks left in `groups` into `y`, two blocks per instruction: block
-/// pairs `(2j, 2j + 1)` are multiplied by `(H^(8-2j), H^(7-2j))` and the two halves of the sums
-/// added before the one reduction.
+/// GHASH every group of sixteen blocks left in `groups` into `y`, two blocks per instruction:
+/// block pairs `(2j, 2j + 1)` are multiplied by `(H^(16-2j), H^(15-2j))` and the two halves of the
+/// sums added before the one reduction. Each product takes three multiplies (Karatsuba: the
+/// middle term is `(a_lo ^ a_hi)(b_lo ^ b_hi) ^ lo ^ hi`), not four.
 #[target_feature(enable = "pclmulqdq,avx,avx2,vpclmulqdq")]
 unsafe fn hash_groups_wide(
     key: &Key,
     mut y: __m128i,
     groups: &mut std::slice::ChunksExact<'_, u8>,
 ) -> __m128i {
-    let mut h = [_mm256_setzero_si256(); WAYS / 2];
-    for (j, slot) in h.iter_mut().enumerate() {
+    const PAIRS: usize = WIDE_WAYS / 2;
+    // Each pair of powers, and in each lane's low half the XOR of its two halves.
+    let mut h = [_mm256_setzero_si256(); PAIRS];
+    let mut h_folded = [_mm256_setzero_si256(); PAIRS];
+    for j in 0..PAIRS {
         // SAFETY: each power is 16 readable bytes.
         let (first, second) = unsafe {
             (
-                _mm_loadu_si128(key.powers[WAYS - 1 - 2 * j].as_ptr().cast()),
-                _mm_loadu_si128(key.powers[WAYS - 2 - 2 * j].as_ptr().cast()),
+                _mm_loadu_si128(key.powers[WIDE_WAYS - 1 - 2 * j].as_ptr().cast()),
+                _mm_loadu_si128(key.powers[WIDE_WAYS - 2 - 2 * j].as_ptr().cast()),
             )
         };
-        *slot = _mm256_set_m128i(second, first);
+        h[j] = _mm256_set_m128i(second, first);
+        h_folded[j] = fold_halves(h[j]);
     }
     let reverse = _mm256_broadcastsi128_si256(reverse_bytes());
     for group in groups {
@@ -241,16 +253,22 @@ unsafe fn hash_groups_wide(
             hi = _mm256_xor_si256(hi, _mm256_clmulepi64_epi128(x, h[j], 0x11));
             mid = _mm256_xor_si256(
                 mid,
-                _mm256_xor_si256(
-                    _mm256_clmulepi64_epi128(x, h[j], 0x10),
-                    _mm256_clmulepi64_epi128(x, h[j], 0x01),
-                ),
+                _mm256_clmulepi64_epi128(fold_halves(x), h_folded[j], 0x00),
             );
         }
-        let fold =
+        let lanes =
             |v: __m256i| _mm_xor_si128(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let (lo, hi) = (lanes(lo), lanes(hi));
+        let mid = _mm_xor_si128(lanes(mid), _mm_xor_si128(lo, hi));
         // SAFETY: same CPU features as this function.
-        y = unsafe { reduce(fold(lo), fold(mid), fold(hi)) };
+        y = unsafe { reduce(lo, mid, hi) };
     }
     y
+}
+
+/// Each lane's two 64-bit halves XORed, in its low half (Karatsuba's middle operand).
+#[inline]
+#[target_feature(enable = "pclmulqdq,avx,avx2,vpclmulqdq")]
+fn fold_halves(v: __m256i) -> __m256i {
+    _mm256_xor_si256(v, _mm256_shuffle_epi32(v, 0x4e))
 }
