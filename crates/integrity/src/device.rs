@@ -330,34 +330,67 @@ impl IntegrityDevice {
     /// failed (the device then refuses writes and flushes; reopening replays the journal, and a
     /// block reads as the last flush left it or newer).
     pub fn write(&self, first: u64, buf: &[u8]) -> Result<(), Error> {
+        let n = self.check_write(first, buf.len())?;
+        let mut data = buf.to_vec();
+        let tags = self.seal(first, n, &mut data)?;
+        if !self.journal {
+            return self.write_direct(first, n, &data, &tags);
+        }
+        self.queue(first, n, data, tags)
+    }
+
+    /// [`IntegrityDevice::write`], encrypting `buf` in place (it is scrambled afterwards): without
+    /// the journal, this saves a copy of the request.
+    pub fn write_in_place(&self, first: u64, buf: &mut [u8]) -> Result<(), Error> {
+        if self.journal {
+            // The journal keeps the sealed blocks until they are in place: they need a buffer
+            // of their own either way.
+            return self.write(first, buf);
+        }
+        let n = self.check_write(first, buf.len())?;
+        let tags = self.seal(first, n, buf)?;
+        self.write_direct(first, n, buf, &tags)
+    }
+
+    /// The number of blocks of a write of `len` bytes at block `first`, if the device takes it.
+    fn check_write(&self, first: u64, len: usize) -> Result<u64, Error> {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
-        let n = self.check_range(first, buf.len())?;
-        let bs = self.layout.block_size();
-        let ts = self.layout.tag_size as usize;
+        self.check_range(first, len)
+    }
+
+    /// Encrypt the `n` blocks of `data` from block `first` in place; their tags.
+    fn seal(&self, first: u64, n: u64, data: &mut [u8]) -> Result<Vec<u8>, Error> {
         // Every block's random IV from one call: one system call a request, not a block.
         let iv_size = self.mode.random_iv_size();
         let mut ivs = vec![0u8; n as usize * iv_size];
         rand::rngs::OsRng.fill_bytes(&mut ivs);
-        let mut data = buf.to_vec();
-        let mut tags = vec![0u8; n as usize * ts];
-        self.mode
-            .seal_blocks(self.sector(first), &mut data, &mut tags, &ivs)?;
-        // Sealed before the lock: concurrent writes encrypt in parallel, and only queue or
+        let mut tags = vec![0u8; n as usize * self.layout.tag_size as usize];
+        // Sealed before any lock: concurrent writes encrypt in parallel, and only queue or
         // place one at a time.
-        if !self.journal {
-            let _writes = self.writes.write().unwrap_or_else(PoisonError::into_inner);
-            for (start, count) in self.runs(first, n) {
-                let k = (start - first) as usize;
-                let end = k + count as usize;
-                self.write_run(start, &data[k * bs..end * bs], &tags[k * ts..end * ts])?;
-            }
-            return Ok(());
+        self.mode
+            .seal_blocks(self.sector(first), data, &mut tags, &ivs)?;
+        Ok(tags)
+    }
+
+    /// Without the journal: the sealed blocks and their tags in place.
+    fn write_direct(&self, first: u64, n: u64, data: &[u8], tags: &[u8]) -> Result<(), Error> {
+        let (bs, ts) = (self.layout.block_size(), self.layout.tag_size as usize);
+        let _writes = self.writes.write().unwrap_or_else(PoisonError::into_inner);
+        for (start, count) in self.runs(first, n) {
+            let k = (start - first) as usize;
+            let end = k + count as usize;
+            self.write_run(start, &data[k * bs..end * bs], &tags[k * ts..end * ts])?;
         }
+        Ok(())
+    }
+
+    /// With the journal: the sealed blocks join the waiting ones, committing full batches.
+    fn queue(&self, first: u64, n: u64, data: Vec<u8>, tags: Vec<u8>) -> Result<(), Error> {
         let sealed = Arc::new(Sealed {
             first,
-            block_size: bs,
+            block_size: self.layout.block_size(),
             data,
             tags,
         });

@@ -112,7 +112,7 @@ impl Volume {
         let bs = self.layout.sector_size as u64;
         if offset.is_multiple_of(bs) && (data.len() as u64).is_multiple_of(bs) {
             let _whole = self.rmw.read().unwrap_or_else(PoisonError::into_inner);
-            return device.write(offset / bs, data).map_err(Error::Integrity);
+            return (device.write_in_place(offset / bs, data)).map_err(Error::Integrity);
         }
         // No write lands between the read and the write of this read-modify-write.
         let _partial = self.rmw.write().unwrap_or_else(PoisonError::into_inner);
@@ -121,6 +121,6 @@ impl Volume {
         device.read(first, &mut span).map_err(Error::Integrity)?;
         let skip = (offset - first * bs) as usize;
         span[skip..skip + data.len()].copy_from_slice(data);
-        device.write(first, &span).map_err(Error::Integrity)
+        (device.write_in_place(first, &mut span)).map_err(Error::Integrity)
     }
 }
