@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use sectorcrypt_integrity::{format, IntegrityDevice, Mode, Superblock};
+use sectorcrypt_integrity::{format, Error, IntegrityDevice, Mode, Superblock};
 use sectorcrypt_storage::{MemStorage, Power, Storage};
 use sectorcrypt_testkit::{pattern, sweep};
 
@@ -23,13 +23,21 @@ fn mode(m: &(&str, &str, Vec<u8>)) -> Mode {
     Mode::new(m.0, m.1, &m.2, BLOCK).unwrap()
 }
 
+/// The device at [`OFFSET`] of `storage`, in mode `m`.
+fn open(
+    storage: Arc<dyn Storage>,
+    m: &(&str, &str, Vec<u8>),
+    read_only: bool,
+) -> Result<IntegrityDevice, Error> {
+    IntegrityDevice::open(storage, OFFSET, mode(m), read_only)
+}
+
 /// A formatted, wiped 2 MiB device whose first `old_blocks` blocks hold `old`.
 fn image(m: &(&str, &str, Vec<u8>), old: &[u8]) -> Vec<u8> {
     let mem = Arc::new(MemStorage::new(vec![0; 2 << 20]));
     let sb = format::plan(2 << 20, OFFSET, mode(m).tag_size() as u16, BLOCK, false).unwrap();
     format::format(&*mem, OFFSET, &sb).unwrap();
-    let dev = IntegrityDevice::open(Arc::clone(&mem) as Arc<dyn Storage>, OFFSET, mode(m), false)
-        .unwrap();
+    let dev = open(Arc::clone(&mem) as Arc<dyn Storage>, m, false).unwrap();
     dev.wipe(&mut |_, _| {}).unwrap();
     dev.write(0, old).unwrap();
     drop(dev);
@@ -48,10 +56,9 @@ fn every_block_is_old_or_new_after_a_cut_anywhere_in_journalled_writes() {
     for m in modes() {
         let blocks = (2u64 << 20) / BLOCK as u64; // more than the device holds: clamped below
         let probe = image(&m, &[]);
-        let size = IntegrityDevice::open(
+        let size = open(
             Arc::new(MemStorage::new(probe)) as Arc<dyn Storage>,
-            OFFSET,
-            mode(&m),
+            &m,
             true,
         )
         .unwrap()
@@ -70,7 +77,7 @@ fn every_block_is_old_or_new_after_a_cut_anywhere_in_journalled_writes() {
         let first_flushed = {
             let power = Power::new(None);
             let dev = Arc::new(power.device(start.clone())) as Arc<dyn Storage>;
-            let d = IntegrityDevice::open(dev, OFFSET, mode(&m), false).unwrap();
+            let d = open(dev, &m, false).unwrap();
             d.write(5, &first).unwrap();
             d.flush().unwrap();
             power.operations()
@@ -78,12 +85,7 @@ fn every_block_is_old_or_new_after_a_cut_anywhere_in_journalled_writes() {
         let report = sweep::sweep(
             &[start],
             |devs| {
-                let dev = IntegrityDevice::open(
-                    Arc::clone(&devs[0]) as Arc<dyn Storage>,
-                    OFFSET,
-                    mode(&m),
-                    false,
-                )?;
+                let dev = open(Arc::clone(&devs[0]) as Arc<dyn Storage>, &m, false)?;
                 dev.write(5, &first)?;
                 dev.flush()?;
                 dev.write(20, &second)?;
@@ -91,11 +93,9 @@ fn every_block_is_old_or_new_after_a_cut_anywhere_in_journalled_writes() {
             },
             |survivor| {
                 let device = || Arc::clone(&survivor.devices[0]) as Arc<dyn Storage>;
-                let read_only = IntegrityDevice::open(device(), OFFSET, mode(&m), true)
-                    .map_err(|e| e.to_string())?;
+                let read_only = open(device(), &m, true).map_err(|e| e.to_string())?;
                 let seen = contents(&read_only)?;
-                let writable = IntegrityDevice::open(device(), OFFSET, mode(&m), false)
-                    .map_err(|e| e.to_string())?;
+                let writable = open(device(), &m, false).map_err(|e| e.to_string())?;
                 let got = contents(&writable)?;
                 if got != seen {
                     return Err("the read-only opening reads other than the replayed one".into());
@@ -143,8 +143,7 @@ fn four_section_image(m: &(&str, &str, Vec<u8>)) -> (Vec<u8>, usize) {
     sb.journal_sections = 4;
     sb.provided_data_sectors = 3 << 11; // 3 MiB: the layout still fits
     format::format(&*mem, OFFSET, &sb).unwrap();
-    let dev = IntegrityDevice::open(Arc::clone(&mem) as Arc<dyn Storage>, OFFSET, mode(m), false)
-        .unwrap();
+    let dev = open(Arc::clone(&mem) as Arc<dyn Storage>, m, false).unwrap();
     assert_eq!(dev.layout().journal_sections, 4);
     dev.wipe(&mut |_, _| {}).unwrap();
     let size = dev.size() as usize;
@@ -179,12 +178,7 @@ fn every_block_is_one_of_its_versions_after_a_cut_in_commits_without_flushes() {
         let report = sweep::sweep(
             &[start],
             |devs| {
-                let dev = IntegrityDevice::open(
-                    Arc::clone(&devs[0]) as Arc<dyn Storage>,
-                    OFFSET,
-                    mode(&m),
-                    false,
-                )?;
+                let dev = open(Arc::clone(&devs[0]) as Arc<dyn Storage>, &m, false)?;
                 for (first, data) in &requests {
                     dev.write(*first as u64, data)?;
                 }
@@ -192,10 +186,7 @@ fn every_block_is_one_of_its_versions_after_a_cut_in_commits_without_flushes() {
             },
             |survivor| {
                 let device = || Arc::clone(&survivor.devices[0]) as Arc<dyn Storage>;
-                let got = contents(
-                    &IntegrityDevice::open(device(), OFFSET, mode(&m), false)
-                        .map_err(|e| e.to_string())?,
-                )?;
+                let got = contents(&open(device(), &m, false).map_err(|e| e.to_string())?)?;
                 for (b, versions) in versions.iter().enumerate() {
                     let block = &got[b * BLOCK..(b + 1) * BLOCK];
                     let ok = if survivor.complete {

@@ -155,7 +155,10 @@ fn a_write_in_place_reads_back_with_and_without_the_journal() {
         if !journal {
             let mut stored = vec![0u8; buf.len()];
             mem.read_at(&mut stored, layout.data_offset(7)).unwrap();
-            assert_eq!(buf, stored, "the caller's buffer is what went to the device");
+            assert_eq!(
+                buf, stored,
+                "the caller's buffer is what went to the device"
+            );
             assert_ne!(buf, plain);
         }
         let mut back = vec![0u8; plain.len()];
