@@ -45,6 +45,15 @@ pub(crate) struct Batch {
 }
 
 impl Batch {
+    /// An empty batch with room for `blocks` blocks (the index is not grown and rehashed as the
+    /// batch fills).
+    pub(crate) fn with_capacity(blocks: usize) -> Batch {
+        Batch {
+            requests: Vec::new(),
+            index: HashMap::with_capacity(blocks),
+        }
+    }
+
     /// The blocks a journal held, in its order (a later entry of a block wins).
     pub(crate) fn from_journal(blocks: Vec<JournalBlock>) -> Batch {
         let mut batch = Batch::default();

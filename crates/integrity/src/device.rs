@@ -440,7 +440,9 @@ impl IntegrityDevice {
             return Ok(());
         }
         // Never more than a batch: writes wait for a commit rather than grow it.
-        let batch = Arc::new(std::mem::take(&mut writes.pending));
+        // The next batch is likely this one's size again.
+        let next = Batch::with_capacity(writes.pending.len());
+        let batch = Arc::new(std::mem::replace(&mut writes.pending, next));
         let entries = self.layout.journal_section_entries as usize;
         let start = writes.ring;
         let sections = Sections {
