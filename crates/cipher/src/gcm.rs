@@ -31,6 +31,10 @@ pub const NONCE: usize = 12;
 /// Bytes of a GCM tag.
 pub const TAG: usize = 16;
 
+/// Messages per batch of tag masks. A mask `E(K, J0)` with its tag and ciphertext gives away
+/// GHASH's key, so the masks stay on the stack (cleared after use), never on the heap.
+const MASKS: usize = 64;
+
 /// An AES-GCM key: AES-128, -192 or -256 and the GHASH key's powers, both in locked memory.
 pub struct AesGcm {
     aes: Box<dyn BlockEngine>,
@@ -101,17 +105,20 @@ impl AesGcm {
         messages: impl IntoIterator<Item = (&'a [u8; NONCE], A, &'a mut [u8], &'a mut [u8; TAG])>,
     ) {
         let mut messages: Vec<_> = messages.into_iter().collect();
-        let mut masks = self.tag_masks(messages.iter().map(|m| m.0));
-        let mut jobs: Vec<(Block, &mut [u8])> = (messages.iter_mut())
-            .map(|(nonce, _, data, _)| (counter_block(nonce, 2), &mut **data))
-            .collect();
-        self.aes.ctr32_xor(&mut jobs);
-        drop(jobs);
-        for ((_, aad, data, tag), mask) in messages.iter_mut().zip(&masks) {
-            **tag = self.ghash(aad.as_ref(), data);
-            xor_into(&mut **tag, mask);
+        for chunk in messages.chunks_mut(MASKS) {
+            let mut stack = [[0u8; BLOCK]; MASKS];
+            let masks = self.tag_masks(chunk.iter().map(|m| m.0), &mut stack);
+            let mut jobs: Vec<(Block, &mut [u8])> = (chunk.iter_mut())
+                .map(|(nonce, _, data, _)| (counter_block(nonce, 2), &mut **data))
+                .collect();
+            self.aes.ctr32_xor(&mut jobs);
+            drop(jobs);
+            for ((_, aad, data, tag), mask) in chunk.iter_mut().zip(masks.iter()) {
+                **tag = self.ghash(aad.as_ref(), data);
+                xor_into(&mut **tag, mask);
+            }
+            masks.as_flattened_mut().zeroize();
         }
-        masks.zeroize();
         crate::wipe::after_keyed_call();
     }
 
@@ -133,32 +140,45 @@ impl AesGcm {
         mut refused: impl FnMut(usize),
     ) {
         let mut messages: Vec<_> = messages.into_iter().collect();
-        let mut masks = self.tag_masks(messages.iter().map(|m| m.0));
-        let verified: Vec<bool> = (messages.iter().zip(&masks))
-            .map(|((_, aad, data, tag), mask)| {
-                let hash = self.ghash(aad.as_ref(), data);
-                let diff =
-                    (hash.iter().zip(mask).zip(*tag)).fold(0u8, |d, ((h, m), t)| d | (h ^ m ^ t));
-                // Read through a black box so the comparison stays branch-free up to this point.
-                std::hint::black_box(diff) == 0
-            })
-            .collect();
-        masks.zeroize();
-        let mut jobs: Vec<(Block, &mut [u8])> = (messages.iter_mut().zip(&verified))
-            .filter(|(_, ok)| **ok)
-            .map(|((nonce, _, data, _), _)| (counter_block(nonce, 2), &mut **data))
-            .collect();
-        self.aes.ctr32_xor(&mut jobs);
-        drop(jobs);
-        for (i, _) in verified.iter().enumerate().filter(|(_, ok)| !**ok) {
-            refused(i);
+        for (c, chunk) in messages.chunks_mut(MASKS).enumerate() {
+            let mut stack = [[0u8; BLOCK]; MASKS];
+            let masks = self.tag_masks(chunk.iter().map(|m| m.0), &mut stack);
+            let verified: Vec<bool> = (chunk.iter().zip(masks.iter()))
+                .map(|((_, aad, data, tag), mask)| {
+                    let hash = self.ghash(aad.as_ref(), data);
+                    let diff = (hash.iter().zip(mask).zip(*tag))
+                        .fold(0u8, |d, ((h, m), t)| d | (h ^ m ^ t));
+                    // Read through a black box so the comparison stays branch-free up to here.
+                    std::hint::black_box(diff) == 0
+                })
+                .collect();
+            masks.as_flattened_mut().zeroize();
+            let mut jobs: Vec<(Block, &mut [u8])> = (chunk.iter_mut().zip(&verified))
+                .filter(|(_, ok)| **ok)
+                .map(|((nonce, _, data, _), _)| (counter_block(nonce, 2), &mut **data))
+                .collect();
+            self.aes.ctr32_xor(&mut jobs);
+            drop(jobs);
+            for (i, _) in verified.iter().enumerate().filter(|(_, ok)| !**ok) {
+                refused(c * MASKS + i);
+            }
         }
         crate::wipe::after_keyed_call();
     }
 
-    /// `E(K, J0)` of each nonce (what a tag is masked with), in one ECB call.
-    fn tag_masks<'a>(&self, nonces: impl Iterator<Item = &'a [u8; NONCE]>) -> Vec<Block> {
-        let mut masks: Vec<Block> = nonces.map(|n| counter_block(n, 1)).collect();
+    /// `E(K, J0)` of each nonce (what a tag is masked with; at most [`MASKS`]) in `out`, in one
+    /// ECB call; the slots filled.
+    fn tag_masks<'m, 'a>(
+        &self,
+        nonces: impl Iterator<Item = &'a [u8; NONCE]>,
+        out: &'m mut [Block; MASKS],
+    ) -> &'m mut [Block] {
+        let mut n = 0;
+        for (slot, nonce) in out.iter_mut().zip(nonces) {
+            *slot = counter_block(nonce, 1);
+            n += 1;
+        }
+        let masks = &mut out[..n];
         self.aes.encrypt_ecb(masks.as_flattened_mut());
         masks
     }
@@ -273,6 +293,44 @@ mod tests {
                 "case {i} forged tag"
             );
             assert_eq!(data, cipher, "case {i}: a refused message stays ciphertext");
+        }
+    }
+
+    /// More messages than one batch of tag masks: sealed together they are what sealing each
+    /// alone gives, and opened together a forged one in a later batch is refused alone, by its
+    /// own position.
+    #[test]
+    fn requests_longer_than_a_batch_of_masks() {
+        let gcm = AesGcm::new(&[0x42; 32], BackendChoice::Auto).expect("key");
+        let n = 2 * MASKS + 7;
+        let nonces: Vec<[u8; NONCE]> = (0..n).map(|i| [i as u8; NONCE]).collect();
+        let plain: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8 ^ 0x5a; 16 * (i % 5)]).collect();
+        let mut data = plain.clone();
+        let mut tags = vec![[0u8; TAG]; n];
+        gcm.seal_each(
+            (nonces.iter().zip(&mut data).zip(&mut tags))
+                .map(|((nonce, d), t)| (nonce, [7u8; 8], d.as_mut_slice(), t)),
+        );
+        for i in 0..n {
+            let mut alone = plain[i].clone();
+            assert_eq!(
+                gcm.seal(&nonces[i], &[7; 8], &mut alone),
+                tags[i],
+                "tag {i}"
+            );
+            assert_eq!(alone, data[i], "message {i}");
+        }
+        let forged = MASKS + 3;
+        tags[forged][0] ^= 1;
+        let mut refused = Vec::new();
+        gcm.open_each(
+            (nonces.iter().zip(&mut data).zip(&tags))
+                .map(|((nonce, d), t)| (nonce, [7u8; 8], d.as_mut_slice(), t)),
+            |i| refused.push(i),
+        );
+        assert_eq!(refused, [forged]);
+        for i in (0..n).filter(|&i| i != forged) {
+            assert_eq!(data[i], plain[i], "message {i} opened");
         }
     }
 }
