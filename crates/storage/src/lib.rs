@@ -10,11 +10,12 @@
 //! or "loses power" at a chosen write.
 
 use std::fs::{File, OpenOptions};
-use std::io;
-use std::os::unix::fs::FileExt;
+use std::io::{self, IoSlice};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::RwLock;
+use std::sync::{OnceLock, RwLock};
 
 pub mod crash;
 pub mod dir;
@@ -34,6 +35,26 @@ pub trait Storage: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Write all of `buf` at `offset`; writing past the end is an error.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Write `bufs` one after another from `offset`, in one request where the device can (a
+    /// file's `pwritev`): pieces of memory that belong together on the device, without copying
+    /// them together first. The default writes them one by one. On an error some may have been
+    /// written.
+    fn write_gathered(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        let mut at = offset;
+        for buf in bufs {
+            self.write_at(buf, at)?;
+            at += buf.len() as u64;
+        }
+        Ok(())
+    }
+    /// [`Storage::write_gathered`] for data that will not be read back soon (a journal): past
+    /// any cache the host keeps (a file's page cache, with `O_DIRECT`), so that it costs no copy
+    /// into the cache and no writeback later. Like any write, it is durable only after
+    /// [`Storage::sync`]. The default writes through the cache, as do files when the pieces or
+    /// `offset` are not on [`UNCACHED_ALIGN`] bytes or the file system has no `O_DIRECT`.
+    fn write_uncached(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        self.write_gathered(bufs, offset)
+    }
     /// Make every completed write durable.
     fn sync(&self) -> io::Result<()>;
     /// Release `len` bytes at `offset` (a hint, like a block device's discard: afterwards they
@@ -121,6 +142,12 @@ macro_rules! delegate_storage {
             fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
                 (**self).write_at(buf, offset)
             }
+            fn write_gathered(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+                (**self).write_gathered(bufs, offset)
+            }
+            fn write_uncached(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+                (**self).write_uncached(bufs, offset)
+            }
             fn sync(&self) -> io::Result<()> {
                 (**self).sync()
             }
@@ -167,6 +194,39 @@ macro_rules! delegate_storage {
 delegate_storage!(Box);
 delegate_storage!(std::sync::Arc);
 
+/// What [`Storage::write_uncached`] pieces and offsets must be multiples of to bypass a file's
+/// page cache: the largest logical block size of a device (O_DIRECT's rule), and a page.
+pub const UNCACHED_ALIGN: usize = 4096;
+
+/// How far into `buf` its first byte on [`UNCACHED_ALIGN`] is: less than `UNCACHED_ALIGN` (0 when
+/// the platform cannot say, and writes from there go through the cache).
+pub fn uncached_start(buf: &[u8]) -> usize {
+    match buf.as_ptr().align_offset(UNCACHED_ALIGN) {
+        at if at < UNCACHED_ALIGN => at,
+        _ => 0,
+    }
+}
+
+/// `pwritev` until every byte of `bufs` is written, from `offset`.
+fn write_all_vectored_at(file: &File, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+    /// The most pieces one `pwritev` takes (Linux's `IOV_MAX`).
+    const IOV_MAX: usize = 1024;
+    let mut slices: Vec<IoSlice<'_>> = bufs.iter().map(|b| IoSlice::new(b)).collect();
+    let mut rest = &mut slices[..];
+    let mut at = offset;
+    while rest.iter().any(|s| !s.is_empty()) {
+        let n = match rustix::io::pwritev(file, &rest[..rest.len().min(IOV_MAX)], at) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        at += n as u64;
+        IoSlice::advance_slices(&mut rest, n);
+    }
+    Ok(())
+}
+
 fn past_end(what: &str, offset: u64, len: usize, size: u64) -> io::Error {
     io::Error::new(
         io::ErrorKind::UnexpectedEof,
@@ -184,6 +244,9 @@ pub struct FileStorage {
     lock: Option<DeviceLock>,
     /// The length last read (0: not yet), for bounds checks without a `statx` per request.
     known_len: AtomicU64,
+    /// The file opened again with `O_DIRECT` on the first uncached write (`None`: the file
+    /// system refused).
+    direct: OnceLock<Option<File>>,
 }
 
 impl FileStorage {
@@ -196,6 +259,7 @@ impl FileStorage {
             writable: false,
             lock: None,
             known_len: AtomicU64::new(0),
+            direct: OnceLock::new(),
         })
     }
 
@@ -210,6 +274,7 @@ impl FileStorage {
             writable: false,
             lock,
             known_len: AtomicU64::new(0),
+            direct: OnceLock::new(),
         })
     }
 
@@ -224,7 +289,18 @@ impl FileStorage {
             writable: true,
             lock,
             known_len: AtomicU64::new(0),
+            direct: OnceLock::new(),
         })
+    }
+
+    /// This file opened again, for writes with `O_DIRECT` (through `/proc/self/fd`: the same file
+    /// even if its path was renamed or replaced since).
+    fn reopen_direct(&self) -> Option<File> {
+        OpenOptions::new()
+            .write(true)
+            .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+            .open(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+            .ok()
     }
 
     /// The lock this file holds (`None`: opened without one, or locks are disabled).
@@ -262,6 +338,33 @@ impl Storage for FileStorage {
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.within("a write", offset, buf.len())?;
         self.file.write_all_at(buf, offset)
+    }
+
+    fn write_gathered(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        self.within("a write", offset, bufs.iter().map(|b| b.len()).sum())?;
+        write_all_vectored_at(&self.file, bufs, offset)
+    }
+
+    fn write_uncached(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        let aligned = |n: usize| n.is_multiple_of(UNCACHED_ALIGN);
+        let direct = (self.writable
+            && aligned(offset as usize)
+            && bufs
+                .iter()
+                .all(|b| aligned(b.len()) && aligned(b.as_ptr() as usize)))
+        .then(|| self.direct.get_or_init(|| self.reopen_direct()).as_ref())
+        .flatten();
+        let Some(direct) = direct else {
+            return self.write_gathered(bufs, offset);
+        };
+        self.within("a write", offset, bufs.iter().map(|b| b.len()).sum())?;
+        match write_all_vectored_at(direct, bufs, offset) {
+            // A file system that opens with O_DIRECT and refuses it on a write.
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
+                self.write_gathered(bufs, offset)
+            }
+            other => other,
+        }
     }
 
     fn sync(&self) -> io::Result<()> {
@@ -428,6 +531,14 @@ impl<S: std::ops::Deref<Target = D> + Send + Sync, D: Storage + ?Sized> Storage 
         let at = self.check(offset, buf.len())?;
         self.inner.write_at(buf, at)
     }
+    fn write_gathered(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        let at = self.check(offset, bufs.iter().map(|b| b.len()).sum())?;
+        self.inner.write_gathered(bufs, at)
+    }
+    fn write_uncached(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        let at = self.check(offset, bufs.iter().map(|b| b.len()).sum())?;
+        self.inner.write_uncached(bufs, at)
+    }
     fn sync(&self) -> io::Result<()> {
         self.inner.sync()
     }
@@ -486,6 +597,94 @@ mod tests {
             8192,
             "never extended"
         );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A file of `len` bytes of `byte`, opened, in a directory of its own for test `name`.
+    fn scratch_file(name: &str, len: usize, byte: u8) -> (PathBuf, PathBuf, FileStorage) {
+        let dir = std::env::temp_dir().join(format!("sectorcrypt-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f.img");
+        std::fs::write(&path, vec![byte; len]).unwrap();
+        let f = FileStorage::open(&path).unwrap();
+        (dir, path, f)
+    }
+
+    #[test]
+    fn a_gathered_write_lands_whole_in_any_number_of_pieces() {
+        let len = 1 << 20;
+        let (dir, path, f) = scratch_file("gather", len, 0);
+        // More pieces than one pwritev takes, of every size from empty to a few KiB.
+        let pieces: Vec<Vec<u8>> = (0..2500u32)
+            .map(|i| vec![(i % 251) as u8 + 1; (i as usize * 7919) % 300])
+            .collect();
+        let refs: Vec<&[u8]> = pieces.iter().map(Vec::as_slice).collect();
+        let whole = pieces.concat();
+        f.write_gathered(&refs, 1000).unwrap();
+        let window = Window::new(&f, 4096, (len - 4096) as u64);
+        window.write_gathered(&[b"ab", b"", b"c"], 10).unwrap();
+        let back = std::fs::read(&path).unwrap();
+        assert_eq!(&back[1000..1000 + 4096 - 1000], &whole[..4096 - 1000]);
+        assert_eq!(&back[4096..4106], &whole[4096 - 1000..4106 - 1000]);
+        assert_eq!(&back[4106..4109], b"abc");
+        assert_eq!(&back[4109..1000 + whole.len()], &whole[4109 - 1000..]);
+        assert!(back[..1000].iter().all(|&b| b == 0));
+        assert!(back[1000 + whole.len()..].iter().all(|&b| b == 0));
+        // Past the end: refused before anything is written.
+        assert!(f
+            .write_gathered(&[&[9u8; 10], &[9u8; 10]], len as u64 - 15)
+            .is_err());
+        assert!(window
+            .write_gathered(&[&[9u8; 10]], (len - 4096 - 5) as u64)
+            .is_err());
+        assert_eq!(std::fs::read(&path).unwrap(), back);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn an_uncached_write_is_read_back_whether_or_not_it_is_aligned() {
+        let len = 1 << 20;
+        let (dir, path, f) = scratch_file("direct", len, 1);
+        let mut cached = vec![0u8; 3 * UNCACHED_ALIGN];
+        f.read_at(&mut cached, 0).unwrap();
+        let mut buf = vec![0u8; 3 * UNCACHED_ALIGN + UNCACHED_ALIGN];
+        let at = uncached_start(&buf);
+        let page = UNCACHED_ALIGN;
+        let aligned = &mut buf[at..at + 3 * page];
+        aligned
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = i as u8);
+        let (one, two) = aligned.split_at(page);
+        // On pages, past the page cache (its pages read above must not be read again).
+        f.write_uncached(&[one, two], page as u64).unwrap();
+        // Not on a page: through the cache.
+        f.write_uncached(&[&one[..100]], 10).unwrap();
+        f.write_uncached(&[&aligned[1..page + 1]], 8 * page as u64)
+            .unwrap();
+        let mut back = vec![0u8; len];
+        f.read_at(&mut back, 0).unwrap();
+        let mut expected = vec![1u8; len];
+        expected[page..4 * page].copy_from_slice(aligned);
+        expected[10..110].copy_from_slice(&aligned[..100]);
+        expected[8 * page..9 * page].copy_from_slice(&aligned[1..page + 1]);
+        assert!(back == expected);
+        let direct_here = OpenOptions::new()
+            .write(true)
+            .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+            .open(&path)
+            .is_ok();
+        assert_eq!(
+            f.direct.get().is_some_and(Option::is_some),
+            direct_here,
+            "O_DIRECT where the file system has it"
+        );
+        assert!(
+            f.write_uncached(&[one], len as u64).is_err(),
+            "past the end"
+        );
+        drop(f);
+        assert!(std::fs::read(&path).unwrap() == expected);
         std::fs::remove_dir_all(dir).unwrap();
     }
 
