@@ -23,6 +23,20 @@
 //! syncs first. After an I/O error in a commit the device refuses writes and flushes, as the
 //! kernel's fails; reopening replays the journal.
 //!
+//! Commits of full batches run on the device's three committer threads, one per stage, not on
+//! the thread whose write filled the batch: that write returns at once, and a write that finds
+//! the batch full waits only until a committer has taken it, not for its I/O. (Run by the
+//! writers, a commit held its writer through all three stages, so a server's few writers were
+//! mostly waiting for the disk, and the stages seldom overlapped.) A flush commits what waits
+//! on its own thread, after the commits under way. A failed commit is reported by the next write
+//! or flush.
+//!
+//! The journal's sections and the copies in place are written past the page cache
+//! ([`Storage::write_uncached`], `O_DIRECT` on a file), as the kernel's bios go to the device:
+//! the journal is read again only by a replay, and for both the copy into the cache and its
+//! writeback at the next sync cost the server more CPU than the I/O itself. Tags stay cached
+//! (they are small, and read with every block).
+//!
 //! Without the journal (`--integrity-no-journal`, the kernel's 'D' mode) blocks go in place at
 //! once, data and tag, and a crash can leave a block that fails its check, as there.
 //!
@@ -31,12 +45,14 @@
 //! sees a block's new data with its old tag.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
+use std::thread::{self, JoinHandle};
 
 use rand::RngCore;
-use sectorcrypt_storage::Storage;
+use sectorcrypt_storage::{uncached_start, Storage, UNCACHED_ALIGN};
 
-use crate::batch::{Batch, Sealed};
+use crate::batch::{Aligned, Batch, Buffers, Sealed};
 use crate::journal::{self, Ring};
 use crate::layout::Layout;
 use crate::mode::Mode;
@@ -45,6 +61,16 @@ use crate::Error;
 
 /// An opened integrity device.
 pub struct IntegrityDevice {
+    device: Arc<Device>,
+    /// The threads that commit full batches (with the journal, opened writable).
+    committers: Vec<JoinHandle<()>>,
+}
+
+/// How many committer threads a journalled device has: one for each stage of a commit.
+const COMMITTERS: usize = 3;
+
+/// What an [`IntegrityDevice`] and its committer threads share.
+struct Device {
     storage: Arc<dyn Storage>,
     layout: Layout,
     mode: Mode,
@@ -56,13 +82,32 @@ pub struct IntegrityDevice {
     /// The writes not yet committed and the ring (reads hold it shared, writes exclusive).
     writes: RwLock<Writes>,
     /// The turns of a commit's stages (see the module docs), taken in this order, each before
-    /// `writes`.
-    journal_turn: Mutex<()>,
+    /// `writes`. The journal stage's holds the buffer its sections are made in (kept: a fresh
+    /// one would be page-faulted in for every commit).
+    journal_turn: Mutex<Vec<u8>>,
     sync_turn: Mutex<()>,
     place_turn: Mutex<()>,
+    /// Buffers of placed requests, for the next ones.
+    buffers: Buffers,
+    /// A full batch waits for a committer, or the committers are to stop.
+    wanted: Mutex<Wanted>,
+    commit_wanted: Condvar,
+    /// Commits begun (each takes the waiting blocks, making room for more): what writes that
+    /// found no room wait on.
+    begun: Mutex<u64>,
+    room: Condvar,
 }
 
-fn lock(turn: &Mutex<()>) -> MutexGuard<'_, ()> {
+#[derive(Default)]
+struct Wanted {
+    commit: bool,
+    stop: bool,
+}
+
+/// The most bytes of journal sections made and written at once.
+const JOURNAL_WRITE_BYTES: usize = 4 << 20;
+
+fn lock<T>(turn: &Mutex<T>) -> MutexGuard<'_, T> {
     turn.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -117,41 +162,21 @@ impl Writes {
 impl std::fmt::Debug for IntegrityDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IntegrityDevice")
-            .field("layout", &self.layout)
-            .field("mode", &self.mode)
-            .field("read_only", &self.read_only)
+            .field("layout", &self.device.layout)
+            .field("mode", &self.device.mode)
+            .field("read_only", &self.device.read_only)
             .finish_non_exhaustive()
     }
 }
 
-impl IntegrityDevice {
-    /// Open the integrity device whose superblock is at byte `offset` of `storage` (the LUKS2
-    /// data offset), its blocks under `mode`. Opened writable, a journal left by a crash is
-    /// replayed (and cleared where the kernel would clear it); opened read-only, nothing is
-    /// written and reads see the journal's blocks instead.
-    ///
-    /// Errors: [`Error::NotIntegrity`], [`Error::Format`], [`Error::Unsupported`] for the
-    /// superblock; [`Error::Format`] if its tag or block size is not the mode's, or the device is
-    /// shorter than the superblock says; [`Error::Io`].
-    pub fn open(
-        storage: Arc<dyn Storage>,
-        offset: u64,
-        mode: Mode,
-        read_only: bool,
-    ) -> Result<IntegrityDevice, Error> {
-        IntegrityDevice::open_with(storage, offset, mode, read_only, true)
-    }
-
-    /// [`IntegrityDevice::open`], writing through the journal or (`journal` false, cryptsetup's
-    /// `--integrity-no-journal`) straight in place; then a journal left by a crash is replayed
-    /// and cleared, as the kernel's direct mode does.
-    pub fn open_with(
+impl Device {
+    fn open(
         storage: Arc<dyn Storage>,
         offset: u64,
         mode: Mode,
         read_only: bool,
         journal: bool,
-    ) -> Result<IntegrityDevice, Error> {
+    ) -> Result<Device, Error> {
         if !offset.is_multiple_of(512) {
             return Err(Error::Format(format!(
                 "an integrity superblock at byte {offset}, not on a sector"
@@ -184,7 +209,7 @@ impl IntegrityDevice {
             )));
         }
         let scan = journal::scan(&*storage, &layout)?;
-        let mut device = IntegrityDevice {
+        let mut device = Device {
             storage,
             layout,
             mode,
@@ -198,9 +223,14 @@ impl IntegrityDevice {
                 placed_unsynced: Vec::new(),
                 failed: false,
             }),
-            journal_turn: Mutex::new(()),
+            journal_turn: Mutex::new(Vec::new()),
             sync_turn: Mutex::new(()),
             place_turn: Mutex::new(()),
+            buffers: Buffers::default(),
+            wanted: Mutex::default(),
+            commit_wanted: Condvar::new(),
+            begun: Mutex::new(0),
+            room: Condvar::new(),
         };
         let replay = Batch::from_journal(scan.replay);
         if read_only {
@@ -220,32 +250,6 @@ impl IntegrityDevice {
             }
         }
         Ok(device)
-    }
-
-    /// Opened read-only: the blocks read from the journal (committed there, perhaps not yet in
-    /// place). Opened writable: 0 (the journal was replayed).
-    pub fn journalled_blocks(&self) -> usize {
-        self.journalled.len()
-    }
-
-    /// Its geometry.
-    pub fn layout(&self) -> &Layout {
-        &self.layout
-    }
-
-    /// Its authenticated encryption.
-    pub fn mode(&self) -> &Mode {
-        &self.mode
-    }
-
-    /// Bytes of data it holds.
-    pub fn size(&self) -> u64 {
-        self.layout.provided_data_sectors * 512
-    }
-
-    /// Whether writes are refused.
-    pub fn is_read_only(&self) -> bool {
-        self.read_only
     }
 
     fn check_range(&self, first: u64, len: usize) -> Result<u64, Error> {
@@ -284,11 +288,7 @@ impl IntegrityDevice {
         out
     }
 
-    /// Read whole blocks from block `first` into `buf`, each checked against its tag.
-    ///
-    /// Errors: [`Error::Integrity`] naming the first block whose tag does not verify (the
-    /// kernel's EILSEQ; `buf` then holds no unverified data); [`Error::Range`]; [`Error::Io`].
-    pub fn read(&self, first: u64, buf: &mut [u8]) -> Result<(), Error> {
+    fn read(&self, first: u64, buf: &mut [u8]) -> Result<(), Error> {
         self.check_range(first, buf.len())?;
         let writes = self.writes.read().unwrap_or_else(PoisonError::into_inner);
         let bs = self.layout.block_size();
@@ -322,16 +322,9 @@ impl IntegrityDevice {
         }
     }
 
-    /// Encrypt and write whole blocks from block `first`: into the journal's waiting blocks
-    /// (committed at the next flush, or once they fill a quarter of the journal), or in place
-    /// without the journal.
-    ///
-    /// Errors: [`Error::ReadOnly`]; [`Error::Range`]; [`Error::Io`] from a commit, or after one
-    /// failed (the device then refuses writes and flushes; reopening replays the journal, and a
-    /// block reads as the last flush left it or newer).
-    pub fn write(&self, first: u64, buf: &[u8]) -> Result<(), Error> {
+    fn write(&self, first: u64, buf: &[u8]) -> Result<(), Error> {
         let n = self.check_write(first, buf.len())?;
-        let mut data = buf.to_vec();
+        let mut data = self.buffers.copy_of(buf);
         let tags = self.seal(first, n, &mut data)?;
         if !self.journal {
             return self.write_direct(first, n, &data, &tags);
@@ -339,9 +332,7 @@ impl IntegrityDevice {
         self.queue(first, n, data, tags)
     }
 
-    /// [`IntegrityDevice::write`], encrypting `buf` in place (it is scrambled afterwards): without
-    /// the journal, this saves a copy of the request.
-    pub fn write_in_place(&self, first: u64, buf: &mut [u8]) -> Result<(), Error> {
+    fn write_in_place(&self, first: u64, buf: &mut [u8]) -> Result<(), Error> {
         if self.journal {
             // The journal keeps the sealed blocks until they are in place: they need a buffer
             // of their own either way.
@@ -387,7 +378,7 @@ impl IntegrityDevice {
     }
 
     /// With the journal: the sealed blocks join the waiting ones, committing full batches.
-    fn queue(&self, first: u64, n: u64, data: Vec<u8>, tags: Vec<u8>) -> Result<(), Error> {
+    fn queue(&self, first: u64, n: u64, data: Aligned, tags: Vec<u8>) -> Result<(), Error> {
         let sealed = Arc::new(Sealed {
             first,
             block_size: self.layout.block_size(),
@@ -395,7 +386,7 @@ impl IntegrityDevice {
             tags,
         });
         let (n, mut k) = (n as usize, 0);
-        while k < n {
+        loop {
             let mut writes = self.writes.write().unwrap_or_else(PoisonError::into_inner);
             writes.check_failed()?;
             while k < n
@@ -405,12 +396,64 @@ impl IntegrityDevice {
                 writes.pending.put(&sealed, k);
                 k += 1;
             }
+            if writes.pending.len() < self.batch_blocks() {
+                return Ok(());
+            }
+            // A full batch: a committer takes it. The rest of this request waits for that
+            // (the room it makes), not for the commit's I/O.
+            let begun = *lock(&self.begun);
             drop(writes);
-            if k < n {
-                self.commit(false)?;
+            lock(&self.wanted).commit = true;
+            self.commit_wanted.notify_one();
+            if k == n {
+                return Ok(());
+            }
+            let mut now = lock(&self.begun);
+            while *now == begun {
+                now = self.room.wait(now).unwrap_or_else(PoisonError::into_inner);
             }
         }
-        Ok(())
+    }
+
+    /// A committer thread: commit each full batch it is woken for, until told to stop. A commit
+    /// that fails marks the device failed, which later writes and flushes report.
+    fn run_committer(&self) {
+        loop {
+            {
+                let mut wanted = lock(&self.wanted);
+                while !wanted.commit && !wanted.stop {
+                    wanted = self
+                        .commit_wanted
+                        .wait(wanted)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+                if !wanted.commit {
+                    return;
+                }
+                wanted.commit = false;
+            }
+            // A panic would leave writers waiting for room: make it a failed commit.
+            let commit = panic::catch_unwind(AssertUnwindSafe(|| self.commit(false)));
+            if commit.is_err() {
+                self.fail();
+            }
+        }
+    }
+
+    /// Refuse writes and flushes from now on (a commit failed), and wake the writes waiting for
+    /// room to say so.
+    fn fail(&self) {
+        self.writes
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .failed = true;
+        self.began();
+    }
+
+    /// Count a commit begun (or failed), waking the writes waiting for room.
+    fn began(&self) {
+        *lock(&self.begun) += 1;
+        self.room.notify_all();
     }
 
     /// Blocks per commit: those of a quarter of the journal's sections (at least one section).
@@ -426,7 +469,7 @@ impl IntegrityDevice {
     ///
     /// Errors: [`Error::Io`]; the device then refuses writes and flushes.
     fn commit(&self, partial: bool) -> Result<(), Error> {
-        let journal_turn = lock(&self.journal_turn);
+        let mut journal_turn = lock(&self.journal_turn);
         let mut writes = self.writes.write().unwrap_or_else(PoisonError::into_inner);
         writes.check_failed()?;
         let waiting = writes.pending.len();
@@ -462,6 +505,7 @@ impl IntegrityDevice {
             .chain(&writes.placed_unsynced)
             .any(|s| s.overlaps(sections, ring_sections));
         writes.unplaced.push_back((sections, Arc::clone(&batch)));
+        self.began();
         drop(writes);
         let stages = || -> Result<(), Error> {
             // Sections whose copies in place may not be durable: wait for the commits under way
@@ -470,14 +514,7 @@ impl IntegrityDevice {
             if early.is_some() {
                 self.sync_placed()?;
             }
-            let mut at = start;
-            let mut bytes = vec![0u8; (self.layout.journal_section_sectors * 512) as usize];
-            for chunk in batch.entries().chunks(entries) {
-                journal::fill_section(&self.layout, at.section, at.seq, chunk, &mut bytes);
-                self.storage
-                    .write_at(&bytes, self.layout.journal_sector_offset(at.section, 0))?;
-                at = journal::advance(&self.layout, at);
-            }
+            self.write_journal(start, &batch, &mut journal_turn)?;
             let (sync_turn, early_place) = match early {
                 Some((s, p)) => (s, Some(p)),
                 None => (lock(&self.sync_turn), None),
@@ -499,12 +536,48 @@ impl IntegrityDevice {
         let done = stages();
         if done.is_err() {
             // Its blocks stay readable from memory.
-            self.writes
-                .write()
-                .unwrap_or_else(PoisonError::into_inner)
-                .failed = true;
+            self.fail();
+        } else if let Ok(batch) = Arc::try_unwrap(batch) {
+            // In place, and no longer seen by reads: its buffers can take later requests.
+            let limit = 2 * self.batch_blocks() * self.layout.block_size();
+            self.buffers.recycle(batch, limit);
         }
         done
+    }
+
+    /// Write the sections of `batch` from `start` on: each stretch of them that is consecutive on
+    /// the device (up to the ring's end, at most [`JOURNAL_WRITE_BYTES`]) made in `buf` and
+    /// written at once.
+    fn write_journal(
+        &self,
+        start: journal::Ring,
+        batch: &Batch,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), Error> {
+        let section_bytes = (self.layout.journal_section_sectors * 512) as usize;
+        let per_write = (JOURNAL_WRITE_BYTES / section_bytes).max(1);
+        let entries = batch.entries();
+        let mut sections = entries.chunks(self.layout.journal_section_entries as usize);
+        let mut left = sections.len();
+        let mut at = start;
+        while left > 0 {
+            let to_end = (self.layout.journal_sections - at.section) as usize;
+            let n = left.min(per_write).min(to_end);
+            // Aligned for a write past the page cache: the journal is read back only by a
+            // replay, and the copy into the cache and its writeback cost as much as the write.
+            buf.resize(n * section_bytes + UNCACHED_ALIGN, 0);
+            let skip = uncached_start(buf);
+            let bytes = &mut buf[skip..skip + n * section_bytes];
+            let offset = self.layout.journal_sector_offset(at.section, 0);
+            for out in bytes.chunks_mut(section_bytes) {
+                let chunk = sections.next().unwrap_or_default();
+                journal::fill_section(&self.layout, at.section, at.seq, chunk, out);
+                at = journal::advance(&self.layout, at);
+            }
+            self.storage.write_uncached(&[bytes], offset)?;
+            left -= n;
+        }
+        Ok(())
     }
 
     fn read_writes(&self) -> std::sync::RwLockReadGuard<'_, Writes> {
@@ -520,13 +593,7 @@ impl IntegrityDevice {
         Ok(())
     }
 
-    /// Write every block as zeros, encrypted and tagged, in place without the journal (as
-    /// cryptsetup's wipe after formatting: a block never written otherwise fails its check).
-    /// `progress` gets the blocks done and the total after each run.
-    ///
-    /// Errors: [`Error::ReadOnly`]; [`Error::Io`] (the blocks not reached still fail their
-    /// checks).
-    pub fn wipe(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<(), Error> {
+    fn wipe(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<(), Error> {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
@@ -557,11 +624,7 @@ impl IntegrityDevice {
         Ok(())
     }
 
-    /// Make every write so far durable: the waiting blocks committed (or, without the journal,
-    /// the storage synced).
-    ///
-    /// Errors: [`Error::Io`].
-    pub fn flush(&self) -> Result<(), Error> {
+    fn flush(&self) -> Result<(), Error> {
         if !self.journal {
             let _writes = self.writes.write().unwrap_or_else(PoisonError::into_inner);
             return Ok(self.storage.sync()?);
@@ -581,8 +644,14 @@ impl IntegrityDevice {
     fn place(&self, batch: &Batch) -> Result<(), Error> {
         let per_area =
             1u64 << (self.layout.log2_interleave_sectors - self.layout.log2_sectors_per_block);
-        for (first, data, tags) in batch.runs(per_area) {
-            self.write_run(first, data, tags)?;
+        // The data past the page cache, as the kernel's: it is read back from the device, and
+        // copying it into the cache and writing it back from there cost the server more than
+        // the write itself.
+        for run in batch.runs(per_area) {
+            self.storage
+                .write_uncached(&run.data, self.layout.data_offset(run.first))?;
+            self.storage
+                .write_gathered(&run.tags, self.layout.tag_offset(run.first))?;
         }
         Ok(())
     }
@@ -602,12 +671,132 @@ impl IntegrityDevice {
     }
 }
 
+impl IntegrityDevice {
+    /// Open the integrity device whose superblock is at byte `offset` of `storage` (the LUKS2
+    /// data offset), its blocks under `mode`. Opened writable, a journal left by a crash is
+    /// replayed (and cleared where the kernel would clear it); opened read-only, nothing is
+    /// written and reads see the journal's blocks instead.
+    ///
+    /// Errors: [`Error::NotIntegrity`], [`Error::Format`], [`Error::Unsupported`] for the
+    /// superblock; [`Error::Format`] if its tag or block size is not the mode's, or the device is
+    /// shorter than the superblock says; [`Error::Io`].
+    pub fn open(
+        storage: Arc<dyn Storage>,
+        offset: u64,
+        mode: Mode,
+        read_only: bool,
+    ) -> Result<IntegrityDevice, Error> {
+        IntegrityDevice::open_with(storage, offset, mode, read_only, true)
+    }
+
+    /// [`IntegrityDevice::open`], writing through the journal or (`journal` false, cryptsetup's
+    /// `--integrity-no-journal`) straight in place; then a journal left by a crash is replayed
+    /// and cleared, as the kernel's direct mode does.
+    pub fn open_with(
+        storage: Arc<dyn Storage>,
+        offset: u64,
+        mode: Mode,
+        read_only: bool,
+        journal: bool,
+    ) -> Result<IntegrityDevice, Error> {
+        let device = Arc::new(Device::open(storage, offset, mode, read_only, journal)?);
+        let mut opened = IntegrityDevice {
+            device,
+            committers: Vec::new(),
+        };
+        if journal && !read_only {
+            for _ in 0..COMMITTERS {
+                let device = Arc::clone(&opened.device);
+                let thread = thread::Builder::new()
+                    .name("integrity-commit".into())
+                    .spawn(move || device.run_committer())?;
+                opened.committers.push(thread);
+            }
+        }
+        Ok(opened)
+    }
+
+    /// Opened read-only: the blocks read from the journal (committed there, perhaps not yet in
+    /// place). Opened writable: 0 (the journal was replayed).
+    pub fn journalled_blocks(&self) -> usize {
+        self.device.journalled.len()
+    }
+
+    /// Its geometry.
+    pub fn layout(&self) -> &Layout {
+        &self.device.layout
+    }
+
+    /// Its authenticated encryption.
+    pub fn mode(&self) -> &Mode {
+        &self.device.mode
+    }
+
+    /// Bytes of data it holds.
+    pub fn size(&self) -> u64 {
+        self.device.layout.provided_data_sectors * 512
+    }
+
+    /// Whether writes are refused.
+    pub fn is_read_only(&self) -> bool {
+        self.device.read_only
+    }
+
+    /// Read whole blocks from block `first` into `buf`, each checked against its tag.
+    ///
+    /// Errors: [`Error::Integrity`] naming the first block whose tag does not verify (the
+    /// kernel's EILSEQ; `buf` then holds no unverified data); [`Error::Range`]; [`Error::Io`].
+    pub fn read(&self, first: u64, buf: &mut [u8]) -> Result<(), Error> {
+        self.device.read(first, buf)
+    }
+
+    /// Encrypt and write whole blocks from block `first`: into the journal's waiting blocks
+    /// (committed at the next flush, or by a committer thread once they fill a quarter of the
+    /// journal), or in place without the journal.
+    ///
+    /// Errors: [`Error::ReadOnly`]; [`Error::Range`]; [`Error::Io`] after a commit failed (the
+    /// device then refuses writes and flushes; reopening replays the journal, and a block reads
+    /// as the last flush left it or newer).
+    pub fn write(&self, first: u64, buf: &[u8]) -> Result<(), Error> {
+        self.device.write(first, buf)
+    }
+
+    /// [`IntegrityDevice::write`], encrypting `buf` in place (it is scrambled afterwards): without
+    /// the journal, this saves a copy of the request.
+    pub fn write_in_place(&self, first: u64, buf: &mut [u8]) -> Result<(), Error> {
+        self.device.write_in_place(first, buf)
+    }
+
+    /// Write every block as zeros, encrypted and tagged, in place without the journal (as
+    /// cryptsetup's wipe after formatting: a block never written otherwise fails its check).
+    /// `progress` gets the blocks done and the total after each run.
+    ///
+    /// Errors: [`Error::ReadOnly`]; [`Error::Io`] (the blocks not reached still fail their
+    /// checks).
+    pub fn wipe(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<(), Error> {
+        self.device.wipe(progress)
+    }
+
+    /// Make every write so far durable: the waiting blocks committed (or, without the journal,
+    /// the storage synced).
+    ///
+    /// Errors: [`Error::Io`].
+    pub fn flush(&self) -> Result<(), Error> {
+        self.device.flush()
+    }
+}
+
 impl Drop for IntegrityDevice {
     /// Commit what still waits, as closing the kernel's device does (what cannot be written is
-    /// what a crash would have lost).
+    /// what a crash would have lost), then stop the committers.
     fn drop(&mut self) {
-        if !self.read_only {
-            let _ = self.flush();
+        if !self.device.read_only {
+            let _ = self.device.flush();
+        }
+        lock(&self.device.wanted).stop = true;
+        self.device.commit_wanted.notify_all();
+        for committer in self.committers.drain(..) {
+            let _ = committer.join();
         }
     }
 }

@@ -3,7 +3,7 @@
 //! versions written to it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 
 use sectorcrypt_integrity::{format, IntegrityDevice, Mode};
@@ -101,4 +101,77 @@ fn reads_see_whole_versions_while_writers_commit() {
             "block {b} is not at version {want}"
         );
     }
+}
+
+/// A device in memory that notes the thread of each write past the cache (the journal's and
+/// the copies in place: only commits make them).
+struct Watched {
+    inner: MemStorage,
+    threads: Mutex<Vec<Option<String>>>,
+}
+
+impl Storage for Watched {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn write_uncached(&self, bufs: &[&[u8]], offset: u64) -> std::io::Result<()> {
+        let name = thread::current().name().map(str::to_string);
+        self.threads.lock().unwrap().push(name);
+        self.inner.write_uncached(bufs, offset)
+    }
+    fn sync(&self) -> std::io::Result<()> {
+        self.inner.sync()
+    }
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+    fn name(&self) -> String {
+        "watched memory".into()
+    }
+}
+
+#[test]
+fn full_batches_are_committed_by_the_committers_and_a_flush_by_its_caller() {
+    let mode = || Mode::new("aes-gcm-random", "aead", &pattern(32, 4), BLOCK).unwrap();
+    let mem = MemStorage::new(vec![0; 24 << 20]);
+    let sb = format::plan(24 << 20, 0, mode().tag_size() as u16, BLOCK, false).unwrap();
+    format::format(&mem, 0, &sb).unwrap();
+    let watched = Arc::new(Watched {
+        inner: mem,
+        threads: Mutex::new(Vec::new()),
+    });
+    let dev =
+        IntegrityDevice::open(Arc::clone(&watched) as Arc<dyn Storage>, 0, mode(), false).unwrap();
+    // Several batches (of one journal section here) in one request, then a few blocks more.
+    let data = pattern(300 * BLOCK, 5);
+    dev.write(0, &data).unwrap();
+    dev.flush().unwrap();
+    let after_flush = watched.threads.lock().unwrap().len();
+    dev.write(400, &data[..3 * BLOCK]).unwrap();
+    dev.flush().unwrap();
+    let threads = watched.threads.lock().unwrap().clone();
+    let committers = threads
+        .iter()
+        .filter(|t| t.as_deref() == Some("integrity-commit"))
+        .count();
+    assert!(committers > 0, "no commit on a committer: {threads:?}");
+    // Three blocks fill no batch: the flush commits them itself (a journal write and a copy).
+    assert_eq!(threads.len(), after_flush + 2, "{threads:?}");
+    let me = thread::current().name().map(str::to_string);
+    assert!(
+        threads[after_flush..].iter().all(|t| *t == me),
+        "{threads:?}"
+    );
+    let mut back = vec![0u8; 300 * BLOCK];
+    dev.read(0, &mut back).unwrap();
+    assert!(back == data);
+    drop(dev);
+    let again = IntegrityDevice::open(watched as Arc<dyn Storage>, 0, mode(), true).unwrap();
+    let (mut first, mut last) = (vec![0u8; 300 * BLOCK], vec![0u8; 3 * BLOCK]);
+    again.read(0, &mut first).unwrap();
+    again.read(400, &mut last).unwrap();
+    assert!(first == data && last == data[..3 * BLOCK]);
 }

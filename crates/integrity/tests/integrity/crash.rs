@@ -152,6 +152,49 @@ fn four_section_image(m: &(&str, &str, Vec<u8>)) -> (Vec<u8>, usize) {
     (mem.contents(), size)
 }
 
+/// A commit of several sections that reaches the ring's end goes on at its start: a journal of
+/// twelve sections, commits of three, the ring moved on by one by a flush, so that the fourth
+/// commit takes sections 10, 11 and 0 (written in two pieces). Every block reads back, before
+/// and after reopening, and after a read-only opening that overlays what the journal holds.
+#[test]
+fn a_commit_across_the_rings_end_is_written_at_both_ends() {
+    let m = &modes()[1];
+    let mem = Arc::new(MemStorage::new(vec![0; 8 << 20]));
+    let mut sb: Superblock =
+        format::plan(8 << 20, OFFSET, mode(m).tag_size() as u16, BLOCK, false).unwrap();
+    sb.journal_sections = 12;
+    sb.provided_data_sectors = 5 << 11;
+    format::format(&*mem, OFFSET, &sb).unwrap();
+    let dev = open(Arc::clone(&mem) as Arc<dyn Storage>, m, false).unwrap();
+    assert_eq!(dev.layout().journal_sections, 12);
+    dev.wipe(&mut |_, _| {}).unwrap();
+    let per_commit = 3 * dev.layout().journal_section_entries as usize;
+    let size = dev.size() as usize;
+    let mut want = vec![0u8; size];
+    let mut put = |dev: &IntegrityDevice, first: usize, data: Vec<u8>| {
+        dev.write(first as u64, &data).unwrap();
+        want[first * BLOCK..first * BLOCK + data.len()].copy_from_slice(&data);
+    };
+    put(&dev, 0, pattern(BLOCK, 40));
+    dev.flush().unwrap();
+    // Four full commits from section 1, and part of a fifth.
+    let blocks = 4 * per_commit + 5;
+    assert!(blocks < size / BLOCK);
+    put(&dev, 1, pattern(blocks * BLOCK, 41));
+    dev.flush().unwrap();
+    assert!(contents(&dev).unwrap() == want);
+    drop(dev);
+    let read_only = open(Arc::clone(&mem) as Arc<dyn Storage>, m, true).unwrap();
+    assert!(read_only.journalled_blocks() > 0);
+    assert!(
+        contents(&read_only).unwrap() == want,
+        "through the journal's overlay"
+    );
+    drop(read_only);
+    let again = open(mem as Arc<dyn Storage>, m, false).unwrap();
+    assert!(contents(&again).unwrap() == want, "after the replay");
+}
+
 /// Commits follow each other without a flush between (each takes a quarter of the journal and
 /// syncs once: the sync that makes it durable also makes earlier commits' copies in place
 /// durable, before the ring comes back to their sections). After a cut anywhere, every block is
