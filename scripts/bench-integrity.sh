@@ -8,9 +8,11 @@
 # (chacha20-random), each served with dm-integrity's journal and with --integrity-no-journal.
 # Per round and contender, with fio's nbd engine: 1 GiB written (1 MiB requests, 8 in flight,
 # flushed at the end) and read back, each under a server of its own whose CPU seconds are taken;
-# then 128 KiB sequential reads and writes (8 in flight) for SECONDS each over that GiB. Prints a
-# Markdown table: medians, with the ratio to aes-xts of the same round. Images go to $BENCH_DIR
-# (default target/bench-integrity), about 5 GiB.
+# then 128 KiB sequential reads and writes (8 in flight) for SECONDS each over that GiB. Each
+# contender has an image of its own, so that what one leaves in the page cache (or, writing past
+# it, does not) is not what the next one finds. Prints a Markdown table: medians, with the ratio
+# to aes-xts of the same round. Images go to $BENCH_DIR (default target/bench-integrity), about
+# 1.1 GiB per contender.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-2}"
@@ -48,25 +50,6 @@ make_image() { # name, then format options; 1 GiB of payload at least
   "$sc" format "$img" --key-file "$key" --pbkdf pbkdf2 --pbkdf-force-iterations 1000 -q \
     --sector-size 4096 "$@"
 }
-make_image xts
-make_image hmac --integrity hmac-sha256 --integrity-no-wipe
-make_image gcm --integrity aead --cipher aes-gcm-random --integrity-no-wipe
-make_image chacha --integrity poly1305 --cipher chacha20-random --integrity-no-wipe
-
-bench=bench-integrity
-source scripts/bench-server.sh
-server_cmd() { # contender -> command
-  local serve="$sc serve --key-file $key --socket $sock"
-  case "$1" in
-  xts) echo "$serve $dir/xts.img" ;;
-  hmac-journal) echo "$serve $dir/hmac.img" ;;
-  hmac-direct) echo "$serve $dir/hmac.img --integrity-no-journal" ;;
-  gcm-journal) echo "$serve $dir/gcm.img" ;;
-  gcm-direct) echo "$serve $dir/gcm.img --integrity-no-journal" ;;
-  chacha-journal) echo "$serve $dir/chacha.img" ;;
-  chacha-direct) echo "$serve $dir/chacha.img --integrity-no-journal" ;;
-  esac
-}
 contenders=(xts hmac-journal hmac-direct gcm-journal gcm-direct chacha-journal chacha-direct)
 if [ $# -gt 2 ]; then # a subset: xts always, as the reference
   contenders=(xts)
@@ -74,6 +57,24 @@ if [ $# -gt 2 ]; then # a subset: xts always, as the reference
     [ "$c" = xts ] || contenders+=("$c")
   done
 fi
+for c in "${contenders[@]}"; do
+  case "$c" in
+  xts) make_image xts ;;
+  hmac-*) make_image "$c" --integrity hmac-sha256 --integrity-no-wipe ;;
+  gcm-*) make_image "$c" --integrity aead --cipher aes-gcm-random --integrity-no-wipe ;;
+  chacha-*) make_image "$c" --integrity poly1305 --cipher chacha20-random --integrity-no-wipe ;;
+  esac
+done
+
+bench=bench-integrity
+source scripts/bench-server.sh
+server_cmd() { # contender -> command
+  local serve="$sc serve --key-file $key --socket $sock $dir/$1.img"
+  case "$1" in
+  *-direct) echo "$serve --integrity-no-journal" ;;
+  *) echo "$serve" ;;
+  esac
+}
 fio_run() { # name, then fio options: one job on the served volume, JSON to $out/NAME.json
   local name=$1
   shift
