@@ -97,29 +97,30 @@ impl AesGcm {
     }
 
     /// [`AesGcm::seal`] for each message (nonce, associated data, data encrypted in place, and
-    /// where its tag goes): the sectors of a request, with two AES calls for all of them (the
+    /// where its tag goes): the sectors of a request, with two AES calls per 64 of them (the
     /// tag masks `E(K, J0)` in one, every message's counter mode in the other) and one clearing
-    /// of what the kernels leave behind.
+    /// of what the kernels leave behind at the end.
     pub fn seal_each<'a, A: AsRef<[u8]>>(
         &self,
         messages: impl IntoIterator<Item = (&'a [u8; NONCE], A, &'a mut [u8], &'a mut [u8; TAG])>,
     ) {
         let mut messages: Vec<_> = messages.into_iter().collect();
-        for chunk in messages.chunks_mut(MASKS) {
-            let mut stack = [[0u8; BLOCK]; MASKS];
-            let masks = self.tag_masks(chunk.iter().map(|m| m.0), &mut stack);
-            let mut jobs: Vec<(Block, &mut [u8])> = (chunk.iter_mut())
-                .map(|(nonce, _, data, _)| (counter_block(nonce, 2), &mut **data))
-                .collect();
-            self.aes.ctr32_xor(&mut jobs);
-            drop(jobs);
-            for ((_, aad, data, tag), mask) in chunk.iter_mut().zip(masks.iter()) {
-                **tag = self.ghash(aad.as_ref(), data);
-                xor_into(&mut **tag, mask);
+        crate::wipe::once(|| {
+            for chunk in messages.chunks_mut(MASKS) {
+                let mut stack = [[0u8; BLOCK]; MASKS];
+                let masks = self.tag_masks(chunk.iter().map(|m| m.0), &mut stack);
+                let mut jobs: Vec<(Block, &mut [u8])> = (chunk.iter_mut())
+                    .map(|(nonce, _, data, _)| (counter_block(nonce, 2), &mut **data))
+                    .collect();
+                self.aes.ctr32_xor(&mut jobs);
+                drop(jobs);
+                for ((_, aad, data, tag), mask) in chunk.iter_mut().zip(masks.iter()) {
+                    **tag = self.ghash(aad.as_ref(), data);
+                    xor_into(&mut **tag, mask);
+                }
+                masks.as_flattened_mut().zeroize();
             }
-            masks.as_flattened_mut().zeroize();
-        }
-        crate::wipe::after_keyed_call();
+        });
     }
 
     /// Check `tag` over `aad` and the ciphertext `data` under `nonce` (in constant time) and, if it
@@ -140,30 +141,31 @@ impl AesGcm {
         mut refused: impl FnMut(usize),
     ) {
         let mut messages: Vec<_> = messages.into_iter().collect();
-        for (c, chunk) in messages.chunks_mut(MASKS).enumerate() {
-            let mut stack = [[0u8; BLOCK]; MASKS];
-            let masks = self.tag_masks(chunk.iter().map(|m| m.0), &mut stack);
-            let verified: Vec<bool> = (chunk.iter().zip(masks.iter()))
-                .map(|((_, aad, data, tag), mask)| {
-                    let hash = self.ghash(aad.as_ref(), data);
-                    let diff = (hash.iter().zip(mask).zip(*tag))
-                        .fold(0u8, |d, ((h, m), t)| d | (h ^ m ^ t));
-                    // Read through a black box so the comparison stays branch-free up to here.
-                    std::hint::black_box(diff) == 0
-                })
-                .collect();
-            masks.as_flattened_mut().zeroize();
-            let mut jobs: Vec<(Block, &mut [u8])> = (chunk.iter_mut().zip(&verified))
-                .filter(|(_, ok)| **ok)
-                .map(|((nonce, _, data, _), _)| (counter_block(nonce, 2), &mut **data))
-                .collect();
-            self.aes.ctr32_xor(&mut jobs);
-            drop(jobs);
-            for (i, _) in verified.iter().enumerate().filter(|(_, ok)| !**ok) {
-                refused(c * MASKS + i);
+        crate::wipe::once(|| {
+            for (c, chunk) in messages.chunks_mut(MASKS).enumerate() {
+                let mut stack = [[0u8; BLOCK]; MASKS];
+                let masks = self.tag_masks(chunk.iter().map(|m| m.0), &mut stack);
+                let verified: Vec<bool> = (chunk.iter().zip(masks.iter()))
+                    .map(|((_, aad, data, tag), mask)| {
+                        let hash = self.ghash(aad.as_ref(), data);
+                        let diff = (hash.iter().zip(mask).zip(*tag))
+                            .fold(0u8, |d, ((h, m), t)| d | (h ^ m ^ t));
+                        // Read through a black box so the comparison stays branch-free up to here.
+                        std::hint::black_box(diff) == 0
+                    })
+                    .collect();
+                masks.as_flattened_mut().zeroize();
+                let mut jobs: Vec<(Block, &mut [u8])> = (chunk.iter_mut().zip(&verified))
+                    .filter(|(_, ok)| **ok)
+                    .map(|((nonce, _, data, _), _)| (counter_block(nonce, 2), &mut **data))
+                    .collect();
+                self.aes.ctr32_xor(&mut jobs);
+                drop(jobs);
+                for (i, _) in verified.iter().enumerate().filter(|(_, ok)| !**ok) {
+                    refused(c * MASKS + i);
+                }
             }
-        }
-        crate::wipe::after_keyed_call();
+        });
     }
 
     /// `E(K, J0)` of each nonce (what a tag is masked with; at most [`MASKS`]) in `out`, in one

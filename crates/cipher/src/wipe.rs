@@ -7,15 +7,47 @@
 //! registers (AVX2, no AVX-512) the VAES ECB kernel keeps its first round key (the key's first
 //! 16 bytes) in its frame, and a core taken later still held it there. So every keyed call
 //! through an engine in secret memory ends in [`after_keyed_call`]: one `vzeroall` and sixteen
-//! register clears, and 8 KiB of stack zeroed (about 100 ns; a request of many sectors is one
-//! call).
+//! register clears, and 8 KiB of stack zeroed (about 100 ns), or, for the several calls of one
+//! extended request, [`once`] at its end.
+
+use std::cell::Cell;
 
 /// Clear what a keyed call leaves behind: the vector registers, and the stack below the caller
-/// as deep as the kernels' frames reach. Call it from the frame that made the keyed call.
+/// as deep as the kernels' frames reach. Call it from the frame that made the keyed call. Inside
+/// [`once`] it does nothing: the wipe at the end of `once` covers the call.
 #[inline(always)]
 pub(crate) fn after_keyed_call() {
-    vector_registers();
-    stack();
+    if !DEFERRED.with(Cell::get) {
+        vector_registers();
+        stack();
+    }
+}
+
+std::thread_local! {
+    /// Set inside [`once`]: keyed calls on this thread leave their wipe to it.
+    static DEFERRED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Run `f`, which makes several keyed calls, with one wipe at its end instead of one per call.
+/// An extended request of 512-byte sectors makes two calls (tweaks, then data) per
+/// [`IV_BATCH`](crate::sector::IV_BATCH) sectors, so a wipe per call zeroed half as many stack
+/// bytes as the request had data, and cost 512-byte sectors a tenth of their speed against
+/// 4096-byte ones. What the calls leave in registers and on the stack stays there until `f`
+/// returns, overwritten by the next call meanwhile; `f`'s own frame (the IV batch) is below this
+/// one, so the stack wipe covers it too.
+#[inline(always)]
+pub(crate) fn once<R>(f: impl FnOnce() -> R) -> R {
+    // Not inlined, so that `f`'s locals live in a frame below the caller's, where the wipe
+    // reaches.
+    #[inline(never)]
+    fn below<R>(f: impl FnOnce() -> R) -> R {
+        f()
+    }
+    let outer = DEFERRED.with(|d| d.replace(true));
+    let result = below(f);
+    DEFERRED.with(|d| d.set(outer));
+    after_keyed_call();
+    result
 }
 
 /// Bytes of stack [`stack`] clears: the AES kernels' frames take about 2 KiB, the portable
@@ -29,6 +61,8 @@ fn stack() {
     let mut area = [0u128; STACK_BYTES / 16];
     // The zeros are written because `black_box` may read them.
     std::hint::black_box(&mut area);
+    #[cfg(test)]
+    tests::STACK_WIPES.with(|n| n.set(n.get() + 1));
 }
 
 /// Zero every vector register this CPU has.
@@ -117,5 +151,40 @@ mod x86 {
                 options(nomem, nostack, preserves_flags),
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    std::thread_local! {
+        pub(super) static STACK_WIPES: Cell<usize> = const { Cell::new(0) };
+    }
+
+    fn wipes_during(f: impl FnOnce()) -> usize {
+        let before = STACK_WIPES.with(Cell::get);
+        f();
+        STACK_WIPES.with(Cell::get) - before
+    }
+
+    #[test]
+    fn keyed_calls_inside_once_share_its_one_wipe() {
+        assert_eq!(wipes_during(after_keyed_call), 1, "a lone keyed call wipes");
+        let calls = || {
+            for _ in 0..5 {
+                after_keyed_call();
+            }
+        };
+        assert_eq!(wipes_during(calls), 5);
+        assert_eq!(wipes_during(|| once(calls)), 1, "one wipe, at the end");
+        assert_eq!(
+            wipes_during(|| once(|| once(calls))),
+            1,
+            "nested: the outer one wipes"
+        );
+        assert_eq!(wipes_during(|| once(|| {})), 1);
+        // Deferral ends with `once`.
+        assert_eq!(wipes_during(calls), 5);
     }
 }
