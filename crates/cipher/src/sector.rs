@@ -600,10 +600,8 @@ impl Params {
                 }
             }
         }
-        // Encrypted tweaks are key-derived material. The zeros are written because `black_box`
-        // may read them (a plain memset: `zeroize` clears a byte at a time).
-        ivs.fill([0; BLOCK]);
-        std::hint::black_box(&mut ivs);
+        // Encrypted tweaks are key-derived material.
+        crate::wipe::zero(ivs.as_flattened_mut());
     }
 }
 

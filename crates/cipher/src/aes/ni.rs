@@ -12,8 +12,6 @@
 
 use core::arch::x86_64::*;
 
-use zeroize::Zeroize;
-
 use super::x86::{load_rk, RoundKeys, REVERSE_BYTES};
 use crate::backend::Backend;
 use crate::engine::{Block, BLOCK};
@@ -170,7 +168,7 @@ fn for_groups(buf: &mut [u8], mut group: impl FnMut(&mut [u8; GROUP], usize)) {
         pad[..tail.len()].copy_from_slice(tail);
         group(&mut pad, tail.len() / BLOCK);
         tail.copy_from_slice(&pad[..tail.len()]);
-        pad.zeroize();
+        crate::wipe::zero(&mut pad);
     }
 }
 

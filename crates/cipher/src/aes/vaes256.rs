@@ -111,7 +111,7 @@ fn for_groups(buf: &mut [u8], mut f: impl FnMut(&mut [u8], usize)) {
         pad[..tail.len()].copy_from_slice(tail);
         f(&mut pad, index);
         tail.copy_from_slice(&pad[..tail.len()]);
-        pad.zeroize();
+        crate::wipe::zero(&mut pad);
     }
 }
 

@@ -236,7 +236,7 @@ macro_rules! vaes_common {
                     pad[..tail.len()].copy_from_slice(tail);
                     group(&mut pad);
                     tail.copy_from_slice(&pad[..tail.len()]);
-                    pad.zeroize();
+                    crate::wipe::zero(&mut pad);
                 }
             }
         }
