@@ -77,7 +77,7 @@ impl AesGcm {
             let wide = matches!(aes.backend(), Backend::Vaes256 | Backend::Vaes512);
             let ghash = SecretBox::try_init(|| Some(clmul::Key::new(&h, wide)))?;
             h.zeroize();
-            crate::wipe::after_keyed_call();
+            crate::wipe::after_keyed_call(crate::wipe::DEEP_STACK);
             Some(AesGcm { aes, ghash })
         }
         #[cfg(not(target_arch = "x86_64"))]

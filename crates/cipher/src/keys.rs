@@ -231,7 +231,7 @@ impl<E: HeldEngine + 'static> Slots for Typed<E> {
                 _ => LoadError::OutOfRange,
             })?;
         // Building a key schedule leaves round keys in the vector registers.
-        crate::wipe::after_keyed_call();
+        crate::wipe::after_keyed_call(crate::wipe::DEEP_STACK);
         Ok(())
     }
 

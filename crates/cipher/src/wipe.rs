@@ -7,25 +7,46 @@
 //! registers (AVX2, no AVX-512) the VAES ECB kernel keeps its first round key (the key's first
 //! 16 bytes) in its frame, and a core taken later still held it there. So every keyed call
 //! through an engine in secret memory ends in [`after_keyed_call`]: one `vzeroall` and sixteen
-//! register clears, and 8 KiB of stack zeroed (about 100 ns), or, for the several calls of one
-//! extended request, [`once`] at its end.
+//! register clears, and the stack its engine may have reached zeroed, or, for the several calls
+//! of one extended request, [`once`] at its end.
+//!
+//! How deep the calls reach was measured with a throw-away probe in [`stack`] that looked for
+//! the deepest byte still non-zero before clearing, across sector and request sizes, from the
+//! frame that wipes: about 3 KiB for AES on `vaes256` (with the IV batch of
+//! [`crate::sector`]), 2 KiB on AES-NI and for LEA on AVX2, 5.7-6 KiB for Serpent and the
+//! portable AES and LEA, and 13.5-14.5 KiB for Twofish. Each engine says which of the two depths
+//! below it needs ([`BlockEngine::stack_bytes`](crate::engine::BlockEngine::stack_bytes)).
 
 use std::cell::Cell;
 
-/// Clear what a keyed call leaves behind: the vector registers, and the stack below the caller
-/// as deep as the kernels' frames reach. Call it from the frame that made the keyed call. Inside
-/// [`once`] it does nothing: the wipe at the end of `once` covers the call.
+/// Stack an AES engine on AES-NI or VAES, or a LEA engine on AVX2, may leave key material in.
+pub(crate) const SHALLOW_STACK: usize = 6 * 1024;
+/// Stack any other engine, or a key schedule, may leave key material in.
+pub(crate) const DEEP_STACK: usize = 20 * 1024;
+
+/// Clear what a keyed call leaves behind: the vector registers, and `stack_bytes` of the stack
+/// below the caller, as deep as the call's frames reach. Call it from the frame that made the
+/// keyed call. Inside [`once`] it only notes the depth: the wipe at the end of `once` covers the
+/// call.
 #[inline(always)]
-pub(crate) fn after_keyed_call() {
-    if !DEFERRED.with(Cell::get) {
+pub(crate) fn after_keyed_call(stack_bytes: usize) {
+    if DEFERRED.with(Cell::get) {
+        NEEDED.with(|n| n.set(n.get().max(stack_bytes)));
+    } else {
         vector_registers();
-        stack();
+        if stack_bytes <= SHALLOW_STACK {
+            stack::<SHALLOW_STACK>();
+        } else {
+            stack::<DEEP_STACK>();
+        }
     }
 }
 
 std::thread_local! {
     /// Set inside [`once`]: keyed calls on this thread leave their wipe to it.
     static DEFERRED: Cell<bool> = const { Cell::new(false) };
+    /// The deepest stack the keyed calls inside [`once`] asked to have cleared.
+    static NEEDED: Cell<usize> = const { Cell::new(0) };
 }
 
 /// Run `f`, which makes several keyed calls, with one wipe at its end instead of one per call.
@@ -37,32 +58,23 @@ std::thread_local! {
 /// one, so the stack wipe covers it too.
 #[inline(always)]
 pub(crate) fn once<R>(f: impl FnOnce() -> R) -> R {
-    // Not inlined, so that `f`'s locals live in a frame below the caller's, where the wipe
-    // reaches.
-    #[inline(never)]
-    fn below<R>(f: impl FnOnce() -> R) -> R {
-        f()
+    let (result, _) = sectorcrypt_secret::deferring(&DEFERRED, f);
+    // An outer `once` takes the depth over; no keyed call, nothing to clear.
+    let needed = NEEDED.with(|n| n.replace(0));
+    if needed > 0 {
+        after_keyed_call(needed);
     }
-    let outer = DEFERRED.with(|d| d.replace(true));
-    let result = below(f);
-    DEFERRED.with(|d| d.set(outer));
-    after_keyed_call();
     result
 }
 
-/// Bytes of stack [`stack`] clears: the AES kernels' frames take about 2 KiB, the portable
-/// Twofish and LEA ones up to 5 KiB.
-const STACK_BYTES: usize = 8192;
-
-/// Zero the [`STACK_BYTES`] below the caller's frame, where the frames of the calls it just made
-/// were.
+/// Zero the `N` bytes below the caller's frame, where the frames of the calls it just made were.
 #[inline(never)]
-fn stack() {
-    let mut area = [0u128; STACK_BYTES / 16];
+fn stack<const N: usize>() {
+    let mut area = [0u8; N];
     // The zeros are written because `black_box` may read them.
     std::hint::black_box(&mut area);
     #[cfg(test)]
-    tests::STACK_WIPES.with(|n| n.set(n.get() + 1));
+    tests::STACK_WIPES.with(|w| w.borrow_mut().push(N));
 }
 
 /// Zero `buf`, a kernel's padded tail or a batch of encrypted tweaks, as one `memset`:
@@ -166,34 +178,51 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::RefCell;
 
     std::thread_local! {
-        pub(super) static STACK_WIPES: Cell<usize> = const { Cell::new(0) };
+        /// The size of every stack wipe on this thread.
+        pub(super) static STACK_WIPES: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
     }
 
-    fn wipes_during(f: impl FnOnce()) -> usize {
-        let before = STACK_WIPES.with(Cell::get);
+    fn wipes_during(f: impl FnOnce()) -> Vec<usize> {
+        STACK_WIPES.with(|w| w.borrow_mut().clear());
         f();
-        STACK_WIPES.with(Cell::get) - before
+        STACK_WIPES.with(|w| w.take())
     }
 
     #[test]
-    fn keyed_calls_inside_once_share_its_one_wipe() {
-        assert_eq!(wipes_during(after_keyed_call), 1, "a lone keyed call wipes");
-        let calls = || {
-            for _ in 0..5 {
-                after_keyed_call();
+    fn keyed_calls_inside_once_share_its_one_wipe_as_deep_as_the_deepest() {
+        let (shallow, deep) = (SHALLOW_STACK, DEEP_STACK);
+        assert_eq!(wipes_during(|| after_keyed_call(100)), [shallow]);
+        assert_eq!(wipes_during(|| after_keyed_call(shallow + 1)), [deep]);
+        let calls = |depths: &[usize]| {
+            for &d in depths {
+                after_keyed_call(d);
             }
         };
-        assert_eq!(wipes_during(calls), 5);
-        assert_eq!(wipes_during(|| once(calls)), 1, "one wipe, at the end");
+        assert_eq!(wipes_during(|| calls(&[1, 2, 3])), [shallow; 3]);
         assert_eq!(
-            wipes_during(|| once(|| once(calls))),
-            1,
-            "nested: the outer one wipes"
+            wipes_during(|| once(|| calls(&[1, 2, 3]))),
+            [shallow],
+            "one, at the end"
         );
-        assert_eq!(wipes_during(|| once(|| {})), 1);
-        // Deferral ends with `once`.
-        assert_eq!(wipes_during(calls), 5);
+        assert_eq!(
+            wipes_during(|| once(|| calls(&[1, deep, 3]))),
+            [deep],
+            "the deepest"
+        );
+        assert_eq!(
+            wipes_during(|| once(|| {
+                calls(&[1]);
+                once(|| calls(&[deep]));
+            })),
+            [deep],
+            "nested: the outer one wipes, as deep as the inner calls"
+        );
+        assert_eq!(wipes_during(|| once(|| {})), [0; 0], "no keyed call");
+        // Deferral ends with `once`, and its depth with it.
+        assert_eq!(wipes_during(|| calls(&[1, 2])), [shallow; 2]);
+        assert_eq!(wipes_during(|| once(|| calls(&[1]))), [shallow]);
     }
 }

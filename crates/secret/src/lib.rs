@@ -74,17 +74,30 @@ std::thread_local! {
 /// until `f` returns, overwritten by the next build meanwhile.
 #[inline(never)]
 pub fn scrubbing_once<R>(f: impl FnOnce() -> R) -> R {
-    #[inline(never)]
-    fn below<R>(f: impl FnOnce() -> R) -> R {
-        f()
-    }
-    let outer = DEFERRED.with(|d| d.replace(true));
-    let result = below(f);
-    DEFERRED.with(|d| d.set(outer));
+    let (result, outer) = deferring(&DEFERRED, f);
     if !outer {
         scrub_stack();
     }
     result
+}
+
+/// Run `f` with `flag` set on this thread, in a frame of its own below the caller's, so that what
+/// `f` leaves on the stack lies where a wipe made from the caller reaches; and whether `flag` was
+/// set already (by a scope further up, which then does the cleanup). The scopes that defer a
+/// cleanup to their end are built on it.
+#[inline(always)]
+pub fn deferring<R>(
+    flag: &'static std::thread::LocalKey<std::cell::Cell<bool>>,
+    f: impl FnOnce() -> R,
+) -> (R, bool) {
+    #[inline(never)]
+    fn below<R>(f: impl FnOnce() -> R) -> R {
+        f()
+    }
+    let outer = flag.with(|d| d.replace(true));
+    let result = below(f);
+    flag.with(|d| d.set(outer));
+    (result, outer)
 }
 
 /// Scrub the stack now unless a [`scrubbing_once`] further up will.

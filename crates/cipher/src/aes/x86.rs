@@ -43,6 +43,10 @@ macro_rules! x86_block_engine {
                 $backend
             }
 
+            fn stack_bytes(&self) -> usize {
+                $crate::wipe::SHALLOW_STACK
+            }
+
             fn encrypt_ecb(&self, buf: &mut [u8]) {
                 // SAFETY: `self._cpu` proves the kernel's target features were detected.
                 unsafe { ecb::<false>(&self.keys, $crate::aes::x86::whole_blocks(buf)) }

@@ -57,6 +57,10 @@ macro_rules! lea_simd_engine {
                 $backend
             }
 
+            fn stack_bytes(&self) -> usize {
+                $crate::wipe::SHALLOW_STACK
+            }
+
             fn encrypt_ecb(&self, buf: &mut [u8]) {
                 if buf.len() == BLOCK {
                     // A lone block (e.g. an XTS tweak) is faster without transposes.
