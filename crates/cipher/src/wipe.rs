@@ -225,4 +225,20 @@ mod tests {
         assert_eq!(wipes_during(|| calls(&[1, 2])), [shallow; 2]);
         assert_eq!(wipes_during(|| once(|| calls(&[1]))), [shallow]);
     }
+
+    #[test]
+    fn a_panic_inside_once_does_not_leave_the_thread_deferring() {
+        let unwound = std::panic::catch_unwind(|| {
+            once(|| {
+                after_keyed_call(1);
+                panic!("in a keyed call");
+            })
+        });
+        assert!(unwound.is_err());
+        assert_eq!(
+            wipes_during(|| after_keyed_call(1)),
+            [SHALLOW_STACK],
+            "a later call wipes at once"
+        );
+    }
 }

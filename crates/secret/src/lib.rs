@@ -90,13 +90,25 @@ pub fn deferring<R>(
     flag: &'static std::thread::LocalKey<std::cell::Cell<bool>>,
     f: impl FnOnce() -> R,
 ) -> (R, bool) {
+    /// Puts the flag back even if `f` unwinds, so that a panic does not leave this thread
+    /// deferring every later cleanup to a scope that has ended.
+    struct Restore {
+        flag: &'static std::thread::LocalKey<std::cell::Cell<bool>>,
+        outer: bool,
+    }
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            self.flag.with(|d| d.set(self.outer));
+        }
+    }
     #[inline(never)]
     fn below<R>(f: impl FnOnce() -> R) -> R {
         f()
     }
     let outer = flag.with(|d| d.replace(true));
+    let restore = Restore { flag, outer };
     let result = below(f);
-    flag.with(|d| d.set(outer));
+    drop(restore);
     (result, outer)
 }
 
