@@ -58,16 +58,24 @@ std::thread_local! {
 /// bytes as the request had data, and cost 512-byte sectors a tenth of their speed against
 /// 4096-byte ones. What the calls leave in registers and on the stack stays there until `f`
 /// returns, overwritten by the next call meanwhile; `f`'s own frame (the IV batch) is below this
-/// one, so the stack wipe covers it too.
+/// one, so the stack wipe covers it too. The wipe also runs if `f` unwinds.
 #[inline(always)]
 pub(crate) fn once<R>(f: impl FnOnce() -> R) -> R {
-    let (result, _) = sectorcrypt_secret::deferring(&DEFERRED, f);
-    // An outer `once` takes the depth over; no keyed call, nothing to clear.
-    let needed = NEEDED.with(|n| n.replace(0));
-    if needed > 0 {
-        after_keyed_call(needed);
+    /// Wipes when the scope ends, by return or by a panic, after the deferral has ended.
+    struct AtEnd;
+    impl Drop for AtEnd {
+        // Inlined, so that the wipe starts from the caller's frame, above the calls' frames.
+        #[inline(always)]
+        fn drop(&mut self) {
+            // An outer `once` takes the depth over; no keyed call, nothing to clear.
+            let needed = NEEDED.with(|n| n.replace(0));
+            if needed > 0 {
+                after_keyed_call(needed);
+            }
+        }
     }
-    result
+    let _at_end = AtEnd;
+    sectorcrypt_secret::deferring(&DEFERRED, f).0
 }
 
 /// Zero the `N` bytes below the caller's frame, where the frames of the calls it just made were.
@@ -230,14 +238,21 @@ mod tests {
     }
 
     #[test]
-    fn a_panic_inside_once_does_not_leave_the_thread_deferring() {
-        let unwound = std::panic::catch_unwind(|| {
-            once(|| {
-                after_keyed_call(1);
-                panic!("in a keyed call");
-            })
+    fn a_panic_inside_once_wipes_and_does_not_leave_the_thread_deferring() {
+        let wiped = wipes_during(|| {
+            let unwound = std::panic::catch_unwind(|| {
+                once(|| {
+                    after_keyed_call(1);
+                    panic!("in a keyed call");
+                })
+            });
+            assert!(unwound.is_err());
         });
-        assert!(unwound.is_err());
+        assert_eq!(
+            wiped,
+            [SHALLOW_STACK],
+            "the calls before the panic are wiped"
+        );
         assert_eq!(
             wipes_during(|| after_keyed_call(1)),
             [SHALLOW_STACK],
