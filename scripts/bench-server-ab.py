@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Same-run A/B of two sectorcrypt builds' `serve`, against nbdkit's `file` plugin on the same
 machine: fio's nbd engine, writes and reads (4 KiB random by default) at queue depth 32 for
-SECONDS each, the three servers alternating within every round, each measurement after a sync and a drop of the
-page cache; medians over the rounds, with their ratios.
+SECONDS each, the three servers alternating within every round (each one first in one round of
+three: use a multiple of 3 rounds), each measurement after a sync and a drop of the page cache;
+medians over the rounds, with their ratios. A measurement during which the hypervisor stole more
+than --max-steal percent of the CPU time is taken again (scripts/steal.py).
 
     scripts/bench-server-ab.py BEFORE_BINARY AFTER_BINARY [--cipher SPEC] [--rounds R]
-        [--seconds S] [--bs SIZE] [--pattern rand|seq] [--dir DIR]
+        [--seconds S] [--bs SIZE] [--pattern rand|seq] [--dir DIR] [--max-steal PERCENT]
+        [--attempts N]
 
 The volume is a 1 GiB LUKS2 file (`--cipher`, default cipher_null-ecb: the server's own cost);
 nbdkit serves a plain 1 GiB file. Build the "before" binary from an older commit (see
@@ -19,6 +22,8 @@ import statistics
 import subprocess
 import time
 
+from steal import measured, summary as steal_summary
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -30,6 +35,8 @@ def main():
     ap.add_argument("--bs", default="4k")
     ap.add_argument("--pattern", choices=["rand", "seq"], default="rand")
     ap.add_argument("--dir", default="target/bench-server-ab")
+    ap.add_argument("--max-steal", type=float, default=5.0, metavar="PERCENT")
+    ap.add_argument("--attempts", type=int, default=4)
     a = ap.parse_args()
     d = os.path.abspath(a.dir)
     os.makedirs(d, exist_ok=True)
@@ -82,13 +89,21 @@ def main():
     prefix = "rand" if a.pattern == "rand" else ""
     jobs = [prefix + "read", prefix + "write"]
     res = {}
-    for _ in range(a.rounds):
+    taken = []
+    for r in range(a.rounds):
+        # The order rotates, so that each server goes first in one round of three: the first
+        # reads of a round, right after the last round's writes, are slow whoever makes them
+        # (an A/A run of one binary in a fixed order read 1.57x faster as "after").
+        names = list(servers)
+        order = names[r % len(names):] + names[:r % len(names)]
         for rw in jobs:
-            for name in servers:
+            for name in order:
                 proc, uri = start(name)
                 try:
-                    settle()
-                    res.setdefault((name, rw), []).append(fio(uri, rw))
+                    mib, steal, attempts = measured(lambda: fio(uri, rw), a.max_steal / 100,
+                                                    a.attempts, prepare=settle)
+                    res.setdefault((name, rw), []).append(mib)
+                    taken.append({"steal": steal, "attempts": attempts})
                 finally:
                     proc.terminate()
                     proc.wait()
@@ -102,6 +117,8 @@ def main():
               f"({each['after']}) | {m['nbdkit file']:.0f} ({each['nbdkit file']}) | "
               f"{m['after'] / m['before']:.2f}x | {m['before'] / m['nbdkit file']:.2f}x | "
               f"{m['after'] / m['nbdkit file']:.2f}x |")
+    print()
+    print(steal_summary(taken, a.max_steal / 100))
     for name in ["v.img", "raw.img"]:
         os.remove(f"{d}/{name}")
 

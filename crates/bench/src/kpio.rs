@@ -7,7 +7,8 @@
 //! misses on its round keys and lookup structures, which only show among the rest of the
 //! request's work. The store is larger than the last-level cache, as a real store would be.
 //! Rounds alternate between the key counts, so a slow moment of the machine hits them all alike;
-//! the median round is reported.
+//! a round during which the hypervisor stole the CPU is taken again ([`crate::steal`]), and the
+//! median round is reported.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -73,6 +74,10 @@ pub struct KpioSample {
     pub table_bytes_per_key: Option<f64>,
     /// Seconds to load all the keys.
     pub load_seconds: f64,
+    /// The largest share of the machine's CPU time the hypervisor stole during a counted round
+    /// (rounds above [`crate::steal::MAX_STEAL`] were taken again, up to
+    /// [`crate::steal::ATTEMPTS`] times); `None` where /proc/stat cannot be read.
+    pub steal_max: Option<f64>,
 }
 
 /// Resident bytes of this process, if the system says.
@@ -146,14 +151,25 @@ pub fn measure(case: &KpioCase) -> Result<Vec<KpioSample>, Error> {
     let mut samples = Vec::new();
     for (op, write) in [("write", true), ("read", false)] {
         let mut rates: Vec<Vec<f64>> = vec![Vec::new(); tables.len()];
-        // A warm-up round, not counted, then rounds that alternate between the tables.
+        let mut steal_max: Option<f64> = None;
+        // A warm-up round, not counted, then rounds that alternate between the tables; a round
+        // taken while the host stole the CPU is taken again.
         for round in 0..=ROUNDS {
-            for (i, t) in tables.iter().enumerate() {
-                let rate = run_for(&t.table, t.keys, case.request_size, write, slice, &mut rng)?;
-                if round > 0 {
-                    rates[i].push(rate);
-                }
+            let mut one_round = || {
+                tables
+                    .iter()
+                    .map(|t| run_for(&t.table, t.keys, case.request_size, write, slice, &mut rng))
+                    .collect::<Result<Vec<f64>, Error>>()
+            };
+            if round == 0 {
+                one_round()?;
+                continue;
             }
+            let (round_rates, steal) = crate::steal::least_stolen(one_round)?;
+            for (r, rate) in rates.iter_mut().zip(round_rates) {
+                r.push(rate);
+            }
+            steal_max = steal.map(|s| steal_max.map_or(s, |m| m.max(s)));
         }
         let medians: Vec<f64> = rates.iter().map(|r| crate::median(r.clone())).collect();
         for ((t, r), median) in tables.iter().zip(&rates).zip(&medians) {
@@ -171,6 +187,7 @@ pub fn measure(case: &KpioCase) -> Result<Vec<KpioSample>, Error> {
                 vs_baseline: median / medians[0],
                 table_bytes_per_key: t.per_key,
                 load_seconds: t.load_seconds,
+                steal_max,
             });
         }
     }

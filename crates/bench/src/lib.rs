@@ -18,9 +18,12 @@
 //!   and the raw rows as JSON (`sectorcrypt flash study --report`).
 //! - [`tcrypt`]: cycles per 4096-byte operation for ECB/CBC/CTR/XTS, as the Linux `tcrypt` speed
 //!   test reports them (the LEA kernel patch's table).
+//! - [`steal`]: the hypervisor's steal over a round, so that [`speed`] and [`kpio`] take a stolen
+//!   round again.
 //!
 //! Numbers are medians over several timed slices after a warm-up, so one descheduled slice on a
-//! shared machine does not move them much. Cycles use the TSC rate ([`sectorcrypt_cipher::tsc`]).
+//! shared machine does not move them much; [`speed`] and [`kpio`] also take a slice again when
+//! the hypervisor stole the CPU during it ([`steal`]). Cycles use the TSC rate ([`sectorcrypt_cipher::tsc`]).
 
 pub mod breakdown;
 pub mod flash;
@@ -28,6 +31,7 @@ pub mod io;
 pub mod kpio;
 pub mod report;
 pub mod speed;
+pub mod steal;
 mod svg;
 pub mod synthetic;
 pub mod tcrypt;

@@ -104,6 +104,10 @@ pub struct Measurement {
     pub bytes_per_sec: f64,
     /// Time-stamp counter ticks per byte.
     pub cycles_per_byte: f64,
+    /// The largest share of the machine's CPU time the hypervisor stole during a counted slice
+    /// (slices above [`crate::steal::MAX_STEAL`] were taken again, up to
+    /// [`crate::steal::ATTEMPTS`] times); `None` where /proc/stat cannot be read.
+    pub steal_max: Option<f64>,
 }
 
 /// Why a case cannot be measured.
@@ -168,9 +172,9 @@ pub fn measure(case: &SpeedCase, dir: Direction, seconds: f64) -> Result<Measure
     let slice = Duration::from_secs_f64((seconds / f64::from(SLICES + 1)).max(0.01));
 
     let mut rates = Vec::new();
-    // The first slice warms caches, the thread pool and the CPU clock; it is not counted.
-    for round in 0..=SLICES {
-        let bytes: u64 = std::thread::scope(|s| {
+    let mut steal_max: Option<f64> = None;
+    let one_slice = || {
+        std::thread::scope(|s| {
             let workers: Vec<_> = (0..submitters)
                 .map(|_| {
                     let cipher = &cipher;
@@ -180,11 +184,18 @@ pub fn measure(case: &SpeedCase, dir: Direction, seconds: f64) -> Result<Measure
             workers
                 .into_iter()
                 .map(|w| w.join().expect("benchmark thread"))
-                .sum()
-        });
-        if round > 0 {
-            rates.push(bytes as f64 / slice.as_secs_f64());
-        }
+                .sum::<u64>()
+        })
+    };
+    // The first slice warms caches, the thread pool and the CPU clock; it is not counted. A
+    // slice taken while the host stole the CPU is taken again.
+    one_slice();
+    for _ in 0..SLICES {
+        let (bytes, steal) =
+            crate::steal::least_stolen(|| Ok::<_, std::convert::Infallible>(one_slice()))
+                .unwrap_or_else(|never| match never {});
+        rates.push(bytes as f64 / slice.as_secs_f64());
+        steal_max = steal.map(|s| steal_max.map_or(s, |m| m.max(s)));
     }
     let bytes_per_sec = crate::median(rates);
     Ok(Measurement {
@@ -200,6 +211,7 @@ pub fn measure(case: &SpeedCase, dir: Direction, seconds: f64) -> Result<Measure
         backend: cipher.backend().to_string(),
         bytes_per_sec,
         cycles_per_byte: tsc::ticks_per_second() / bytes_per_sec,
+        steal_max,
     })
 }
 

@@ -312,8 +312,8 @@ fn benchmark(args: BenchmarkArgs) -> Result<(), CliError> {
     if !args.json {
         let _ = writeln!(
             out,
-            "{:>7} {:>6} {:>12} {:>10} {:>9} {:>10}",
-            "keys", "op", "requests/s", "MiB/s", "vs first", "bytes/key"
+            "{:>7} {:>6} {:>12} {:>10} {:>9} {:>10} {:>7}",
+            "keys", "op", "requests/s", "MiB/s", "vs first", "bytes/key", "steal"
         );
     }
     for s in &samples {
@@ -321,14 +321,16 @@ fn benchmark(args: BenchmarkArgs) -> Result<(), CliError> {
             serde_json::to_string(s).map_err(|e| CliError::usage(e.to_string()))?
         } else {
             format!(
-                "{:>7} {:>6} {:>12.0} {:>10.1} {:>8.3}x {:>10}",
+                "{:>7} {:>6} {:>12.0} {:>10.1} {:>8.3}x {:>10} {:>7}",
                 s.keys,
                 s.op,
                 s.requests_per_sec,
                 s.bytes_per_sec / f64::from(1 << 20),
                 s.vs_baseline,
                 s.table_bytes_per_key
-                    .map_or_else(|| "-".to_string(), |b| format!("{b:.0}"))
+                    .map_or_else(|| "-".to_string(), |b| format!("{b:.0}")),
+                s.steal_max
+                    .map_or_else(|| "-".to_string(), |v| format!("{:.1}%", 100.0 * v))
             )
         };
         writeln!(out, "{line}").map_err(|e| CliError::io("cannot write the results", e))?;

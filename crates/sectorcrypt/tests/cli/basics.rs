@@ -85,6 +85,8 @@ fn json_lines_have_the_documented_fields() {
         );
         assert!(l["bytes_per_sec"].as_f64().unwrap() > 0.0);
         assert!(l["cycles_per_byte"].as_f64().unwrap() > 0.0);
+        let steal = l["steal_max"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&steal), "{l}");
     }
 }
 

@@ -314,6 +314,8 @@ fn key_per_io_refusals_and_benchmark() {
     for r in &rows {
         assert!(r["requests_per_sec"].as_f64().unwrap() > 0.0, "{r}");
         assert_eq!(r["cipher"], "aes-xts-plain64");
+        let steal = r["steal_max"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&steal), "{r}");
     }
     assert_eq!(rows[0]["vs_baseline"], 1.0);
     let bad = run_within(
