@@ -21,6 +21,10 @@ cargo test --workspace --locked --no-fail-fast --features sectorcrypt/rbd 2>&1 |
 # The Debian package, as a user installs it: built, installed, used, removed (counted as one test).
 deb=0
 if bash scripts/build-deb.sh --check; then deb=1; else status=1; fi
+# CI keeps only the beginning and the end of this output: repeat each failing test's panic
+# (its first lines, cut short) here at the end, where it survives.
+awk '/^---- .* stdout ----$/ { name = $2 } /panicked at/ && name != "" && shown < 60 { print "why " name " failed:"; n = 12 }
+     n > 0 && shown < 60 { print "  " substr($0, 1, 300); n--; shown++ }' "$log"
 awk -v deb="$deb" '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;/) p += $i; if ($(i+1) ~ /^failed;/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p + deb, f + 1 - deb }' "$log"
 exit "$status"

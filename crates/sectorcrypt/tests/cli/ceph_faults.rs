@@ -136,14 +136,16 @@ fn an_osd_that_dies_and_comes_back_loses_no_acknowledged_write() {
     );
     server.stop();
 
-    // With a timeout: requests fail with an I/O error once the OSD has been gone 3 s; the
-    // server reports it; once the OSD is back, the same server serves and verifies again.
+    // With a timeout: requests fail with an I/O error once the OSD has been gone 10 s; the
+    // server reports it; once the OSD is back, the same server serves and verifies again. Not
+    // shorter: the same timeout bounds every request after the restart, and an OSD just back
+    // on a host this test shares with another cluster can hold a request for seconds.
     let server = Served::unix(
         &dir,
         "t.sock",
         Path::new("rbd:rbd/faults"),
         &key,
-        &["--ceph-conf", &conf, "--ceph-timeout", "3"],
+        &["--ceph-conf", &conf, "--ceph-timeout", "10"],
     );
     let job = fio_job(
         &dir,
