@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """Same-run A/B of two sectorcrypt builds' `serve`, against nbdkit's `file` plugin on the same
-machine: fio's nbd engine, writes and reads (4 KiB random by default) at queue depth 32 for
-SECONDS each, the three servers alternating within every round (each one first in one round of
-three: use a multiple of 3 rounds), each measurement after a sync and a drop of the page cache;
-medians over the rounds, with their ratios. A measurement during which the hypervisor stole more
+machine: fio's nbd engine, writes and reads (4 KiB random by default) at queue depth 32 (or
+--iodepth) for SECONDS each, the three servers alternating within every round (each one first in
+one round of three: use a multiple of 3 rounds), each measurement after a sync and a drop of the
+page cache (with --cached: after a sync and a read of both images, so that every read is served
+from the page cache, as in the study, whose images are written in full first); medians over the
+rounds, with their ratios. With --cpus S:F the servers run on CPU S and fio on CPU F: at queue
+depth 1 on a small VM, where the scheduler puts the two decides more than either program does
+("1:0" makes every request wake the other CPU, "0:0" never). A measurement during which the hypervisor stole more
 than --max-steal percent of the CPU time is taken again (scripts/steal.py).
 
     scripts/bench-server-ab.py BEFORE_BINARY AFTER_BINARY [--cipher SPEC] [--rounds R]
-        [--seconds S] [--bs SIZE] [--pattern rand|seq] [--dir DIR] [--max-steal PERCENT]
-        [--attempts N]
+        [--seconds S] [--bs SIZE] [--pattern rand|seq] [--iodepth N] [--cached] [--cpus S:F] [--dir DIR]
+        [--max-steal PERCENT] [--attempts N]
 
 The volume is a 1 GiB LUKS2 file (`--cipher`, default cipher_null-ecb: the server's own cost);
 nbdkit serves a plain 1 GiB file. Build the "before" binary from an older commit (see
@@ -34,10 +38,19 @@ def main():
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--bs", default="4k")
     ap.add_argument("--pattern", choices=["rand", "seq"], default="rand")
+    ap.add_argument("--iodepth", type=int, default=32)
+    ap.add_argument("--cpus", metavar="S:F", help="pin the servers to CPU S and fio to CPU F")
+    ap.add_argument("--cached", action="store_true",
+                    help="measure with both images in the page cache")
     ap.add_argument("--dir", default="target/bench-server-ab")
     ap.add_argument("--max-steal", type=float, default=5.0, metavar="PERCENT")
     ap.add_argument("--attempts", type=int, default=4)
     a = ap.parse_args()
+    pin = {}
+    if a.cpus:
+        server_cpu, fio_cpu = (int(c) for c in a.cpus.split(":"))
+        pin = {"server": lambda: os.sched_setaffinity(0, {server_cpu}),
+               "fio": lambda: os.sched_setaffinity(0, {fio_cpu})}
     d = os.path.abspath(a.dir)
     os.makedirs(d, exist_ok=True)
     with open(f"{d}/pass", "w") as f:
@@ -60,25 +73,32 @@ def main():
         else:
             cmd = [servers[name], "serve", f"{d}/v.img", "--key-file", f"{d}/pass",
                    "--socket", sock]
-        proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, preexec_fn=pin.get("server"))
         while not os.path.exists(sock):
             time.sleep(0.05)
         return proc, f"nbd+unix:///?socket={sock}"
 
     def fio(uri, rw):
         job = (f"[global]\nioengine=nbd\nuri={uri}\nbs={a.bs}\ntime_based=1\nruntime={a.seconds}\n"
-               f"size=900m\niodepth=32\nrw={rw}\nrandrepeat=0\n[j]\n")
+               f"size=900m\niodepth={a.iodepth}\nrw={rw}\nrandrepeat=0\n[j]\n")
         with open(f"{d}/ab.fio", "w") as f:
             f.write(job)
         out = subprocess.run(["fio", "--output-format=json", f"{d}/ab.fio"], check=True,
-                             capture_output=True, text=True).stdout
+                             capture_output=True, text=True, preexec_fn=pin.get("fio")).stdout
         j = json.loads(out[out.index("{"):])["jobs"][0]
         return j["write" if rw.endswith("write") else "read"]["bw_bytes"] / (1 << 20)
 
     def settle():
         # Each measurement starts from the same state: nothing dirty, nothing cached (as root;
-        # otherwise only the sync), so that one server's writes are not another's writeback.
+        # otherwise only the sync) or, with --cached, everything cached, so that one server's
+        # writes are not another's writeback.
         subprocess.run(["sync"], check=True)
+        if a.cached:
+            for name in ["v.img", "raw.img"]:
+                with open(f"{d}/{name}", "rb") as f:
+                    while f.read(1 << 24):
+                        pass
+            return
         try:
             with open("/proc/sys/vm/drop_caches", "w") as f:
                 f.write("3\n")
@@ -107,7 +127,8 @@ def main():
                 finally:
                     proc.terminate()
                     proc.wait()
-    print(f"| {a.bs} QD32, {a.cipher} | before | after | nbdkit file | after / before | "
+    cache = (", cached" if a.cached else "") + (f", CPUs {a.cpus}" if a.cpus else "")
+    print(f"| {a.bs} QD{a.iodepth}{cache}, {a.cipher} | before | after | nbdkit file | after / before | "
           "before / nbdkit | after / nbdkit |")
     print("|---|---|---|---|---|---|---|")
     for rw in reversed(jobs):

@@ -34,6 +34,15 @@ impl Stream {
         }
     }
 
+    /// Whether bytes have arrived that nobody has read yet (if the socket cannot tell: yes).
+    pub(crate) fn waiting(&self) -> bool {
+        let unread = match self {
+            Stream::Unix(s) => rustix::io::ioctl_fionread(s),
+            Stream::Tcp(s) => rustix::io::ioctl_fionread(s),
+        };
+        unread.map_or(true, |n| n > 0)
+    }
+
     /// Close both directions; every thread blocked on this socket returns.
     pub(crate) fn shutdown(&self) {
         let _ = match self {

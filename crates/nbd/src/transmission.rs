@@ -5,7 +5,8 @@
 //! on, then runs the request itself and sends its reply, in whatever order requests finish (the
 //! protocol matches replies by cookie). The thread that received a write's payload is the one that
 //! encrypts and stores it, so the data is still in that core's cache; there is no hand-off queue.
-//! Requests not yet read wait in the socket, so a client's queue depth beyond the workers costs
+//! A small read of cached data that arrives alone is answered by the worker holding the read lock, without
+//! passing it on (see [`work`]). Requests not yet read wait in the socket, so a client's queue depth beyond the workers costs
 //! the server nothing. Fewer writes than workers run at once: a worker that reads a write's header
 //! when all write permits are taken waits for one, holding the socket, before it receives the
 //! payload (reads wait behind it only while the writes already saturate the server). Many workers
@@ -32,6 +33,12 @@ use crate::stream::Stream;
 
 /// Pooled buffers up to this size (a 4 MiB request and its reply header).
 const POOLED_MAX: usize = (4 << 20) + OFFSET_DATA_HEADER_LEN;
+
+/// The largest cached read the worker holding the read lock answers itself. Meanwhile nobody
+/// reads the socket, so a request that arrives waits for this one's decryption and reply; up to
+/// here that takes about what waking another worker would (128 KiB reads at queue depth 8 ran
+/// 0.92x slower answered this way).
+const ANSWERED_HOLDING_MAX: u32 = 32 << 10;
 
 /// Pooled buffers per connection.
 const POOL_SIZE: usize = 16;
@@ -178,11 +185,15 @@ impl Connection {
         }
     }
 
-    /// Read and decrypt, then send header and data in one write.
-    fn read(&self, req: &Request, volume: &Announced) {
+    /// Read and decrypt, then send header and data in one write. With `cached_only`, only if
+    /// that waits for nothing ([`Announced::read_cached`]): `false`, nothing sent, when it would.
+    fn read(&self, req: &Request, volume: &Announced, cached_only: bool) -> bool {
         let len = req.length as usize;
         if len == 0 {
-            return self.reply_result(req, volume.read(&mut [], req.offset));
+            if !cached_only {
+                self.reply_result(req, volume.read(&mut [], req.offset));
+            }
+            return !cached_only;
         }
         let head = if self.structured {
             OFFSET_DATA_HEADER_LEN
@@ -190,9 +201,23 @@ impl Connection {
             SIMPLE_REPLY_LEN
         };
         let mut out = self.buffers.take(head + len);
-        if let Err(e) = volume.read(&mut out[head..head + len], req.offset) {
-            self.buffers.give(out);
-            return self.fail(req, &e);
+        let data = &mut out[head..head + len];
+        let read = if cached_only {
+            volume.read_cached(data, req.offset)
+        } else {
+            volume.read(data, req.offset).map(|()| true)
+        };
+        match read {
+            Ok(true) => {}
+            Ok(false) => {
+                self.buffers.give(out);
+                return false;
+            }
+            Err(e) => {
+                self.buffers.give(out);
+                self.fail(req, &e);
+                return true;
+            }
         }
         if self.structured {
             chunk_header(
@@ -208,6 +233,22 @@ impl Connection {
         }
         self.send(&out[..head + len]);
         self.buffers.give(out);
+        true
+    }
+
+    /// Answer `job` at once if it is a small read of data in the page cache and nothing more
+    /// has arrived on `stream`; hand it back if not.
+    fn answer_cached<'a>(&self, job: Job<'a>, stream: &Stream) -> Option<Job<'a>> {
+        match (&job.announced, job.req.kind) {
+            (Ok(volume), CMD_READ)
+                if job.req.length <= ANSWERED_HOLDING_MAX
+                    && !stream.waiting()
+                    && self.read(&job.req, volume, true) =>
+            {
+                None
+            }
+            _ => Some(job),
+        }
     }
 
     /// Run one request that passed the reader's checks, on the volume it was announced to.
@@ -239,7 +280,9 @@ impl Connection {
         };
         let len = u64::from(req.length);
         match req.kind {
-            CMD_READ => self.read(req, volume),
+            CMD_READ => {
+                self.read(req, volume, false);
+            }
             CMD_WRITE => {
                 let mut data = payload.unwrap_or_default();
                 let r = volume.write_in_place(&mut data[..req.length as usize], req.offset);
@@ -335,18 +378,28 @@ pub(crate) fn serve(
 }
 
 /// One worker: take the read lock, read a request, let go, run it; until the reading is done.
+/// A small read whose data is all in the page cache, with nothing more on the socket, is answered
+/// without letting go: a worker woken to read next would find nothing there and sleep again,
+/// which costs a switch and a wake-up (on a VM, exits to the hypervisor) per request, for a
+/// client that waits for each answer before it asks again. A read that would wait for the disk
+/// lets go first, so that the requests behind it still reach the disk together.
 fn work(conn: &Connection) {
     loop {
         let job = {
             let mut reader = conn.reader.lock().unwrap_or_else(PoisonError::into_inner);
-            if reader.done {
-                return;
-            }
-            match next_job(&mut reader.stream, conn) {
-                Some(job) => job,
-                None => {
+            loop {
+                if reader.done {
+                    return;
+                }
+                let Some(job) = next_job(&mut reader.stream, conn) else {
                     reader.done = true;
                     return;
+                };
+                if conn.broken.load(Ordering::Relaxed) {
+                    break job;
+                }
+                if let Some(job) = conn.answer_cached(job, &reader.stream) {
+                    break job;
                 }
             }
         };

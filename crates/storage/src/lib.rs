@@ -35,6 +35,14 @@ pub trait Storage: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Write all of `buf` at `offset`; writing past the end is an error.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// [`Storage::read_at`], but only if no part of it waits for the device (a file's data all
+    /// in the page cache): `Ok(false)` when some would, `buf` then holding anything. A server
+    /// answers such a read on the thread that received it instead of waking another thread to
+    /// watch the connection while it waits. The default can never promise that.
+    fn read_cached(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
+        let _ = (buf, offset);
+        Ok(false)
+    }
     /// Write `bufs` one after another from `offset`, in one request where the device can (a
     /// file's `pwritev`): pieces of memory that belong together on the device, without copying
     /// them together first. The default writes them one by one. On an error some may have been
@@ -141,6 +149,9 @@ macro_rules! delegate_storage {
             }
             fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
                 (**self).write_at(buf, offset)
+            }
+            fn read_cached(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
+                (**self).read_cached(buf, offset)
             }
             fn write_gathered(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
                 (**self).write_gathered(bufs, offset)
@@ -340,6 +351,30 @@ impl Storage for FileStorage {
         self.file.write_all_at(buf, offset)
     }
 
+    fn read_cached(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
+        use rustix::io::{preadv2, Errno, ReadWriteFlags};
+        self.within("a read", offset, buf.len())?;
+        let mut done = 0;
+        while done < buf.len() {
+            let rest = &mut [io::IoSliceMut::new(&mut buf[done..])];
+            // RWF_NOWAIT: what is cached comes back at once, a short count where the cache ends,
+            // EAGAIN where the rest would wait for the disk (and EOPNOTSUPP where the file system
+            // cannot tell).
+            match preadv2(
+                &self.file,
+                rest,
+                offset + done as u64,
+                ReadWriteFlags::NOWAIT,
+            ) {
+                Ok(0) | Err(Errno::AGAIN | Errno::OPNOTSUPP) => return Ok(false),
+                Ok(n) => done += n,
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(true)
+    }
+
     fn write_gathered(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
         self.within("a write", offset, bufs.iter().map(|b| b.len()).sum())?;
         write_all_vectored_at(&self.file, bufs, offset)
@@ -531,6 +566,10 @@ impl<S: std::ops::Deref<Target = D> + Send + Sync, D: Storage + ?Sized> Storage 
         let at = self.check(offset, buf.len())?;
         self.inner.write_at(buf, at)
     }
+    fn read_cached(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
+        let at = self.check(offset, buf.len())?;
+        self.inner.read_cached(buf, at)
+    }
     fn write_gathered(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
         let at = self.check(offset, bufs.iter().map(|b| b.len()).sum())?;
         self.inner.write_gathered(bufs, at)
@@ -570,6 +609,46 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600, "headers are private");
         assert!(!path.join("h.img.new").exists(), "no temporary left");
         std::fs::remove_dir_all(path).unwrap();
+    }
+
+    #[test]
+    fn a_cached_read_answers_from_the_page_cache_and_only_from_there() {
+        let dir = std::env::temp_dir().join(format!("sectorcrypt-cached-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f.img");
+        let data: Vec<u8> = (0..1 << 20)
+            .map(|i: u32| (i * 7 + i / 4096) as u8)
+            .collect();
+        std::fs::write(&path, &data).unwrap();
+        let f = FileStorage::open(&path).unwrap();
+        // Just written: every page is in the cache.
+        let mut buf = vec![0u8; 128 << 10];
+        assert!(f.read_cached(&mut buf, 4096).unwrap());
+        assert_eq!(buf, data[4096..4096 + buf.len()]);
+        assert!(
+            f.read_cached(&mut buf, (1 << 20) - 4096).is_err(),
+            "past the end"
+        );
+        // Dropped from the cache (where the file system can: not on tmpfs), a cached read
+        // refuses (on ext4, the usual home of test files, it must), and never answers with
+        // anything but the data.
+        f.sync().unwrap();
+        rustix::fs::fadvise(&f.file, 0, 0, rustix::fs::Advice::DontNeed).unwrap();
+        buf.fill(0);
+        let ext4 = rustix::fs::fstatfs(&f.file).unwrap().f_type == 0xEF53;
+        if f.read_cached(&mut buf, 512 << 10).unwrap() {
+            assert!(
+                !ext4,
+                "ext4 dropped these pages: reading them waits for the disk"
+            );
+            assert_eq!(buf, data[512 << 10..(512 << 10) + buf.len()]);
+        }
+        f.read_at(&mut buf, 512 << 10).unwrap();
+        assert_eq!(buf, data[512 << 10..(512 << 10) + buf.len()]);
+        // Devices that cannot tell never claim to.
+        let mem = MemStorage::new(vec![0; 1 << 16]);
+        assert!(!mem.read_cached(&mut buf[..4096], 0).unwrap());
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

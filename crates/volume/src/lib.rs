@@ -376,6 +376,14 @@ impl Announced {
         }
     }
 
+    /// [`Volume::read_cached`].
+    pub fn read_cached(&self, buf: &mut [u8], offset: u64) -> Result<bool, Error> {
+        match &self.0 {
+            Target::Volume(v) => v.read_cached(buf, offset),
+            Target::Key(t, tag) => t.read_cached(*tag, buf, offset),
+        }
+    }
+
     /// [`Volume::write_in_place`].
     pub fn write_in_place(&self, data: &mut [u8], offset: u64) -> Result<(), Error> {
         match &self.0 {
@@ -719,6 +727,50 @@ impl Volume {
             return live.read(buf, offset);
         }
         self.read_with(self.key(), buf, offset)
+    }
+
+    /// [`Volume::read`], but only where that waits for nothing (the storage has every sector in
+    /// its cache, [`Storage::read_cached`]): `Ok(false)`, `buf` then holding anything and no
+    /// request counted, when it would wait or takes another path (integrity, a conversion in
+    /// progress, a range that is not whole sectors or not in the volume). Servers answer such a
+    /// read on the thread that received it.
+    pub fn read_cached(&self, buf: &mut [u8], offset: u64) -> Result<bool, Error> {
+        if self.integrity.is_some() {
+            return Ok(false);
+        }
+        // Held to the end, as in `read`: no conversion starts under the read.
+        let route = self.route();
+        if route.is_some() {
+            return Ok(false);
+        }
+        self.read_cached_with(self.key(), buf, offset)
+    }
+
+    /// [`Volume::read_cached`] with `key`, outside any conversion.
+    pub(crate) fn read_cached_with(
+        &self,
+        key: &dyn Key,
+        buf: &mut [u8],
+        offset: u64,
+    ) -> Result<bool, Error> {
+        let ss = self.layout.sector_size as u64;
+        let len = buf.len() as u64;
+        let whole = offset.is_multiple_of(ss) && len.is_multiple_of(ss) && len > 0;
+        if !whole || offset.checked_add(len).is_none_or(|end| end > self.size()) {
+            return Ok(false);
+        }
+        let _busy = self.begin();
+        if !self.storage.read_cached(buf, self.layout.offset + offset)? {
+            return Ok(false);
+        }
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let sector = offset / ss;
+        if self.spread(buf.len()) {
+            key.process(buf, sector, Direction::Decrypt)?;
+        } else {
+            key.process_inline(buf, sector, Direction::Decrypt)?;
+        }
+        Ok(true)
     }
 
     /// [`Volume::read`] with `key`, outside any conversion.

@@ -310,3 +310,60 @@ fn a_limit_is_a_positive_whole_number_of_sectors_within_the_data() {
     layout.limit_to(8192).unwrap();
     assert_eq!(layout.size, 8192);
 }
+
+#[test]
+fn a_cached_read_gives_what_a_read_gives_or_declines() {
+    let dir = std::env::temp_dir().join(format!("sectorcrypt-vol-cached-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("v.img");
+    let (offset, size) = (8192u64, 2u64 << 20);
+    std::fs::write(&path, vec![0u8; (offset + size) as usize]).unwrap();
+    let file = Arc::new(sectorcrypt_storage::FileStorage::open(&path).unwrap());
+    for sector_size in [512, 4096] {
+        let vol = Volume::with_layout(
+            file.clone(),
+            layout("aes-xts-plain64", sector_size, offset, size),
+            key("aes-xts-plain64"),
+            &VolumeOptions {
+                threads: 2,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(sector_size as u64);
+        let mut plain = vec![0u8; size as usize];
+        rng.fill_bytes(&mut plain);
+        vol.write(&plain, 0).unwrap();
+        // Small and large (spread over the cipher threads), at the start, inside and at the end.
+        for (at, len) in [
+            (0, 4096),
+            (8192, 128 << 10),
+            (4096, 1 << 20),
+            (size - 8192, 8192),
+        ] {
+            let mut got = vec![0u8; len as usize];
+            let before = vol.requests();
+            assert!(
+                vol.read_cached(&mut got, at).unwrap(),
+                "just written: cached"
+            );
+            assert_eq!(vol.requests(), before + 1);
+            assert!(
+                got == plain[at as usize..(at + len) as usize],
+                "{sector_size} {at} {len}"
+            );
+        }
+        // Declined, and not counted: not whole sectors, empty, past the end.
+        let before = vol.requests();
+        let mut buf = vec![0u8; 8192];
+        assert!(!vol.read_cached(&mut buf[..1000], 0).unwrap());
+        assert!(!vol.read_cached(&mut buf, 100).unwrap());
+        assert!(!vol.read_cached(&mut [], 0).unwrap());
+        assert!(!vol.read_cached(&mut buf, size - 4096).unwrap());
+        assert_eq!(vol.requests(), before);
+    }
+    // Storage that cannot tell declines every time.
+    let (_, vol) = mem_volume("aes-xts-plain64", 512, 1 << 16);
+    assert!(!vol.read_cached(&mut [0u8; 4096], 0).unwrap());
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -194,6 +194,11 @@ impl KeyTable {
         self.with_key(tag, |key| self.path.read_with(key, buf, offset))
     }
 
+    /// [`KeyTable::read`] where that waits for nothing: see [`Volume::read_cached`].
+    pub fn read_cached(&self, tag: u32, buf: &mut [u8], offset: u64) -> Result<bool, Error> {
+        self.with_key(tag, |key| self.path.read_cached_with(key, buf, offset))
+    }
+
     /// Write `data` at `offset`, encrypted with the key under `tag`.
     pub fn write(&self, tag: u32, data: &[u8], offset: u64) -> Result<(), Error> {
         self.write_in_place(tag, &mut data.to_vec(), offset)
