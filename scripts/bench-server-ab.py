@@ -7,12 +7,13 @@ page cache (with --cached: after a sync and a read of both images, so that every
 from the page cache, as in the study, whose images are written in full first); medians over the
 rounds, with their ratios. With --cpus S:F the servers run on CPU S and fio on CPU F: at queue
 depth 1 on a small VM, where the scheduler puts the two decides more than either program does
-("1:0" makes every request wake the other CPU, "0:0" never). A measurement during which the hypervisor stole more
-than --max-steal percent of the CPU time is taken again (scripts/steal.py).
+("1:0" makes every request wake the other CPU, "0:0" never). A measurement during which the
+hypervisor stole more than --max-steal percent of the CPU time is taken again
+(scripts/steal.py).
 
     scripts/bench-server-ab.py BEFORE_BINARY AFTER_BINARY [--cipher SPEC] [--rounds R]
-        [--seconds S] [--bs SIZE] [--pattern rand|seq] [--iodepth N] [--cached] [--cpus S:F] [--dir DIR]
-        [--max-steal PERCENT] [--attempts N]
+        [--seconds S] [--bs SIZE] [--pattern rand|seq] [--iodepth N] [--cached] [--cpus S:F]
+        [--dir DIR] [--max-steal PERCENT] [--attempts N]
 
 The volume is a 1 GiB LUKS2 file (`--cipher`, default cipher_null-ecb: the server's own cost);
 nbdkit serves a plain 1 GiB file. Build the "before" binary from an older commit (see

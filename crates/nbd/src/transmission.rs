@@ -4,14 +4,14 @@
 //! worker holding the read lock reads one request (header, and a write's payload), passes the lock
 //! on, then runs the request itself and sends its reply, in whatever order requests finish (the
 //! protocol matches replies by cookie). The thread that received a write's payload is the one that
-//! encrypts and stores it, so the data is still in that core's cache; there is no hand-off queue.
-//! A small read of cached data that arrives alone is answered by the worker holding the read lock, without
-//! passing it on (see [`work`]). Requests not yet read wait in the socket, so a client's queue depth beyond the workers costs
-//! the server nothing. Fewer writes than workers run at once: a worker that reads a write's header
-//! when all write permits are taken waits for one, holding the socket, before it receives the
-//! payload (reads wait behind it only while the writes already saturate the server). Many workers
-//! keep many reads in flight to the disk; few writers keep each payload in the cache of the core
-//! that encrypts it, and the file's lock uncontended.
+//! encrypts and stores it, so the data is still in that core's cache; there is no hand-off queue. A
+//! small read of cached data that arrives alone is answered by the worker holding the read lock,
+//! without passing it on (see [`work`]). Requests not yet read wait in the socket, so a client's
+//! queue depth beyond the workers costs the server nothing. Fewer writes than workers run at once:
+//! a worker that reads a write's header when all write permits are taken waits for one, holding the
+//! socket, before it receives the payload (reads wait behind it only while the writes already
+//! saturate the server). Many workers keep many reads in flight to the disk; few writers keep each
+//! payload in the cache of the core that encrypts it, and the file's lock uncontended.
 //!
 //! Limits that keep a hostile or broken client from hurting anyone else:
 //! - payloads over the advertised maximum are refused (a write's payload is read and dropped, so

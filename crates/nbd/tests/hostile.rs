@@ -1186,7 +1186,9 @@ impl Storage for HalfCached {
             st.waiting_reads += 1;
             st.paired |= st.waiting_reads >= 2;
             self.changed.notify_all();
-            let deadline = Instant::now() + Duration::from_secs(2);
+            // Long enough for a loaded host (a pair meets within milliseconds), short of the
+            // client's 10 s timeout so that a failure names itself.
+            let deadline = Instant::now() + Duration::from_secs(5);
             while !st.paired && Instant::now() < deadline {
                 st = self
                     .changed

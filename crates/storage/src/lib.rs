@@ -635,7 +635,8 @@ mod tests {
         f.sync().unwrap();
         rustix::fs::fadvise(&f.file, 0, 0, rustix::fs::Advice::DontNeed).unwrap();
         buf.fill(0);
-        let ext4 = rustix::fs::fstatfs(&f.file).unwrap().f_type == 0xEF53;
+        const EXT4_SUPER_MAGIC: u64 = 0xEF53;
+        let ext4 = rustix::fs::fstatfs(&f.file).unwrap().f_type as u64 == EXT4_SUPER_MAGIC;
         if f.read_cached(&mut buf, 512 << 10).unwrap() {
             assert!(
                 !ext4,
