@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """Same-run A/B of two sectorcrypt builds' `serve`, against nbdkit's `file` plugin on the same
 machine: fio's nbd engine, writes and reads (4 KiB random by default) at queue depth 32 (or
---iodepth) for SECONDS each, the three servers alternating within every round (each one first in
-one round of three: use a multiple of 3 rounds), each measurement after a sync and a drop of the
-page cache (with --cached: after a sync and a read of both images, so that every read is served
-from the page cache, as in the study, whose images are written in full first); medians over the
-rounds, with their ratios. With --cpus S:F the servers run on CPU S and fio on CPU F: at queue
-depth 1 on a small VM, where the scheduler puts the two decides more than either program does
-("1:0" makes every request wake the other CPU, "0:0" never). A measurement during which the
-hypervisor stole more than --max-steal percent of the CPU time is taken again
-(scripts/steal.py).
+--iodepth) for SECONDS each, the three servers alternating within every round (each one first in one
+round of three: use a multiple of 3 rounds), each measurement after a sync and a drop of the page
+cache (with --cached: after a sync and a read of both images, so that every read is served from the
+page cache, as in the study, whose images are written in full first); medians over the rounds, with
+their ratios, of bandwidth and of the server's CPU time per GiB. With --cpus S:F the servers run on
+CPU S and fio on CPU F: at queue depth 1 on a small VM, where the scheduler puts the two decides
+more than either program does ("1:0" makes every request wake the other CPU, "0:0" never). A
+measurement during which the hypervisor stole more than --max-steal percent of the CPU time is taken
+again (scripts/steal.py).
 
     scripts/bench-server-ab.py BEFORE_BINARY AFTER_BINARY [--cipher SPEC] [--rounds R]
         [--seconds S] [--bs SIZE] [--pattern rand|seq] [--iodepth N] [--cached] [--cpus S:F]
@@ -79,15 +79,25 @@ def main():
             time.sleep(0.05)
         return proc, f"nbd+unix:///?socket={sock}"
 
-    def fio(uri, rw):
+    def cpu_seconds(pid):
+        # utime + stime: fields 14 and 15 of /proc/PID/stat, after the parenthesised name.
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def fio(uri, rw, pid):
         job = (f"[global]\nioengine=nbd\nuri={uri}\nbs={a.bs}\ntime_based=1\nruntime={a.seconds}\n"
                f"size=900m\niodepth={a.iodepth}\nrw={rw}\nrandrepeat=0\n[j]\n")
         with open(f"{d}/ab.fio", "w") as f:
             f.write(job)
+        cpu = cpu_seconds(pid)
         out = subprocess.run(["fio", "--output-format=json", f"{d}/ab.fio"], check=True,
                              capture_output=True, text=True, preexec_fn=pin.get("fio")).stdout
+        cpu = cpu_seconds(pid) - cpu
         j = json.loads(out[out.index("{"):])["jobs"][0]
-        return j["write" if rw.endswith("write") else "read"]["bw_bytes"] / (1 << 20)
+        moved = j["write" if rw.endswith("write") else "read"]
+        # MiB/s, and the server's CPU seconds per GiB moved.
+        return moved["bw_bytes"] / (1 << 20), cpu / max(moved["io_bytes"] / (1 << 30), 1e-9)
 
     def settle():
         # Each measurement starts from the same state: nothing dirty, nothing cached (as root;
@@ -121,9 +131,11 @@ def main():
             for name in order:
                 proc, uri = start(name)
                 try:
-                    mib, steal, attempts = measured(lambda: fio(uri, rw), a.max_steal / 100,
-                                                    a.attempts, prepare=settle)
+                    (mib, cpu), steal, attempts = measured(
+                        lambda: fio(uri, rw, proc.pid), a.max_steal / 100, a.attempts,
+                        prepare=settle)
                     res.setdefault((name, rw), []).append(mib)
+                    res.setdefault((name, rw, "cpu"), []).append(cpu)
                     taken.append({"steal": steal, "attempts": attempts})
                 finally:
                     proc.terminate()
@@ -132,13 +144,15 @@ def main():
     print(f"| {a.bs} QD{a.iodepth}{cache}, {a.cipher} | before | after | nbdkit file | after / before | "
           "before / nbdkit | after / nbdkit |")
     print("|---|---|---|---|---|---|---|")
-    for rw in reversed(jobs):
-        m = {n: statistics.median(res[(n, rw)]) for n in servers}
-        each = {n: ", ".join(f"{v:.0f}" for v in res[(n, rw)]) for n in servers}
-        print(f"| {rw} MiB/s | {m['before']:.0f} ({each['before']}) | {m['after']:.0f} "
-              f"({each['after']}) | {m['nbdkit file']:.0f} ({each['nbdkit file']}) | "
-              f"{m['after'] / m['before']:.2f}x | {m['before'] / m['nbdkit file']:.2f}x | "
-              f"{m['after'] / m['nbdkit file']:.2f}x |")
+    rows = [(rw, "MiB/s", (), "{:.0f}") for rw in reversed(jobs)]
+    rows += [(rw, "server CPU-s/GiB", ("cpu",), "{:.3f}") for rw in reversed(jobs)]
+    for rw, unit, key, fmt in rows:
+        m = {n: statistics.median(res[(n, rw, *key)]) for n in servers}
+        each = {n: ", ".join(fmt.format(v) for v in res[(n, rw, *key)]) for n in servers}
+        print(f"| {rw} {unit} | {fmt.format(m['before'])} ({each['before']}) | "
+              f"{fmt.format(m['after'])} ({each['after']}) | {fmt.format(m['nbdkit file'])} "
+              f"({each['nbdkit file']}) | {m['after'] / m['before']:.2f}x | "
+              f"{m['before'] / m['nbdkit file']:.2f}x | {m['after'] / m['nbdkit file']:.2f}x |")
     print()
     print(steal_summary(taken, a.max_steal / 100))
     for name in ["v.img", "raw.img"]:

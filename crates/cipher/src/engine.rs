@@ -66,6 +66,26 @@ pub trait BlockEngine: Send + Sync {
         generic_xts_units(self, buf, unit_len, tweaks, Direction::Decrypt);
     }
 
+    /// [`BlockEngine::xts_decrypt_units`] from `src` into `dst` (of equal lengths), so that
+    /// ciphertext lent by the storage (a mapped page cache) is read once and never copied. The
+    /// default copies each unit, then decrypts it in place while it is still in cache.
+    fn xts_decrypt_units_from(
+        &self,
+        src: &[u8],
+        dst: &mut [u8],
+        unit_len: usize,
+        tweaks: &[Block],
+    ) {
+        for ((from, to), tweak) in src
+            .chunks_exact(unit_len)
+            .zip(dst.chunks_exact_mut(unit_len))
+            .zip(tweaks)
+        {
+            to.copy_from_slice(from);
+            self.xts_decrypt_units(to, unit_len, core::slice::from_ref(tweak));
+        }
+    }
+
     /// Counter mode with GCM's `inc32`: XOR each job's buffer (any length) with the keystream
     /// from its counter block, block `j` with `E(counter + j)` where `+` adds to the low 32 bits
     /// (big-endian, wrapping); a partial last block takes the keystream's first bytes.
@@ -152,6 +172,16 @@ macro_rules! wiping_engine {
             }
             fn xts_decrypt_units(&self, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
                 (**self).xts_decrypt_units(buf, unit_len, tweaks);
+                crate::wipe::after_keyed_call(self.stack_bytes());
+            }
+            fn xts_decrypt_units_from(
+                &self,
+                src: &[u8],
+                dst: &mut [u8],
+                unit_len: usize,
+                tweaks: &[Block],
+            ) {
+                (**self).xts_decrypt_units_from(src, dst, unit_len, tweaks);
                 crate::wipe::after_keyed_call(self.stack_bytes());
             }
             fn ctr32_xor(&self, jobs: &mut [(Block, &mut [u8])]) {

@@ -43,6 +43,13 @@ pub enum Error {
         /// The sector size.
         sector_size: usize,
     },
+    /// A source and destination buffer of different lengths.
+    LengthMismatch {
+        /// The source's length.
+        src: usize,
+        /// The destination's length.
+        dst: usize,
+    },
     /// A data unit shorter than one block (XTS) or not a whole number of blocks (CBC, ECB, CTR).
     DataUnitLength {
         /// The data unit's length.
@@ -95,6 +102,9 @@ impl fmt::Display for Error {
                 f,
                 "cipher '{spec}' works on {required}-byte sectors only, not {sector_size}"
             ),
+            Error::LengthMismatch { src, dst } => {
+                write!(f, "a source of {src} bytes for a destination of {dst} bytes")
+            }
             Error::NotWholeSectors { len, sector_size } => {
                 write!(
                     f,

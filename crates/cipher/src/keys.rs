@@ -64,6 +64,20 @@ impl SectorKey<'_> {
         Ok(())
     }
 
+    /// Decrypt whole sectors from `src` into `dst` (as [`crate::SectorCipher::decrypt_from`]).
+    pub fn decrypt_from(&self, src: &[u8], dst: &mut [u8], first_sector: u64) -> Result<(), Error> {
+        if self.params.check_from(src, dst, first_sector)? {
+            self.params.run_from(
+                self.engines,
+                Some(src),
+                dst,
+                first_sector,
+                Direction::Decrypt,
+            );
+        }
+        Ok(())
+    }
+
     /// The encryption sector size in bytes.
     pub fn sector_size(&self) -> usize {
         self.params.sector_size

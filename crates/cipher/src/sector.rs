@@ -360,6 +360,22 @@ impl SectorCipher {
         Ok(())
     }
 
+    /// Decrypt whole sectors from `src` into `dst` (of equal lengths), on the calling thread:
+    /// for ciphertext the storage lends without a copy (a mapped page cache), which XTS reads
+    /// once; other modes copy it first and decrypt in place.
+    pub fn decrypt_from(&self, src: &[u8], dst: &mut [u8], first_sector: u64) -> Result<(), Error> {
+        if self.params.check_from(src, dst, first_sector)? {
+            self.params.run_from(
+                self.kind.engines(),
+                Some(src),
+                dst,
+                first_sector,
+                Direction::Decrypt,
+            );
+        }
+        Ok(())
+    }
+
     /// Encrypt or decrypt `buf` in place; requests of at least [`PARALLEL_MIN`] bytes are shared
     /// with the worker threads.
     pub fn process(&self, buf: &mut [u8], first_sector: u64, dir: Direction) -> Result<(), Error> {
@@ -479,6 +495,22 @@ impl Params {
         Ok(true)
     }
 
+    /// [`Params::check`] for `dst`, decrypted from `src` of the same length.
+    pub(crate) fn check_from(
+        &self,
+        src: &[u8],
+        dst: &[u8],
+        first_sector: u64,
+    ) -> Result<bool, Error> {
+        if src.len() != dst.len() {
+            return Err(Error::LengthMismatch {
+                src: src.len(),
+                dst: dst.len(),
+            });
+        }
+        self.check(dst, first_sector)
+    }
+
     /// dm-crypt's IV sector number of sector `sector`: in 512-byte units unless the IVs count
     /// large sectors, plus the IV offset.
     fn iv_sector(&self, sector: u64) -> u64 {
@@ -538,11 +570,40 @@ impl Params {
         first_sector: u64,
         dir: Direction,
     ) {
-        crate::wipe::once(|| self.run_batches(engines, buf, first_sector, dir));
+        self.run_from(engines, None, buf, first_sector, dir);
     }
 
-    fn run_batches(&self, engines: Engines<'_>, buf: &mut [u8], first_sector: u64, dir: Direction) {
+    /// [`Params::run`] from `src` (`buf`'s length) into `buf`, or in place without one.
+    pub(crate) fn run_from(
+        &self,
+        engines: Engines<'_>,
+        src: Option<&[u8]>,
+        buf: &mut [u8],
+        first_sector: u64,
+        dir: Direction,
+    ) {
+        crate::wipe::once(|| self.run_batches(engines, src, buf, first_sector, dir));
+    }
+
+    fn run_batches(
+        &self,
+        engines: Engines<'_>,
+        src: Option<&[u8]>,
+        buf: &mut [u8],
+        first_sector: u64,
+        dir: Direction,
+    ) {
         let ss = self.sector_size;
+        // Only XTS decryption reads its input from elsewhere; every other mode copies it in
+        // first and runs in place.
+        let src = match (engines, dir, src) {
+            (Engines::Xts { .. }, Direction::Decrypt, src) => src,
+            (_, _, Some(src)) => {
+                buf.copy_from_slice(src);
+                None
+            }
+            (_, _, None) => None,
+        };
         let (data, iv_cipher) = match engines {
             Engines::Null => return,
             Engines::Ecb { data } => {
@@ -585,9 +646,15 @@ impl Params {
                 (Engines::Xts { .. }, Direction::Encrypt) => {
                     data.xts_encrypt_units(piece, ss, &ivs[..n])
                 }
-                (Engines::Xts { .. }, Direction::Decrypt) => {
-                    data.xts_decrypt_units(piece, ss, &ivs[..n])
-                }
+                (Engines::Xts { .. }, Direction::Decrypt) => match src {
+                    Some(src) => data.xts_decrypt_units_from(
+                        &src[i * IV_BATCH * ss..][..piece.len()],
+                        piece,
+                        ss,
+                        &ivs[..n],
+                    ),
+                    None => data.xts_decrypt_units(piece, ss, &ivs[..n]),
+                },
                 (_, Direction::Encrypt) => data.cbc_encrypt_units(piece, ss, &ivs[..n]),
                 (_, Direction::Decrypt) => data.cbc_decrypt_units(piece, ss, &ivs[..n]),
             }

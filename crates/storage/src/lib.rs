@@ -20,7 +20,10 @@ use std::sync::{OnceLock, RwLock};
 pub mod crash;
 pub mod dir;
 pub mod lock;
-// The crate's one module with `unsafe`: the FFI calls into librados and librbd.
+// The mapping of files for reads without a copy, and its SIGBUS handler.
+#[allow(unsafe_code)]
+mod mapped;
+// The FFI calls into librados and librbd.
 #[cfg(feature = "rbd")]
 #[allow(unsafe_code)]
 pub mod rbd;
@@ -41,6 +44,17 @@ pub trait Storage: Send + Sync {
     /// watch the connection while it waits. The default can never promise that.
     fn read_cached(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
         let _ = (buf, offset);
+        Ok(false)
+    }
+    /// Lend `len` stored bytes at `offset` to `each` without copying them, where none of them
+    /// waits for the device (a file's data all in the page cache, mapped into memory), so that
+    /// a reader decrypts straight from the cache into its reply. `Ok(false)` when the device
+    /// cannot: either `each` was not called, or its work must be thrown away (a page could not
+    /// be read meanwhile; [`Storage::read_at`] then reports why). Bytes lent while another thread
+    /// writes the same range may be old, new or a mix, as a racing `read_at` returns. The
+    /// default never lends.
+    fn read_lent(&self, offset: u64, len: usize, each: &mut dyn FnMut(&[u8])) -> io::Result<bool> {
+        let _ = (offset, len, each);
         Ok(false)
     }
     /// Write `bufs` one after another from `offset`, in one request where the device can (a
@@ -153,6 +167,14 @@ macro_rules! delegate_storage {
             fn read_cached(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
                 (**self).read_cached(buf, offset)
             }
+            fn read_lent(
+                &self,
+                offset: u64,
+                len: usize,
+                each: &mut dyn FnMut(&[u8]),
+            ) -> io::Result<bool> {
+                (**self).read_lent(offset, len, each)
+            }
             fn write_gathered(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
                 (**self).write_gathered(bufs, offset)
             }
@@ -258,6 +280,9 @@ pub struct FileStorage {
     /// The file opened again with `O_DIRECT` on the first uncached write (`None`: the file
     /// system refused).
     direct: OnceLock<Option<File>>,
+    /// The file mapped on the first lent read, as long as it was then (`None`: it could not
+    /// be; reads then copy).
+    mapped: OnceLock<Option<mapped::Mapping>>,
 }
 
 impl FileStorage {
@@ -271,6 +296,7 @@ impl FileStorage {
             lock: None,
             known_len: AtomicU64::new(0),
             direct: OnceLock::new(),
+            mapped: OnceLock::new(),
         })
     }
 
@@ -286,6 +312,7 @@ impl FileStorage {
             lock,
             known_len: AtomicU64::new(0),
             direct: OnceLock::new(),
+            mapped: OnceLock::new(),
         })
     }
 
@@ -301,6 +328,7 @@ impl FileStorage {
             lock,
             known_len: AtomicU64::new(0),
             direct: OnceLock::new(),
+            mapped: OnceLock::new(),
         })
     }
 
@@ -373,6 +401,14 @@ impl Storage for FileStorage {
             }
         }
         Ok(true)
+    }
+
+    fn read_lent(&self, offset: u64, len: usize, each: &mut dyn FnMut(&[u8])) -> io::Result<bool> {
+        self.within("a read", offset, len)?;
+        let mapping = self
+            .mapped
+            .get_or_init(|| mapped::Mapping::new(&self.file, self.len().ok()?));
+        Ok(mapping.as_ref().is_some_and(|m| m.lend(offset, len, each)))
     }
 
     fn write_gathered(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
@@ -570,6 +606,10 @@ impl<S: std::ops::Deref<Target = D> + Send + Sync, D: Storage + ?Sized> Storage 
         let at = self.check(offset, buf.len())?;
         self.inner.read_cached(buf, at)
     }
+    fn read_lent(&self, offset: u64, len: usize, each: &mut dyn FnMut(&[u8])) -> io::Result<bool> {
+        let at = self.check(offset, len)?;
+        self.inner.read_lent(at, len, each)
+    }
     fn write_gathered(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
         let at = self.check(offset, bufs.iter().map(|b| b.len()).sum())?;
         self.inner.write_gathered(bufs, at)
@@ -649,6 +689,57 @@ mod tests {
         // Devices that cannot tell never claim to.
         let mem = MemStorage::new(vec![0; 1 << 16]);
         assert!(!mem.read_cached(&mut buf[..4096], 0).unwrap());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_lent_read_lends_cached_bytes_only_and_sees_every_write() {
+        let dir = std::env::temp_dir().join(format!("sectorcrypt-lent-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f.img");
+        // Sparse: no page of it is in the cache until written or read.
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        let f = FileStorage::open(&path).unwrap();
+        let data: Vec<u8> = (0..512 << 10)
+            .map(|i: u32| (i * 13 + i / 4096) as u8)
+            .collect();
+        f.write_at(&data, 0).unwrap();
+        let lent = |s: &dyn Storage, at: u64, len: usize| {
+            let mut got = None;
+            let ok = s
+                .read_lent(at, len, &mut |b| got = Some(b.to_vec()))
+                .unwrap();
+            ok.then(|| got.expect("lent without a call"))
+        };
+        assert_eq!(
+            lent(&f, 4096 + 16, 128 << 10).unwrap(),
+            data[4096 + 16..][..128 << 10]
+        );
+        // A hole never written or read is not in the cache: nothing is lent.
+        let mut called = false;
+        assert!(!f
+            .read_lent(768 << 10, 64 << 10, &mut |_| called = true)
+            .unwrap());
+        assert!(!called, "uncached bytes lent");
+        // Writes after the mapping was made show through it.
+        f.write_at(&[0x5a; 8192], 8192).unwrap();
+        assert_eq!(lent(&f, 8192, 8192).unwrap(), vec![0x5a; 8192]);
+        let window = Window::new(&f, 8192, 1 << 19);
+        assert_eq!(lent(&window, 8192, 4096).unwrap(), data[16384..20480]);
+        assert!(
+            f.read_lent((1 << 20) - 4096, 8192, &mut |_| {}).is_err(),
+            "past the end"
+        );
+        assert!(
+            window.read_lent(1 << 19, 1, &mut |_| {}).is_err(),
+            "past the window"
+        );
+        // Devices without a mapping never lend.
+        let mem = MemStorage::new(vec![0; 1 << 16]);
+        assert!(lent(&mem, 0, 4096).is_none());
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -48,6 +48,12 @@ const ZERO_CHUNK: usize = 1 << 20;
 /// and the cipher.
 const CACHE_PIECE: usize = 256 * 1024;
 
+/// The smallest read decrypted from bytes the storage lends ([`Storage::read_lent`]): the first
+/// touch of a mapped page is a page fault, which costs about what copying 4 KiB saves (measured:
+/// docs/BENCHMARKS.md), and small random reads mostly touch new pages, each then holding a
+/// page-table entry.
+const LENT_MIN: usize = 32 * 1024;
+
 /// What went wrong in the volume layer.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -333,6 +339,14 @@ pub(crate) trait Key {
     ) -> Result<(), sectorcrypt_cipher::Error> {
         self.process(buf, sector, dir)
     }
+    /// Decrypt whole sectors from `src` into `dst` on the calling thread (ciphertext the storage
+    /// lends, [`Storage::read_lent`]).
+    fn decrypt_from(
+        &self,
+        src: &[u8],
+        dst: &mut [u8],
+        sector: u64,
+    ) -> Result<(), sectorcrypt_cipher::Error>;
 }
 
 impl Key for SectorCipher {
@@ -351,6 +365,14 @@ impl Key for SectorCipher {
         dir: Direction,
     ) -> Result<(), sectorcrypt_cipher::Error> {
         SectorCipher::process_inline(self, buf, sector, dir)
+    }
+    fn decrypt_from(
+        &self,
+        src: &[u8],
+        dst: &mut [u8],
+        sector: u64,
+    ) -> Result<(), sectorcrypt_cipher::Error> {
+        SectorCipher::decrypt_from(self, src, dst, sector)
     }
 }
 
@@ -663,12 +685,32 @@ impl Volume {
             key.process(buf, sector, Direction::Decrypt)?;
             return Ok(());
         }
+        if self.decrypt_lent(key, buf, sector)? {
+            return Ok(());
+        }
         // Inline: decrypt a cache-sized piece at a time, as it arrives, so the cipher finds the
         // data the read just brought in still in cache (and, on network storage, works while
         // the next pieces are on their way).
         self.in_pieces(key, sector, Direction::Decrypt, |work| {
             self.storage.read_pieces(buf, at, CACHE_PIECE, work)
         })
+    }
+
+    /// Decrypt whole sectors, the first being `sector`, straight from the storage's cache into
+    /// `buf` where the storage lends them ([`Storage::read_lent`]) and `buf` is at least
+    /// [`LENT_MIN`] bytes: no copy into `buf` to decrypt in place. `Ok(false)` otherwise, `buf`
+    /// then holding anything.
+    fn decrypt_lent(&self, key: &dyn Key, buf: &mut [u8], sector: u64) -> Result<bool, Error> {
+        if buf.len() < LENT_MIN {
+            return Ok(false);
+        }
+        let at = self.layout.offset + sector * self.layout.sector_size as u64;
+        let mut decrypted = Ok(());
+        let lent = self.storage.read_lent(at, buf.len(), &mut |src| {
+            decrypted = key.decrypt_from(src, buf, sector);
+        })?;
+        decrypted?;
+        Ok(lent)
     }
 
     /// Run the cipher over the pieces of a storage call (`call` hands `work` to
@@ -760,12 +802,17 @@ impl Volume {
             return Ok(false);
         }
         let _busy = self.begin();
+        let sector = offset / ss;
+        let spread = self.spread(buf.len());
+        if !spread && self.decrypt_lent(key, buf, sector)? {
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            return Ok(true);
+        }
         if !self.storage.read_cached(buf, self.layout.offset + offset)? {
             return Ok(false);
         }
         self.requests.fetch_add(1, Ordering::Relaxed);
-        let sector = offset / ss;
-        if self.spread(buf.len()) {
+        if spread {
             key.process(buf, sector, Direction::Decrypt)?;
         } else {
             key.process_inline(buf, sector, Direction::Decrypt)?;

@@ -277,19 +277,21 @@ fn tweak_run(mut t: __m128i) -> [__m128i; LANES] {
     out
 }
 
-/// XTS on one group of `LANES` blocks with tweaks `t`; returns `next()`, which runs while the
-/// rounds are in flight.
+/// XTS on one group of `LANES` blocks with tweaks `t`, from `src` (the group's input elsewhere)
+/// or in place into `g`; returns `next()`, which runs while the rounds are in flight.
 #[inline]
 #[target_feature(enable = "aes,sse4.1")]
 fn xts_group<const DEC: bool>(
     k: &RoundKeys,
+    src: Option<&[u8]>,
     g: &mut [u8; GROUP],
     t: &[__m128i; LANES],
     next: impl FnOnce() -> [__m128i; LANES],
 ) -> [__m128i; LANES] {
     let mut x = [_mm_setzero_si128(); LANES];
+    let from: &[u8] = src.unwrap_or(g);
     for (i, v) in x.iter_mut().enumerate() {
-        *v = _mm_xor_si128(load(g, i), t[i]);
+        *v = _mm_xor_si128(load(from, i), t[i]);
     }
     let next = cipher_then::<LANES, DEC, _>(k, &mut x, t, next);
     for (i, v) in x.iter().enumerate() {
@@ -298,9 +300,16 @@ fn xts_group<const DEC: bool>(
     next
 }
 
-/// Fused XTS: tweak, XOR, AES, XOR, eight blocks at a time across unit boundaries.
+/// Fused XTS: tweak, XOR, AES, XOR, eight blocks at a time across unit boundaries; in place, or
+/// from `src` (of `buf`'s length) into `buf`.
 #[target_feature(enable = "aes,sse4.1")]
-fn xts<const DEC: bool>(k: &RoundKeys, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
+fn xts<const DEC: bool>(
+    k: &RoundKeys,
+    src: Option<&[u8]>,
+    buf: &mut [u8],
+    unit_len: usize,
+    tweaks: &[Block],
+) {
     if buf.is_empty() {
         return;
     }
@@ -314,7 +323,8 @@ fn xts<const DEC: bool>(k: &RoundKeys, buf: &mut [u8], unit_len: usize, tweaks: 
             let next_unit = tweaks.get(u + 1).unwrap_or(&tweaks[u]);
             for (gi, g) in unit.chunks_exact_mut(GROUP).enumerate() {
                 let last = t[LANES - 1];
-                t = xts_group::<DEC>(k, g.try_into().unwrap(), &t, || {
+                let from = src.map(|s| &s[u * unit_len + gi * GROUP..][..GROUP]);
+                t = xts_group::<DEC>(k, from, g.try_into().unwrap(), &t, || {
                     if gi + 1 < groups_per_unit {
                         tweak_run(mul_alpha(last))
                     } else {
@@ -325,6 +335,10 @@ fn xts<const DEC: bool>(k: &RoundKeys, buf: &mut [u8], unit_len: usize, tweaks: 
         }
         return;
     }
+    // Other unit sizes (rare) run in place.
+    if let Some(src) = src {
+        buf.copy_from_slice(src);
+    }
     let mut stream = TweakStream {
         tweaks,
         blocks_per_unit: unit_len / BLOCK,
@@ -334,7 +348,7 @@ fn xts<const DEC: bool>(k: &RoundKeys, buf: &mut [u8], unit_len: usize, tweaks: 
     };
     for_groups(buf, |g, _| {
         let t = stream.take();
-        xts_group::<DEC>(k, g, &t, || t);
+        xts_group::<DEC>(k, None, g, &t, || t);
     });
 }
 

@@ -135,7 +135,8 @@ macro_rules! vaes_common {
             $xor($bslli::<M>(t), $clmul::<0x00>(top, gf_poly()))
         }
 
-        /// XTS on one group with its tweaks, one per block. `next` makes the tweaks of the
+        /// XTS on one group with its tweaks, one per block, from `src` (the group's input
+        /// elsewhere, of `g`'s length) or in place into `g`. `next` makes the tweaks of the
         /// following group; it runs between the whitening and the rounds, so its latency chain
         /// (shifts, carry-less multiplies) overlaps this group's AES rounds instead of delaying
         /// the next group's first round. The whitening XORs are folded into the first round
@@ -144,14 +145,16 @@ macro_rules! vaes_common {
         #[target_feature(enable = $feature)]
         fn xts_group<const DEC: bool>(
             k: &$keys,
+            src: Option<&[u8]>,
             g: &mut [u8],
             tw: &[$v; REGS],
             next: impl FnOnce() -> [$v; REGS],
         ) -> [$v; REGS] {
             let k0 = first_key::<DEC>(k);
             let mut x = [$zero(); REGS];
+            let from: &[u8] = src.unwrap_or(g);
             for (i, v) in x.iter_mut().enumerate() {
-                *v = xor3(load_reg(g, i), tw[i], k0);
+                *v = xor3(load_reg(from, i), tw[i], k0);
             }
             let next = next();
             middle_rounds::<REGS, DEC>(k, &mut x);
@@ -162,8 +165,16 @@ macro_rules! vaes_common {
             next
         }
 
+        /// XTS over whole units of `buf`, in place, or from `src` (of `buf`'s length) into
+        /// `buf`.
         #[target_feature(enable = $feature)]
-        fn xts<const DEC: bool>(k: &$keys, buf: &mut [u8], unit_len: usize, tweaks: &[Block]) {
+        fn xts<const DEC: bool>(
+            k: &$keys,
+            src: Option<&[u8]>,
+            buf: &mut [u8],
+            unit_len: usize,
+            tweaks: &[Block],
+        ) {
             if buf.is_empty() {
                 return;
             }
@@ -175,7 +186,8 @@ macro_rules! vaes_common {
                     // Past the last unit this makes tweaks nobody uses, to keep the loop simple.
                     let next_unit = tweaks.get(u + 1).unwrap_or(&tweaks[u]);
                     for (gi, g) in unit.chunks_exact_mut(GROUP).enumerate() {
-                        tw = xts_group::<DEC>(k, g, &tw, || {
+                        let from = src.map(|s| &s[u * unit_len + gi * GROUP..][..GROUP]);
+                        tw = xts_group::<DEC>(k, from, g, &tw, || {
                             if gi + 1 < groups_per_unit {
                                 tw.map(|v| $step(v))
                             } else {
@@ -187,7 +199,10 @@ macro_rules! vaes_common {
             } else {
                 // Other unit sizes: groups across unit boundaries. The tweak sequence (alpha
                 // steps, restarting at every unit) is made with 128-bit integer arithmetic one
-                // group ahead, stored, and loaded as registers.
+                // group ahead, stored, and loaded as registers. Rare enough to run in place.
+                if let Some(src) = src {
+                    buf.copy_from_slice(src);
+                }
                 let mut seq = TweakSeq::new(tweaks, unit_len);
                 let mut staged = StagedTweaks([0; GROUP_BLOCKS]);
                 let len = buf.len();
@@ -195,7 +210,7 @@ macro_rules! vaes_common {
                 let mut tw = staged.load();
                 for_groups(buf, |g, gi| {
                     let next_blocks = len.saturating_sub((gi + 1) * GROUP).min(GROUP) / BLOCK;
-                    tw = xts_group::<DEC>(k, g, &tw, || {
+                    tw = xts_group::<DEC>(k, None, g, &tw, || {
                         seq.fill(&mut staged.0, next_blocks);
                         staged.load()
                     });

@@ -1,0 +1,373 @@
+//! Reads of a file's cached data without a copy: the file mapped read-only into memory, and a
+//! range lent to the caller only when every page of it is in the page cache (`mincore`).
+//!
+//! Why: a read of cached data through `pread` copies it from the page cache into the caller's
+//! buffer, and a volume then decrypts that buffer in place: the data crosses memory three times.
+//! Decrypting straight from the mapped page cache into the reply crosses it once, and saves the
+//! system call (for 128 KiB reads through NBD, about the cipher's whole cost:
+//! `docs/BENCHMARKS.md`).
+//!
+//! The hazard of a mapping is `SIGBUS`: a page that leaves the cache between the check and the
+//! access and then fails to read back, or a file that another process truncates (locks are
+//! advisory). A process-wide handler, installed with the first mapping, looks the faulting
+//! address up in a fixed table of the live mappings. For an address in one it counts the fault
+//! and maps an anonymous zero page over the faulting page (`mmap` is async-signal-safe), so
+//! that the access completes with zeros; any other fault goes on to the handler that was there
+//! before. A reader checks the count after using the bytes: a fault throws the work away and
+//! the caller reads again through `pread`, which reports the real error. A mapping that once
+//! faulted is never lent again (its zero pages no longer show the file).
+//!
+//! A page evicted between the check and the access but readable is only read back in (the
+//! caller waits, as `pread` would have). Bytes lent while another thread writes the same range
+//! may be old or new or a mix, as a `pread` racing that write returns.
+
+use std::ffi::c_void;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Once, OnceLock};
+
+/// Live mappings the fault handler can tell apart; a file opened while all are taken is read
+/// through `pread` only.
+const SLOTS: usize = 64;
+
+/// Pages one `mincore` call checks (its result lives on the stack).
+const CHECK_PAGES: usize = 256;
+
+/// One live mapping, as the fault handler sees it: plain atomics, read without locks.
+struct Slot {
+    taken: AtomicBool,
+    start: AtomicUsize,
+    /// 0 while the slot is being filled or emptied: the handler matches no address then.
+    len: AtomicUsize,
+    faults: AtomicU64,
+}
+
+#[allow(clippy::declare_interior_mutable_const)] // only as the array's initializer
+const FREE: Slot = Slot {
+    taken: AtomicBool::new(false),
+    start: AtomicUsize::new(0),
+    len: AtomicUsize::new(0),
+    faults: AtomicU64::new(0),
+};
+
+static SLOTS_IN_USE: [Slot; SLOTS] = [FREE; SLOTS];
+
+/// The `SIGBUS` action that was installed before ours, for faults outside every mapping.
+static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
+
+static INSTALL: Once = Once::new();
+
+/// A file's first `len` bytes mapped read-only, registered with the fault handler.
+pub(crate) struct Mapping {
+    at: NonNull<u8>,
+    len: usize,
+    slot: &'static Slot,
+    page: usize,
+}
+
+// SAFETY: the mapping is read-only shared memory owned by this value; every access goes through
+// `lend`, which only reads.
+unsafe impl Send for Mapping {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Mapping {}
+
+impl std::fmt::Debug for Mapping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mapping").field("len", &self.len).finish()
+    }
+}
+
+impl Mapping {
+    /// `file`'s first `len` bytes, mapped (`None`: empty, too large for the address space,
+    /// every slot taken, or the handler could not be installed).
+    pub(crate) fn new(file: &File, len: u64) -> Option<Mapping> {
+        let len = usize::try_from(len).ok().filter(|&l| l > 0)?;
+        if !install_handler() {
+            return None;
+        }
+        let slot = SLOTS_IN_USE.iter().find(|s| {
+            s.taken
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        })?;
+        // SAFETY: a fresh read-only shared mapping of an open file; the kernel chooses the
+        // address, so nothing of ours is replaced.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        let Some(at) = NonNull::new(at.cast::<u8>()).filter(|_| at != libc::MAP_FAILED) else {
+            slot.taken.store(false, Ordering::Release);
+            return None;
+        };
+        slot.faults.store(0, Ordering::Relaxed);
+        slot.start.store(at.as_ptr() as usize, Ordering::Relaxed);
+        // Last: from here on the handler matches addresses in the mapping.
+        slot.len.store(len, Ordering::Release);
+        Some(Mapping {
+            at,
+            len,
+            slot,
+            page: rustix::param::page_size(),
+        })
+    }
+
+    /// Hand `each` the `len` mapped bytes at `offset` if every page of them is in the page
+    /// cache: `false` without calling it when one is not (or the range is not mapped), and
+    /// `false` after calling it when a page could not be read meanwhile (its bytes were zeros:
+    /// the caller throws its work away).
+    pub(crate) fn lend(&self, offset: u64, len: usize, each: &mut dyn FnMut(&[u8])) -> bool {
+        let Some(start) = usize::try_from(offset)
+            .ok()
+            .filter(|&o| o.checked_add(len).is_some_and(|end| end <= self.len) && len > 0)
+        else {
+            return false;
+        };
+        if self.slot.faults.load(Ordering::Acquire) != 0 || !self.resident(start, len) {
+            return false;
+        }
+        // SAFETY: `start + len` lies within the mapping, which lives as long as `self`; pages
+        // that fail to read become zero pages (the handler) rather than a fault.
+        let bytes = unsafe { std::slice::from_raw_parts(self.at.as_ptr().add(start), len) };
+        each(bytes);
+        // The handler counts before it maps the zero page that `each` may have read.
+        fence(Ordering::SeqCst);
+        self.slot.faults.load(Ordering::Acquire) == 0
+    }
+
+    /// Whether every page of `len` bytes at `start` is in the page cache.
+    fn resident(&self, start: usize, len: usize) -> bool {
+        let first = start / self.page * self.page;
+        let end = start + len;
+        let mut vec = [0u8; CHECK_PAGES];
+        let mut at = first;
+        while at < end {
+            let span = (end - at).min(CHECK_PAGES * self.page);
+            let pages = span.div_ceil(self.page);
+            // SAFETY: `at .. at + span` lies within the mapping (whole pages of it: the
+            // mapping's last page is whole in the address space), and `vec` has a byte for
+            // each of its pages.
+            let r = unsafe {
+                libc::mincore(
+                    self.at.as_ptr().add(at).cast::<c_void>(),
+                    span,
+                    vec.as_mut_ptr(),
+                )
+            };
+            if r != 0 || vec[..pages].iter().any(|v| v & 1 == 0) {
+                return false;
+            }
+            at += span;
+        }
+        true
+    }
+
+    /// How many faults the handler has caught in this mapping (tests).
+    #[cfg(test)]
+    pub(crate) fn faults(&self) -> u64 {
+        self.slot.faults.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // The handler stops matching before the memory goes.
+        self.slot.len.store(0, Ordering::Release);
+        // SAFETY: the mapping made in `new`, whose bytes nobody borrows any more (`lend`'s
+        // borrow ends with its call).
+        unsafe { libc::munmap(self.at.as_ptr().cast(), self.len) };
+        self.slot.start.store(0, Ordering::Relaxed);
+        self.slot.taken.store(false, Ordering::Release);
+    }
+}
+
+/// Install the `SIGBUS` handler once; `false` if it could not be.
+fn install_handler() -> bool {
+    INSTALL.call_once(|| {
+        // SAFETY: a zeroed `sigaction` is a valid empty one; the handler is async-signal-safe
+        // (atomics, `mmap`, `sigaction`, and the previous handler).
+        unsafe {
+            let mut ours: libc::sigaction = std::mem::zeroed();
+            ours.sa_sigaction = on_sigbus as *const () as usize;
+            ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+            libc::sigemptyset(&raw mut ours.sa_mask);
+            let mut previous: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGBUS, &ours, &mut previous) == 0 {
+                let _ = PREVIOUS.set(previous);
+            }
+        }
+    });
+    PREVIOUS.get().is_some()
+}
+
+/// The `SIGBUS` handler: a fault inside a live mapping becomes a zero page and a count; any
+/// other goes to the previous handler (or, with none, to the default action: the fault
+/// happens again on return, with `SIGBUS`'s default action in place).
+extern "C" fn on_sigbus(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut c_void) {
+    // SAFETY: the kernel hands a valid `siginfo_t` to an `SA_SIGINFO` handler.
+    let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
+    let page = rustix::param::page_size();
+    // Only faults the kernel raised (a positive code; `kill` sends others) name an address.
+    for slot in SLOTS_IN_USE.iter().filter(|_| code > 0) {
+        let len = slot.len.load(Ordering::Acquire);
+        let start = slot.start.load(Ordering::Relaxed);
+        if len == 0 || addr < start || addr - start >= len {
+            continue;
+        }
+        slot.faults.fetch_add(1, Ordering::SeqCst);
+        let at = addr / page * page;
+        // SAFETY: replaces one page of our own read-only mapping, which nobody writes.
+        let zero = unsafe {
+            libc::mmap(
+                at as *mut c_void,
+                page,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if zero != libc::MAP_FAILED {
+            return;
+        }
+        break;
+    }
+    let Some(previous) = PREVIOUS.get() else {
+        return;
+    };
+    let handler = previous.sa_sigaction;
+    if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
+        // SAFETY: restoring the default action is async-signal-safe; the faulting access runs
+        // again on return and takes it.
+        unsafe {
+            let mut default: libc::sigaction = std::mem::zeroed();
+            default.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(libc::SIGBUS, &default, std::ptr::null_mut());
+        }
+    } else if previous.sa_flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the previous handler was installed with `SA_SIGINFO`: this is its type.
+        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut c_void) =
+            unsafe { std::mem::transmute(handler) };
+        f(signal, info, context);
+    } else {
+        // SAFETY: a plain handler, installed without `SA_SIGINFO`.
+        let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
+        f(signal);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn scratch(name: &str, bytes: &[u8]) -> (std::path::PathBuf, File) {
+        let dir =
+            std::env::temp_dir().join(format!("sectorcrypt-mapped-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("file");
+        let mut f = File::create(&path).unwrap();
+        f.write_all(bytes).unwrap();
+        (
+            dir,
+            File::options().read(true).write(true).open(&path).unwrap(),
+        )
+    }
+
+    #[test]
+    fn lends_cached_bytes_and_refuses_outside_the_mapping() {
+        let data: Vec<u8> = (0..64 * 1024u32).map(|i| (i * 7 + 3) as u8).collect();
+        let (dir, f) = scratch("lend", &data);
+        let m = Mapping::new(&f, data.len() as u64).unwrap();
+        let mut seen = Vec::new();
+        assert!(m.lend(4096 + 5, 9000, &mut |b| seen = b.to_vec()));
+        assert_eq!(seen, data[4096 + 5..4096 + 5 + 9000]);
+        assert!(!m.lend(60 * 1024, 8 * 1024, &mut |_| panic!("past the end lent")));
+        assert!(!m.lend(0, 0, &mut |_| panic!("nothing lent")));
+        drop(m);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A file truncated under its mapping: the access that faults reads zeros, the lend says
+    /// `false`, and the mapping is never lent again; the process lives on.
+    #[test]
+    fn a_fault_in_the_mapping_is_caught_and_refused() {
+        let data = vec![0xa5u8; 4 * 4096];
+        let (dir, f) = scratch("fault", &data);
+        let m = Mapping::new(&f, data.len() as u64).unwrap();
+        assert!(m.lend(0, 4096, &mut |b| assert_eq!(b[0], 0xa5)));
+        // Pages stay resident in the mapping's view until the kernel drops them with the
+        // truncation; a lend past the new end then faults on access, or is refused by
+        // `mincore`: force the access by reading the bytes without the residency check.
+        f.set_len(4096).unwrap();
+        // SAFETY: inside the mapping; the fault is what the test is about.
+        let byte = unsafe { std::ptr::read_volatile(m.at.as_ptr().add(2 * 4096)) };
+        assert_eq!(byte, 0, "the faulting page reads as zeros");
+        assert_eq!(m.faults(), 1);
+        assert!(!m.lend(0, 4096, &mut |_| panic!("a mapping that faulted lent")));
+        drop(m);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Set in the child of `a_fault_outside_every_mapping_still_kills`.
+    const FOREIGN: &str = "SECTORCRYPT_TEST_FOREIGN_SIGBUS";
+
+    /// The handler passes faults in memory it does not know on: a process whose own mapping
+    /// faults dies of `SIGBUS` as it would without us (here in a child process: this test binary
+    /// run again on this test alone).
+    #[test]
+    fn a_fault_outside_every_mapping_still_kills() {
+        if std::env::var_os(FOREIGN).is_some() {
+            let (_dir, f) = scratch("foreign-child", &[1u8; 2 * 4096]);
+            let ours = Mapping::new(&f, 2 * 4096).unwrap();
+            // SAFETY: a fresh mapping of our own, outside the handler's table.
+            let theirs = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    2 * 4096,
+                    libc::PROT_READ,
+                    libc::MAP_SHARED,
+                    f.as_raw_fd(),
+                    0,
+                )
+            };
+            assert_ne!(theirs, libc::MAP_FAILED);
+            f.set_len(0).unwrap();
+            // SAFETY: inside the mapping; the fault is what the test is about.
+            let byte = unsafe { std::ptr::read_volatile(theirs.cast::<u8>().add(4096)) };
+            // Reached only if the fault was swallowed.
+            println!("survived with {byte} and {} faults", ours.faults());
+            std::process::exit(0);
+        }
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "mapped::tests::a_fault_outside_every_mapping_still_kills",
+            ])
+            .env(FOREIGN, "1")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                panic!("the child neither died nor finished: a fault loops in the handler");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGBUS), "{status}");
+    }
+}
