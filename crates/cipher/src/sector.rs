@@ -203,6 +203,10 @@ pub struct SectorCipher {
     workers: Option<Workers>,
 }
 
+/// One piece of a request shared with the worker threads: its source, if it has one elsewhere,
+/// and the bytes it fills.
+type Piece<'a> = (Option<&'a [u8]>, &'a mut [u8]);
+
 /// A value alone on its cache line (128 bytes: adjacent-line prefetch pairs lines on x86).
 #[repr(align(128))]
 struct Padded<T>(T);
@@ -355,7 +359,7 @@ impl SectorCipher {
         dir: Direction,
     ) -> Result<(), Error> {
         if self.check(buf, first_sector)? {
-            self.run(buf, first_sector, dir);
+            self.run(None, buf, first_sector, dir);
         }
         Ok(())
     }
@@ -363,15 +367,23 @@ impl SectorCipher {
     /// Decrypt whole sectors from `src` into `dst` (of equal lengths), on the calling thread:
     /// for ciphertext the storage lends without a copy (a mapped page cache), which XTS reads
     /// once; other modes copy it first and decrypt in place.
+    pub fn decrypt_from_inline(
+        &self,
+        src: &[u8],
+        dst: &mut [u8],
+        first_sector: u64,
+    ) -> Result<(), Error> {
+        if self.params.check_from(src, dst, first_sector)? {
+            self.run(Some(src), dst, first_sector, Direction::Decrypt);
+        }
+        Ok(())
+    }
+
+    /// [`decrypt_from_inline`](Self::decrypt_from_inline), shared with the worker threads from
+    /// [`PARALLEL_MIN`] bytes as [`process`](Self::process) is.
     pub fn decrypt_from(&self, src: &[u8], dst: &mut [u8], first_sector: u64) -> Result<(), Error> {
         if self.params.check_from(src, dst, first_sector)? {
-            self.params.run_from(
-                self.kind.engines(),
-                Some(src),
-                dst,
-                first_sector,
-                Direction::Decrypt,
-            );
+            self.shared(Some(src), dst, first_sector, Direction::Decrypt);
         }
         Ok(())
     }
@@ -379,18 +391,25 @@ impl SectorCipher {
     /// Encrypt or decrypt `buf` in place; requests of at least [`PARALLEL_MIN`] bytes are shared
     /// with the worker threads.
     pub fn process(&self, buf: &mut [u8], first_sector: u64, dir: Direction) -> Result<(), Error> {
-        if !self.check(buf, first_sector)? {
-            return Ok(());
+        if self.check(buf, first_sector)? {
+            self.shared(None, buf, first_sector, dir);
         }
+        Ok(())
+    }
+
+    /// Run a checked request from `src` (or in place) on this thread and, from [`PARALLEL_MIN`]
+    /// bytes, the worker threads.
+    fn shared(&self, src: Option<&[u8]>, buf: &mut [u8], first_sector: u64, dir: Direction) {
         let ss = self.params.sector_size;
         match &self.workers {
             Some(workers) if buf.len() >= PARALLEL_MIN => {
                 let pool = &workers.pool;
                 // Every shared slot on its own cache line: the threads would otherwise bounce
                 // lines between cores on each piece.
-                let pieces: Vec<Padded<Mutex<&mut [u8]>>> = buf
+                let mut sources = src.map(|s| s.chunks(PARALLEL_PIECE));
+                let pieces: Vec<Padded<Mutex<Piece<'_>>>> = buf
                     .chunks_mut(PARALLEL_PIECE)
-                    .map(|p| Padded(Mutex::new(p)))
+                    .map(|p| Padded(Mutex::new((sources.as_mut().and_then(Iterator::next), p))))
                     .collect();
                 let threads = pool.current_num_threads() + 1;
                 let ranges = Ranges::split(pieces.len(), threads);
@@ -402,8 +421,9 @@ impl SectorCipher {
                         // Each piece is taken exactly once, so the lock is never contended; it
                         // only proves to the compiler that no two threads share a piece.
                         let mut piece = pieces[i].0.lock().unwrap_or_else(PoisonError::into_inner);
+                        let (from, to) = &mut *piece;
                         let first = first_sector + (i * PARALLEL_PIECE / ss) as u64;
-                        self.run(&mut piece, first, dir);
+                        self.run(*from, to, first, dir);
                         mine += 1;
                     }
                     mine
@@ -438,9 +458,8 @@ impl SectorCipher {
                     }
                 });
             }
-            _ => self.run(buf, first_sector, dir),
+            _ => self.run(src, buf, first_sector, dir),
         }
-        Ok(())
     }
 
     /// The IV input block of sector `sector` (before ESSIV or EBOIV encryption; zero for `lmk`,
@@ -453,8 +472,9 @@ impl SectorCipher {
         self.params.check(buf, first_sector)
     }
 
-    fn run(&self, buf: &mut [u8], first_sector: u64, dir: Direction) {
-        self.params.run(self.kind.engines(), buf, first_sector, dir);
+    fn run(&self, src: Option<&[u8]>, buf: &mut [u8], first_sector: u64, dir: Direction) {
+        self.params
+            .run_from(self.kind.engines(), src, buf, first_sector, dir);
     }
 }
 

@@ -119,6 +119,22 @@ fn decryption_from_a_source_equals_decryption_in_place() {
             }
         }
     }
+    // Large enough to be shared with the worker threads, and not a whole number of their pieces.
+    let key = random_bytes(&mut rng, 64);
+    let ciphertext = random_bytes(&mut rng, (1 << 20) + 12288);
+    for backend in Algorithm::Aes.available_backends() {
+        let mut want = ciphertext.clone();
+        cipher("aes-xts-plain64", &key, 4096, backend, 1)
+            .decrypt(&mut want, 77)
+            .unwrap();
+        let c = cipher("aes-xts-plain64", &key, 4096, backend, 3);
+        let mut got = random_bytes(&mut rng, ciphertext.len());
+        c.decrypt_from(&ciphertext, &mut got, 77).unwrap();
+        assert!(got == want, "{backend} shared with 3 threads");
+        let mut got = random_bytes(&mut rng, ciphertext.len());
+        c.decrypt_from_inline(&ciphertext, &mut got, 77).unwrap();
+        assert!(got == want, "{backend} inline");
+    }
     let null = cipher("cipher_null-ecb", &[], 512, Backend::Null, 1);
     let mut out = vec![0u8; 1024];
     null.decrypt_from(&[7u8; 1024], &mut out, 3).unwrap();

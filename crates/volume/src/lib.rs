@@ -339,14 +339,23 @@ pub(crate) trait Key {
     ) -> Result<(), sectorcrypt_cipher::Error> {
         self.process(buf, sector, dir)
     }
-    /// Decrypt whole sectors from `src` into `dst` on the calling thread (ciphertext the storage
-    /// lends, [`Storage::read_lent`]).
+    /// Decrypt whole sectors from `src` into `dst` (ciphertext the storage lends,
+    /// [`Storage::read_lent`]), with the worker threads where [`Key::process`] would.
     fn decrypt_from(
         &self,
         src: &[u8],
         dst: &mut [u8],
         sector: u64,
     ) -> Result<(), sectorcrypt_cipher::Error>;
+    /// [`Key::decrypt_from`] all on the calling thread.
+    fn decrypt_from_inline(
+        &self,
+        src: &[u8],
+        dst: &mut [u8],
+        sector: u64,
+    ) -> Result<(), sectorcrypt_cipher::Error> {
+        self.decrypt_from(src, dst, sector)
+    }
 }
 
 impl Key for SectorCipher {
@@ -373,6 +382,14 @@ impl Key for SectorCipher {
         sector: u64,
     ) -> Result<(), sectorcrypt_cipher::Error> {
         SectorCipher::decrypt_from(self, src, dst, sector)
+    }
+    fn decrypt_from_inline(
+        &self,
+        src: &[u8],
+        dst: &mut [u8],
+        sector: u64,
+    ) -> Result<(), sectorcrypt_cipher::Error> {
+        SectorCipher::decrypt_from_inline(self, src, dst, sector)
     }
 }
 
@@ -680,12 +697,13 @@ impl Volume {
     fn read_sectors(&self, key: &dyn Key, buf: &mut [u8], sector: u64) -> Result<(), Error> {
         let ss = self.layout.sector_size;
         let at = self.layout.offset + sector * ss as u64;
-        if self.spread(buf.len()) {
-            self.storage.read_at(buf, at)?;
-            key.process(buf, sector, Direction::Decrypt)?;
+        let spread = self.spread(buf.len());
+        if self.decrypt_lent(key, buf, sector, spread)? {
             return Ok(());
         }
-        if self.decrypt_lent(key, buf, sector)? {
+        if spread {
+            self.storage.read_at(buf, at)?;
+            key.process(buf, sector, Direction::Decrypt)?;
             return Ok(());
         }
         // Inline: decrypt a cache-sized piece at a time, as it arrives, so the cipher finds the
@@ -698,16 +716,26 @@ impl Volume {
 
     /// Decrypt whole sectors, the first being `sector`, straight from the storage's cache into
     /// `buf` where the storage lends them ([`Storage::read_lent`]) and `buf` is at least
-    /// [`LENT_MIN`] bytes: no copy into `buf` to decrypt in place. `Ok(false)` otherwise, `buf`
-    /// then holding anything.
-    fn decrypt_lent(&self, key: &dyn Key, buf: &mut [u8], sector: u64) -> Result<bool, Error> {
+    /// [`LENT_MIN`] bytes: no copy into `buf` to decrypt in place. With `spread`, over the
+    /// cipher's worker threads. `Ok(false)` otherwise, `buf` then holding anything.
+    fn decrypt_lent(
+        &self,
+        key: &dyn Key,
+        buf: &mut [u8],
+        sector: u64,
+        spread: bool,
+    ) -> Result<bool, Error> {
         if buf.len() < LENT_MIN {
             return Ok(false);
         }
         let at = self.layout.offset + sector * self.layout.sector_size as u64;
         let mut decrypted = Ok(());
         let lent = self.storage.read_lent(at, buf.len(), &mut |src| {
-            decrypted = key.decrypt_from(src, buf, sector);
+            decrypted = if spread {
+                key.decrypt_from(src, buf, sector)
+            } else {
+                key.decrypt_from_inline(src, buf, sector)
+            };
         })?;
         decrypted?;
         Ok(lent)
@@ -804,7 +832,7 @@ impl Volume {
         let _busy = self.begin();
         let sector = offset / ss;
         let spread = self.spread(buf.len());
-        if !spread && self.decrypt_lent(key, buf, sector)? {
+        if self.decrypt_lent(key, buf, sector, spread)? {
             self.requests.fetch_add(1, Ordering::Relaxed);
             return Ok(true);
         }

@@ -436,15 +436,25 @@ fn reads_decrypt_from_lent_bytes_or_read_again_when_they_are_taken_back() {
                     storage.clone(),
                     layout(cipher, sector_size, offset, size),
                     key(cipher),
-                    &VolumeOptions::default(),
+                    &VolumeOptions {
+                        threads: 2,
+                        ..Default::default()
+                    },
                 )
                 .unwrap();
                 let mut plain = vec![0u8; size as usize];
                 rand::rngs::StdRng::seed_from_u64(sector_size as u64).fill_bytes(&mut plain);
                 vol.write(&plain, 0).unwrap();
                 let ctx = format!("{cipher} {sector_size} refuse {refuse}");
-                // Whole sectors, and a head and tail around them (which read a covering span).
-                for (at, len) in [(0u64, 4096usize), (4096, 128 << 10), (1000, 70_000)] {
+                // Whole sectors, and a head and tail around them (which read a covering span);
+                // 512 KiB alone is spread over the cipher's threads.
+                let reads = [
+                    (0u64, 4096usize),
+                    (4096, 128 << 10),
+                    (1000, 70_000),
+                    (0, 512 << 10),
+                ];
+                for (at, len) in reads {
                     let mut got = vec![0u8; len];
                     vol.read(&mut got, at).unwrap();
                     assert!(got == plain[at as usize..][..len], "read {at} {len} {ctx}");
@@ -456,10 +466,10 @@ fn reads_decrypt_from_lent_bytes_or_read_again_when_they_are_taken_back() {
                 if !refuse {
                     assert!(got == plain[8192..][..64 << 10], "read_cached {ctx}");
                 }
-                // Lent: the 128 KiB read, the span around the unaligned one and the cached
-                // read; not the 4 KiB read, which copies.
+                // Lent: the 128 KiB and 512 KiB reads, the span around the unaligned one and
+                // the cached read; not the 4 KiB read, which copies.
                 let lent = storage.lent.load(Ordering::Relaxed);
-                assert_eq!(lent, if refuse { 0 } else { 3 }, "{ctx}");
+                assert_eq!(lent, if refuse { 0 } else { 4 }, "{ctx}");
             }
         }
     }
