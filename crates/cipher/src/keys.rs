@@ -59,7 +59,8 @@ impl SectorKey<'_> {
     /// [`crate::SectorCipher::process_inline`]).
     pub fn process(&self, buf: &mut [u8], first_sector: u64, dir: Direction) -> Result<(), Error> {
         if self.params.check(buf, first_sector)? {
-            self.params.run(self.engines, buf, first_sector, dir);
+            self.params
+                .run_from(self.engines, None, buf, first_sector, dir);
         }
         Ok(())
     }

@@ -581,19 +581,9 @@ impl Params {
         iv
     }
 
-    /// One inline extended request: whole sectors, IV arithmetic already validated. Its keyed
-    /// calls (tweaks and data, batch after batch) end in one wipe.
-    pub(crate) fn run(
-        &self,
-        engines: Engines<'_>,
-        buf: &mut [u8],
-        first_sector: u64,
-        dir: Direction,
-    ) {
-        self.run_from(engines, None, buf, first_sector, dir);
-    }
-
-    /// [`Params::run`] from `src` (`buf`'s length) into `buf`, or in place without one.
+    /// One inline extended request, from `src` (`buf`'s length) into `buf`, or in place without
+    /// one: whole sectors, IV arithmetic already validated. Its keyed calls (tweaks and data,
+    /// batch after batch) end in one wipe.
     pub(crate) fn run_from(
         &self,
         engines: Engines<'_>,

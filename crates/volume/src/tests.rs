@@ -20,19 +20,26 @@ fn layout(cipher: &str, sector_size: usize, offset: u64, size: u64) -> Layout {
     }
 }
 
-fn mem_volume(cipher: &str, sector_size: usize, size: u64) -> (Arc<MemStorage>, Volume) {
-    let offset = 8192;
-    let mem = Arc::new(MemStorage::new(vec![0xa5; (offset + size) as usize]));
-    let vol = Volume::with_layout(
-        mem.clone(),
-        layout(cipher, sector_size, offset, size),
+/// Where the test volumes' data starts on their storage.
+const DATA_OFFSET: u64 = 8192;
+
+/// A volume of `size` bytes on `storage` from [`DATA_OFFSET`], with two cipher threads.
+fn volume_on(storage: Arc<dyn Storage>, cipher: &str, sector_size: usize, size: u64) -> Volume {
+    Volume::with_layout(
+        storage,
+        layout(cipher, sector_size, DATA_OFFSET, size),
         key(cipher),
         &VolumeOptions {
             threads: 2,
             ..Default::default()
         },
     )
-    .unwrap();
+    .unwrap()
+}
+
+fn mem_volume(cipher: &str, sector_size: usize, size: u64) -> (Arc<MemStorage>, Volume) {
+    let mem = Arc::new(MemStorage::new(vec![0xa5; (DATA_OFFSET + size) as usize]));
+    let vol = volume_on(mem.clone(), cipher, sector_size, size);
     (mem, vol)
 }
 
@@ -316,20 +323,11 @@ fn a_cached_read_gives_what_a_read_gives_or_declines() {
     let dir = std::env::temp_dir().join(format!("sectorcrypt-vol-cached-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("v.img");
-    let (offset, size) = (8192u64, 2u64 << 20);
-    std::fs::write(&path, vec![0u8; (offset + size) as usize]).unwrap();
+    let size = 2u64 << 20;
+    std::fs::write(&path, vec![0u8; (DATA_OFFSET + size) as usize]).unwrap();
     let file = Arc::new(sectorcrypt_storage::FileStorage::open(&path).unwrap());
     for sector_size in [512, 4096] {
-        let vol = Volume::with_layout(
-            file.clone(),
-            layout("aes-xts-plain64", sector_size, offset, size),
-            key("aes-xts-plain64"),
-            &VolumeOptions {
-                threads: 2,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let vol = volume_on(file.clone(), "aes-xts-plain64", sector_size, size);
         let mut rng = rand::rngs::StdRng::seed_from_u64(sector_size as u64);
         let mut plain = vec![0u8; size as usize];
         rng.fill_bytes(&mut plain);
@@ -430,18 +428,9 @@ fn reads_decrypt_from_lent_bytes_or_read_again_when_they_are_taken_back() {
     ] {
         for sector_size in [512, 4096] {
             for refuse in [false, true] {
-                let (offset, size) = (8192u64, 1u64 << 20);
-                let storage = Arc::new(Lending::new((offset + size) as usize, refuse));
-                let vol = Volume::with_layout(
-                    storage.clone(),
-                    layout(cipher, sector_size, offset, size),
-                    key(cipher),
-                    &VolumeOptions {
-                        threads: 2,
-                        ..Default::default()
-                    },
-                )
-                .unwrap();
+                let size = 1u64 << 20;
+                let storage = Arc::new(Lending::new((DATA_OFFSET + size) as usize, refuse));
+                let vol = volume_on(storage.clone(), cipher, sector_size, size);
                 let mut plain = vec![0u8; size as usize];
                 rand::rngs::StdRng::seed_from_u64(sector_size as u64).fill_bytes(&mut plain);
                 vol.write(&plain, 0).unwrap();
