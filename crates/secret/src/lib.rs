@@ -29,7 +29,7 @@ use std::io::{self, Read};
 
 use region::Region;
 pub use region::SecretBox;
-pub use table::{Entry, InsertError, SecretTable};
+pub use table::{prefetch, Entry, InsertError, SecretTable};
 use zeroize::Zeroize;
 
 /// Bytes of secret memory locked in RAM right now (for `--verbose`).

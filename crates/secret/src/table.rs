@@ -387,9 +387,10 @@ impl<T> std::fmt::Debug for SecretTable<T> {
     }
 }
 
-/// Ask for the `len` bytes at `ptr` to be brought into the cache (a hint; never faults).
+/// Ask for the `len` bytes at `ptr` to be brought into the cache: a hint that never faults,
+/// whatever the address (a slot about to be used, or a source about to be read from memory).
 #[inline]
-fn prefetch(ptr: *const u8, len: usize) {
+pub fn prefetch(ptr: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
     for line in (0..len).step_by(64) {
         // SAFETY: a prefetch is a hint that never faults, whatever the address; SSE is part of

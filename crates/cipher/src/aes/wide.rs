@@ -186,7 +186,8 @@ macro_rules! vaes_common {
                     // Past the last unit this makes tweaks nobody uses, to keep the loop simple.
                     let next_unit = tweaks.get(u + 1).unwrap_or(&tweaks[u]);
                     for (gi, g) in unit.chunks_exact_mut(GROUP).enumerate() {
-                        let from = src.map(|s| &s[u * unit_len + gi * GROUP..][..GROUP]);
+                        let from = src
+                            .map(|s| super::x86::source_group(s, u * unit_len + gi * GROUP, GROUP));
                         tw = xts_group::<DEC>(k, from, g, &tw, || {
                             if gi + 1 < groups_per_unit {
                                 tw.map(|v| $step(v))

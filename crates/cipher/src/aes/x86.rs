@@ -1,6 +1,6 @@
 //! What the x86 AES backends share: AES key expansion with AES-NI, the clamping of requests to
-//! what the kernels may touch, and the XTS tweak sequence for unit sizes the wide kernels do not
-//! keep in registers.
+//! what the kernels may touch, the prefetching of a source elsewhere, and the XTS tweak sequence
+//! for unit sizes the wide kernels do not keep in registers.
 //!
 //! The FIPS-197 word recurrence runs in general-purpose registers; only SubWord goes through
 //! `aeskeygenassist` (constant time, no S-box table), so one loop covers 128-, 192- and 256-bit
@@ -23,6 +23,23 @@ pub(crate) fn units_region(buf: &mut [u8], unit_len: usize, n: usize) -> &mut [u
     debug_assert_eq!(buf.len(), unit_len * n);
     let units = n.min(buf.len() / unit_len);
     &mut buf[..units * unit_len]
+}
+
+/// How far ahead of the group being decrypted a source elsewhere is prefetched. Such a source is
+/// the page cache (reads decrypted straight from it), which is in memory, not in a cache; the
+/// hardware prefetchers stop at every 4 KiB page, so without this the AES rounds wait for each
+/// page's first lines. 2 KiB ahead decrypted a source in memory 1.35x faster on AMD Zen 4
+/// (1 KiB: 1.2x; 4 and 8 KiB no better than 2).
+const SOURCE_AHEAD: usize = 2048;
+
+/// The `len` bytes of `src` at `at`, after asking for those `SOURCE_AHEAD` bytes further on (as
+/// far as `src` goes).
+#[inline(always)]
+pub(crate) fn source_group(src: &[u8], at: usize, len: usize) -> &[u8] {
+    if let Some(ahead) = src.get(at + SOURCE_AHEAD..) {
+        sectorcrypt_secret::prefetch(ahead.as_ptr(), len.min(ahead.len()));
+    }
+    &src[at..][..len]
 }
 
 /// Whole blocks of `buf`.
@@ -539,6 +556,29 @@ pub(crate) mod testing {
                 fast.cbc_decrypt_units(&mut a, unit_len, &tweaks);
                 assert!(a == data, "cbc round trip {ctx}");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_source_group_is_its_bytes_wherever_the_prefetch_would_reach() {
+        let src: Vec<u8> = (0..3 * SOURCE_AHEAD).map(|i| (i * 7 + 1) as u8).collect();
+        for (at, len) in [
+            (0, 512),
+            (SOURCE_AHEAD - 512, 512),
+            (2 * SOURCE_AHEAD - 16, 16),
+            (2 * SOURCE_AHEAD, 512),
+            (3 * SOURCE_AHEAD - 128, 128),
+        ] {
+            assert_eq!(
+                source_group(&src, at, len),
+                &src[at..at + len],
+                "{at} {len}"
+            );
         }
     }
 }
