@@ -66,24 +66,21 @@ pub trait BlockEngine: Send + Sync {
         generic_xts_units(self, buf, unit_len, tweaks, Direction::Decrypt);
     }
 
-    /// [`BlockEngine::xts_decrypt_units`] from `src` into `dst` (of equal lengths), so that
-    /// ciphertext lent by the storage (a mapped page cache) is read once and never copied. The
-    /// default copies each unit, then decrypts it in place while it is still in cache.
-    fn xts_decrypt_units_from(
+    /// [`BlockEngine::xts_encrypt_units`] or [`BlockEngine::xts_decrypt_units`] from `src` into
+    /// `dst` (of equal lengths): ciphertext lent by the storage (a mapped page cache) read once
+    /// and never copied, or plaintext encrypted straight into such a mapping. `dst` only ever
+    /// receives the result: encrypting, it must never hold plaintext, even for a moment (others
+    /// may read the page cache, and the kernel write it back, at any time). The default runs in
+    /// place on copies ([`xts_units_via_copies`]).
+    fn xts_units_from(
         &self,
         src: &[u8],
         dst: &mut [u8],
         unit_len: usize,
         tweaks: &[Block],
+        dir: Direction,
     ) {
-        for ((from, to), tweak) in src
-            .chunks_exact(unit_len)
-            .zip(dst.chunks_exact_mut(unit_len))
-            .zip(tweaks)
-        {
-            to.copy_from_slice(from);
-            self.xts_decrypt_units(to, unit_len, core::slice::from_ref(tweak));
-        }
+        xts_units_via_copies(self, src, dst, unit_len, tweaks, dir);
     }
 
     /// Counter mode with GCM's `inc32`: XOR each job's buffer (any length) with the keystream
@@ -174,14 +171,15 @@ macro_rules! wiping_engine {
                 (**self).xts_decrypt_units(buf, unit_len, tweaks);
                 crate::wipe::after_keyed_call(self.stack_bytes());
             }
-            fn xts_decrypt_units_from(
+            fn xts_units_from(
                 &self,
                 src: &[u8],
                 dst: &mut [u8],
                 unit_len: usize,
                 tweaks: &[Block],
+                dir: Direction,
             ) {
-                (**self).xts_decrypt_units_from(src, dst, unit_len, tweaks);
+                (**self).xts_units_from(src, dst, unit_len, tweaks, dir);
                 crate::wipe::after_keyed_call(self.stack_bytes());
             }
             fn ctr32_xor(&self, jobs: &mut [(Block, &mut [u8])]) {
@@ -260,6 +258,41 @@ fn generic_ctr32<E: BlockEngine + ?Sized>(engine: &E, jobs: &mut [(Block, &mut [
     }
     // The keystream is as secret as the plaintext it hides.
     zeroize::Zeroize::zeroize(ks.as_flattened_mut());
+}
+
+/// [`BlockEngine::xts_units_from`] in place, a unit at a time: decrypting, in `dst` after a copy
+/// (while the unit is in cache); encrypting, in a copy of its own, of which only the ciphertext
+/// goes to `dst`.
+pub(crate) fn xts_units_via_copies<E: BlockEngine + ?Sized>(
+    engine: &E,
+    src: &[u8],
+    dst: &mut [u8],
+    unit_len: usize,
+    tweaks: &[Block],
+    dir: Direction,
+) {
+    let mut own = match dir {
+        Direction::Encrypt => vec![0u8; unit_len],
+        Direction::Decrypt => Vec::new(),
+    };
+    for ((from, to), tweak) in src
+        .chunks_exact(unit_len)
+        .zip(dst.chunks_exact_mut(unit_len))
+        .zip(tweaks)
+    {
+        let tweak = core::slice::from_ref(tweak);
+        match dir {
+            Direction::Decrypt => {
+                to.copy_from_slice(from);
+                engine.xts_decrypt_units(to, unit_len, tweak);
+            }
+            Direction::Encrypt => {
+                own.copy_from_slice(from);
+                engine.xts_encrypt_units(&mut own, unit_len, tweak);
+                to.copy_from_slice(&own);
+            }
+        }
+    }
 }
 
 /// The XTS path every backend gets for free: tweaks into a stack buffer, XOR, one ECB call, XOR.

@@ -65,16 +65,18 @@ impl SectorKey<'_> {
         Ok(())
     }
 
-    /// Decrypt whole sectors from `src` into `dst` (as [`crate::SectorCipher::decrypt_from`]).
-    pub fn decrypt_from(&self, src: &[u8], dst: &mut [u8], first_sector: u64) -> Result<(), Error> {
+    /// Encrypt or decrypt whole sectors from `src` into `dst` (as
+    /// [`crate::SectorCipher::process_from_inline`]).
+    pub fn process_from(
+        &self,
+        src: &[u8],
+        dst: &mut [u8],
+        first_sector: u64,
+        dir: Direction,
+    ) -> Result<(), Error> {
         if self.params.check_from(src, dst, first_sector)? {
-            self.params.run_from(
-                self.engines,
-                Some(src),
-                dst,
-                first_sector,
-                Direction::Decrypt,
-            );
+            self.params
+                .run_from(self.engines, Some(src), dst, first_sector, dir);
         }
         Ok(())
     }

@@ -364,26 +364,35 @@ impl SectorCipher {
         Ok(())
     }
 
-    /// Decrypt whole sectors from `src` into `dst` (of equal lengths), on the calling thread:
-    /// for ciphertext the storage lends without a copy (a mapped page cache), which XTS reads
-    /// once; other modes copy it first and decrypt in place.
-    pub fn decrypt_from_inline(
+    /// Encrypt or decrypt whole sectors from `src` into `dst` (of equal lengths), on the calling
+    /// thread: for ciphertext the storage lends without a copy (a mapped page cache), which
+    /// XTS decryption reads once, and for plaintext encrypted straight into such a mapping.
+    /// `dst` only ever receives the result (encrypting, only ciphertext: others may read the
+    /// page cache, and the kernel may write it back, at any moment); `src` is not changed.
+    pub fn process_from_inline(
         &self,
         src: &[u8],
         dst: &mut [u8],
         first_sector: u64,
+        dir: Direction,
     ) -> Result<(), Error> {
         if self.params.check_from(src, dst, first_sector)? {
-            self.run(Some(src), dst, first_sector, Direction::Decrypt);
+            self.run(Some(src), dst, first_sector, dir);
         }
         Ok(())
     }
 
-    /// [`decrypt_from_inline`](Self::decrypt_from_inline), shared with the worker threads from
+    /// [`process_from_inline`](Self::process_from_inline), shared with the worker threads from
     /// [`PARALLEL_MIN`] bytes as [`process`](Self::process) is.
-    pub fn decrypt_from(&self, src: &[u8], dst: &mut [u8], first_sector: u64) -> Result<(), Error> {
+    pub fn process_from(
+        &self,
+        src: &[u8],
+        dst: &mut [u8],
+        first_sector: u64,
+        dir: Direction,
+    ) -> Result<(), Error> {
         if self.params.check_from(src, dst, first_sector)? {
-            self.shared(Some(src), dst, first_sector, Direction::Decrypt);
+            self.shared(Some(src), dst, first_sector, dir);
         }
         Ok(())
     }
@@ -604,10 +613,21 @@ impl Params {
         dir: Direction,
     ) {
         let ss = self.sector_size;
-        // Only XTS decryption reads its input from elsewhere; every other mode copies it in
-        // first and runs in place.
+        // XTS reads its input from elsewhere. The other modes run in place: decrypting, in `buf`
+        // after a copy; encrypting, in a copy of their own, so that no plaintext ever lands in
+        // a destination others can see (cipher_null's plaintext is its ciphertext).
         let src = match (engines, dir, src) {
-            (Engines::Xts { .. }, Direction::Decrypt, src) => src,
+            (Engines::Xts { .. }, _, src) => src,
+            (
+                Engines::Ecb { .. } | Engines::Lrw(_) | Engines::Cbc { .. },
+                Direction::Encrypt,
+                Some(src),
+            ) => {
+                let mut own = src.to_vec();
+                self.run_batches(engines, None, &mut own, first_sector, dir);
+                buf.copy_from_slice(&own);
+                return;
+            }
             (_, _, Some(src)) => {
                 buf.copy_from_slice(src);
                 None
@@ -653,18 +673,14 @@ impl Params {
                 }
             }
             match (engines, dir) {
-                (Engines::Xts { .. }, Direction::Encrypt) => {
-                    data.xts_encrypt_units(piece, ss, &ivs[..n])
+                (Engines::Xts { .. }, dir) => {
+                    let from = src.map(|s| &s[i * IV_BATCH * ss..][..piece.len()]);
+                    match (dir, from) {
+                        (Direction::Encrypt, None) => data.xts_encrypt_units(piece, ss, &ivs[..n]),
+                        (Direction::Decrypt, None) => data.xts_decrypt_units(piece, ss, &ivs[..n]),
+                        (dir, Some(from)) => data.xts_units_from(from, piece, ss, &ivs[..n], dir),
+                    }
                 }
-                (Engines::Xts { .. }, Direction::Decrypt) => match src {
-                    Some(src) => data.xts_decrypt_units_from(
-                        &src[i * IV_BATCH * ss..][..piece.len()],
-                        piece,
-                        ss,
-                        &ivs[..n],
-                    ),
-                    None => data.xts_decrypt_units(piece, ss, &ivs[..n]),
-                },
                 (_, Direction::Encrypt) => data.cbc_encrypt_units(piece, ss, &ivs[..n]),
                 (_, Direction::Decrypt) => data.cbc_decrypt_units(piece, ss, &ivs[..n]),
             }
@@ -704,6 +720,85 @@ fn linger(latest: &AtomicU64, seen: u64, time: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stand-in block cipher that records every buffer it is asked to work on in place (a
+    /// bitwise NOT stands in for the cipher).
+    #[derive(Default)]
+    struct InPlace(Mutex<Vec<std::ops::Range<usize>>>);
+
+    impl InPlace {
+        fn record(&self, buf: &mut [u8]) {
+            let at = buf.as_ptr() as usize;
+            self.0.lock().unwrap().push(at..at + buf.len());
+            buf.iter_mut().for_each(|b| *b = !*b);
+        }
+    }
+
+    impl BlockEngine for InPlace {
+        fn backend(&self) -> Backend {
+            Backend::Portable
+        }
+        fn encrypt_ecb(&self, buf: &mut [u8]) {
+            self.record(buf);
+        }
+        fn decrypt_ecb(&self, buf: &mut [u8]) {
+            self.record(buf);
+        }
+        fn xts_encrypt_units(&self, buf: &mut [u8], _: usize, _: &[Block]) {
+            self.record(buf);
+        }
+        fn cbc_encrypt_units(&self, buf: &mut [u8], _: usize, _: &[Block]) {
+            self.record(buf);
+        }
+    }
+
+    /// Encrypting from a source, no mode runs the cipher in place in the destination (which
+    /// would put plaintext there for a moment: the page cache, which others may read), while
+    /// encrypting in place does run there.
+    #[test]
+    fn encrypting_from_a_source_never_works_in_the_destination() {
+        let engine = InPlace::default();
+        let src = vec![0x5au8; 8 * 512];
+        for (spec, engines) in [
+            (
+                "aes-xts-plain64",
+                Engines::Xts {
+                    data: &engine,
+                    tweak: &engine,
+                },
+            ),
+            (
+                "aes-cbc-plain64",
+                Engines::Cbc {
+                    data: &engine,
+                    essiv: None,
+                },
+            ),
+            ("aes-ecb", Engines::Ecb { data: &engine }),
+        ] {
+            let params = Params::new(CipherSpec::parse(spec).unwrap(), &SectorOptions::default());
+            let mut dst = vec![0u8; src.len()];
+            let inside = dst.as_ptr() as usize..dst.as_ptr() as usize + dst.len();
+            let touches = |r: &std::ops::Range<usize>| r.start < inside.end && inside.start < r.end;
+            params.run_from(engines, Some(&src), &mut dst, 3, Direction::Encrypt);
+            assert!(
+                dst != src && dst != vec![0u8; src.len()],
+                "{spec}: nothing encrypted"
+            );
+            let calls = std::mem::take(&mut *engine.0.lock().unwrap());
+            assert!(!calls.is_empty(), "{spec}: no cipher call");
+            assert!(
+                !calls.iter().any(touches),
+                "{spec}: worked in the destination"
+            );
+            params.run_from(engines, None, &mut dst, 3, Direction::Encrypt);
+            let calls = std::mem::take(&mut *engine.0.lock().unwrap());
+            assert!(
+                calls.iter().any(touches),
+                "{spec}: in place, yet not in the buffer"
+            );
+        }
+    }
 
     /// The batch fill is the per-sector IV, for every IV mode, sector size and offset, up to the
     /// last sector whose IV fits in 64 bits.

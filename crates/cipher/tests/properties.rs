@@ -88,11 +88,11 @@ fn extended_request_equals_sector_by_sector_on_every_backend() {
     }
 }
 
-/// Decryption from a source into a destination (ciphertext lent by the storage) equals
-/// decryption in place, for every spec, sector size and backend, whatever the destination held;
-/// and sources of another length are an error.
+/// Encryption and decryption from a source into a destination (bytes lent by the storage) equal
+/// the same in place, for every spec, sector size and backend, whatever the destination held,
+/// and leave the source as it was; sources of another length are an error.
 #[test]
-fn decryption_from_a_source_equals_decryption_in_place() {
+fn processing_from_a_source_equals_processing_in_place() {
     let mut rng = StdRng::seed_from_u64(0xf80);
     let specs = SPECS.iter().chain(&[
         "aes-lrw-benbi",
@@ -100,6 +100,9 @@ fn decryption_from_a_source_equals_decryption_in_place() {
         "serpent-xts-plain64",
         "aes-cbc-eboiv",
     ]);
+    let in_place = |c: &SectorCipher, buf: &mut [u8], first: u64, dir: Direction| {
+        c.process(buf, first, dir).unwrap()
+    };
     for spec_name in specs {
         let spec = CipherSpec::parse(spec_name).unwrap();
         let alg = spec.algorithm().unwrap();
@@ -108,44 +111,59 @@ fn decryption_from_a_source_equals_decryption_in_place() {
             let key = random_bytes(&mut rng, spec.default_key_bits() / 8);
             let sectors = rng.gen_range(1..=70);
             let first = rng.gen_range(0..1u64 << 40);
-            let ciphertext = random_bytes(&mut rng, sectors * ss);
+            let source = random_bytes(&mut rng, sectors * ss);
             for backend in alg.available_backends() {
                 let c = cipher(spec_name, &key, ss, backend, 1);
-                let mut want = ciphertext.clone();
-                c.decrypt(&mut want, first).unwrap();
-                let mut got = random_bytes(&mut rng, ciphertext.len());
-                c.decrypt_from(&ciphertext, &mut got, first).unwrap();
-                assert!(got == want, "{spec_name} {ss} {backend}");
+                for dir in [Direction::Encrypt, Direction::Decrypt] {
+                    let mut want = source.clone();
+                    in_place(&c, &mut want, first, dir);
+                    let mut got = random_bytes(&mut rng, source.len());
+                    let src = source.clone();
+                    c.process_from(&src, &mut got, first, dir).unwrap();
+                    assert!(got == want, "{spec_name} {ss} {backend} {dir:?}");
+                    assert!(
+                        src == source,
+                        "{spec_name} {ss} {backend} {dir:?}: source changed"
+                    );
+                }
             }
         }
     }
     // Large enough to be shared with the worker threads, and not a whole number of their pieces.
     let key = random_bytes(&mut rng, 64);
-    let ciphertext = random_bytes(&mut rng, (1 << 20) + 12288);
+    let source = random_bytes(&mut rng, (1 << 20) + 12288);
     for backend in Algorithm::Aes.available_backends() {
-        let mut want = ciphertext.clone();
-        cipher("aes-xts-plain64", &key, 4096, backend, 1)
-            .decrypt(&mut want, 77)
-            .unwrap();
-        let c = cipher("aes-xts-plain64", &key, 4096, backend, 3);
-        let mut got = random_bytes(&mut rng, ciphertext.len());
-        c.decrypt_from(&ciphertext, &mut got, 77).unwrap();
-        assert!(got == want, "{backend} shared with 3 threads");
-        let mut got = random_bytes(&mut rng, ciphertext.len());
-        c.decrypt_from_inline(&ciphertext, &mut got, 77).unwrap();
-        assert!(got == want, "{backend} inline");
+        for dir in [Direction::Encrypt, Direction::Decrypt] {
+            let mut want = source.clone();
+            in_place(
+                &cipher("aes-xts-plain64", &key, 4096, backend, 1),
+                &mut want,
+                77,
+                dir,
+            );
+            let c = cipher("aes-xts-plain64", &key, 4096, backend, 3);
+            let mut got = random_bytes(&mut rng, source.len());
+            c.process_from(&source, &mut got, 77, dir).unwrap();
+            assert!(got == want, "{backend} {dir:?} shared with 3 threads");
+            let mut got = random_bytes(&mut rng, source.len());
+            c.process_from_inline(&source, &mut got, 77, dir).unwrap();
+            assert!(got == want, "{backend} {dir:?} inline");
+        }
     }
     let null = cipher("cipher_null-ecb", &[], 512, Backend::Null, 1);
     let mut out = vec![0u8; 1024];
-    null.decrypt_from(&[7u8; 1024], &mut out, 3).unwrap();
-    assert_eq!(out, vec![7u8; 1024]);
-    assert_eq!(
-        null.decrypt_from(&[7u8; 512], &mut out, 3),
-        Err(Error::LengthMismatch {
-            src: 512,
-            dst: 1024
-        })
-    );
+    for dir in [Direction::Encrypt, Direction::Decrypt] {
+        out.fill(0);
+        null.process_from(&[7u8; 1024], &mut out, 3, dir).unwrap();
+        assert_eq!(out, vec![7u8; 1024]);
+        assert_eq!(
+            null.process_from(&[7u8; 512], &mut out, 3, dir),
+            Err(Error::LengthMismatch {
+                src: 512,
+                dst: 1024
+            })
+        );
+    }
 }
 
 /// XTS sectors agree with the single-data-unit XTS of IEEE 1619 (the IV is the 512-byte sector

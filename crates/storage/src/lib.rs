@@ -57,6 +57,24 @@ pub trait Storage: Send + Sync {
         let _ = (offset, len, each);
         Ok(false)
     }
+    /// The mirror of [`Storage::read_lent`]: lend the `len` stored bytes at `offset` to `each`
+    /// to overwrite, all of them, where none waits for the device (a file's pages all in the
+    /// page cache, mapped for writing), so that a writer encrypts straight into the cache. What
+    /// `each` stores there is written as by [`Storage::write_at`], durable after
+    /// [`Storage::sync`], and may be seen by others as it is stored: only what may be seen goes
+    /// there (ciphertext). `Ok(false)` when the device cannot: either `each` was not called, or
+    /// some of what it stored was lost (a page could not be written meanwhile) and the caller
+    /// writes the whole range again with [`Storage::write_at`], which reports why. The default
+    /// never lends.
+    fn write_lent(
+        &self,
+        offset: u64,
+        len: usize,
+        each: &mut dyn FnMut(&mut [u8]),
+    ) -> io::Result<bool> {
+        let _ = (offset, len, each);
+        Ok(false)
+    }
     /// Write `bufs` one after another from `offset`, in one request where the device can (a
     /// file's `pwritev`): pieces of memory that belong together on the device, without copying
     /// them together first. The default writes them one by one. On an error some may have been
@@ -175,6 +193,14 @@ macro_rules! delegate_storage {
             ) -> io::Result<bool> {
                 (**self).read_lent(offset, len, each)
             }
+            fn write_lent(
+                &self,
+                offset: u64,
+                len: usize,
+                each: &mut dyn FnMut(&mut [u8]),
+            ) -> io::Result<bool> {
+                (**self).write_lent(offset, len, each)
+            }
             fn write_gathered(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
                 (**self).write_gathered(bufs, offset)
             }
@@ -280,8 +306,8 @@ pub struct FileStorage {
     /// The file opened again with `O_DIRECT` on the first uncached write (`None`: the file
     /// system refused).
     direct: OnceLock<Option<File>>,
-    /// The file mapped on the first lent read, as long as it was then (`None`: it could not
-    /// be; reads then copy).
+    /// The file mapped on the first lent read or write, as long as it was then, for writing
+    /// too if the file is open for it (`None`: it could not be; reads and writes then copy).
     mapped: OnceLock<Option<mapped::Mapping>>,
 }
 
@@ -340,6 +366,13 @@ impl FileStorage {
             .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
             .open(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
             .ok()
+    }
+
+    /// The file's mapping, made on first use ([`mapped`]).
+    fn mapping(&self) -> Option<&mapped::Mapping> {
+        self.mapped
+            .get_or_init(|| mapped::Mapping::new(&self.file, self.len().ok()?, self.writable))
+            .as_ref()
     }
 
     /// The lock this file holds (`None`: opened without one, or locks are disabled).
@@ -405,10 +438,22 @@ impl Storage for FileStorage {
 
     fn read_lent(&self, offset: u64, len: usize, each: &mut dyn FnMut(&[u8])) -> io::Result<bool> {
         self.within("a read", offset, len)?;
-        let mapping = self
-            .mapped
-            .get_or_init(|| mapped::Mapping::new(&self.file, self.len().ok()?));
-        Ok(mapping.as_ref().is_some_and(|m| m.lend(offset, len, each)))
+        Ok(self.mapping().is_some_and(|m| m.lend(offset, len, each)))
+    }
+
+    fn write_lent(
+        &self,
+        offset: u64,
+        len: usize,
+        each: &mut dyn FnMut(&mut [u8]),
+    ) -> io::Result<bool> {
+        if !self.writable {
+            return Ok(false);
+        }
+        self.within("a write", offset, len)?;
+        Ok(self
+            .mapping()
+            .is_some_and(|m| m.lend_mut(offset, len, each)))
     }
 
     fn write_gathered(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
@@ -610,6 +655,15 @@ impl<S: std::ops::Deref<Target = D> + Send + Sync, D: Storage + ?Sized> Storage 
         let at = self.check(offset, len)?;
         self.inner.read_lent(at, len, each)
     }
+    fn write_lent(
+        &self,
+        offset: u64,
+        len: usize,
+        each: &mut dyn FnMut(&mut [u8]),
+    ) -> io::Result<bool> {
+        let at = self.check(offset, len)?;
+        self.inner.write_lent(at, len, each)
+    }
     fn write_gathered(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
         let at = self.check(offset, bufs.iter().map(|b| b.len()).sum())?;
         self.inner.write_gathered(bufs, at)
@@ -692,16 +746,22 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
-    #[test]
-    fn a_lent_read_lends_cached_bytes_only_and_sees_every_write() {
-        let dir = std::env::temp_dir().join(format!("sectorcrypt-lent-{}", std::process::id()));
+    /// A sparse 1 MiB file in a directory of its own (no page of it is in the cache until
+    /// written or read): the directory, to remove, and the file.
+    fn sparse_file(name: &str) -> (PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("sectorcrypt-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("f.img");
-        // Sparse: no page of it is in the cache until written or read.
         std::fs::File::create(&path)
             .unwrap()
             .set_len(1 << 20)
             .unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn a_lent_read_lends_cached_bytes_only_and_sees_every_write() {
+        let (dir, path) = sparse_file("lent");
         let f = FileStorage::open(&path).unwrap();
         let data: Vec<u8> = (0..512 << 10)
             .map(|i: u32| (i * 13 + i / 4096) as u8)
@@ -740,6 +800,71 @@ mod tests {
         // Devices without a mapping never lend.
         let mem = MemStorage::new(vec![0; 1 << 16]);
         assert!(lent(&mem, 0, 4096).is_none());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A lent write stores into the page cache: what `pread`, a lent read and the file after a
+    /// sync and a fresh open see; uncached pages, read-only files and ranges past the end are
+    /// refused.
+    #[test]
+    fn a_lent_write_stores_into_cached_pages_only_and_reaches_the_file() {
+        let (dir, path) = sparse_file("lent-w");
+        let f = FileStorage::open(&path).unwrap();
+        f.write_at(&[0x11; 512 << 10], 0).unwrap();
+        let data: Vec<u8> = (0..128 << 10).map(|i: u32| (i * 29 + 5) as u8).collect();
+        let mut seen = 0;
+        assert!(f
+            .write_lent(8192 + 16, data.len(), &mut |b| {
+                seen = b.len();
+                b.copy_from_slice(&data);
+            })
+            .unwrap());
+        assert_eq!(seen, data.len());
+        let mut back = vec![0u8; data.len() + 32];
+        f.read_at(&mut back, 8192).unwrap();
+        assert_eq!(back[..16], [0x11; 16], "before the range: untouched");
+        assert!(back[16..][..data.len()] == data[..]);
+        assert_eq!(
+            back[16 + data.len()..],
+            [0x11; 16],
+            "after the range: untouched"
+        );
+        let mut lent = Vec::new();
+        assert!(f
+            .read_lent(8192 + 16, data.len(), &mut |b| lent = b.to_vec())
+            .unwrap());
+        assert!(lent == data);
+        // The window's offsets, and a later `pwrite` over the same bytes, show through.
+        let window = Window::new(&f, 4096, 1 << 19);
+        assert!(window
+            .write_lent(4096, 4096, &mut |b| b.fill(0x77))
+            .unwrap());
+        f.write_at(&[0x99; 16], 8192 + 4096 - 16).unwrap();
+        let mut page = vec![0u8; 4096];
+        f.read_at(&mut page, 8192).unwrap();
+        assert_eq!(page[..4080], [0x77; 4080]);
+        assert_eq!(page[4080..], [0x99; 16]);
+        // A hole never written or read is not in the cache: nothing is lent.
+        let mut called = false;
+        assert!(!f
+            .write_lent(768 << 10, 64 << 10, &mut |_| called = true)
+            .unwrap());
+        assert!(!called, "uncached bytes lent for writing");
+        assert!(f.write_lent((1 << 20) - 4096, 8192, &mut |_| {}).is_err());
+        f.sync().unwrap();
+        drop(f);
+        let file = std::fs::read(&path).unwrap();
+        assert_eq!(file[8192..8192 + 4080], [0x77; 4080]);
+        assert!(file[8192 + 4096..][..data.len() - 4096 + 16] == data[4096 - 16..]);
+        // A file open read-only lends reads, never writes.
+        let ro = FileStorage::open_read_only(&path).unwrap();
+        assert!(ro.read_lent(0, 4096, &mut |_| {}).unwrap());
+        assert!(!ro.write_lent(0, 4096, &mut |_| called = true).unwrap());
+        assert!(!called, "a read-only file lent for writing");
+        // Devices without a mapping never lend.
+        let mem = MemStorage::new(vec![0; 1 << 16]);
+        assert!(!mem.write_lent(0, 4096, &mut |_| called = true).unwrap());
+        assert!(!called);
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -1,25 +1,36 @@
-//! Reads of a file's cached data without a copy: the file mapped read-only into memory, and a
-//! range lent to the caller only when every page of it is in the page cache (`mincore`).
+//! Reads and writes of a file's cached data without a copy: the file mapped into memory (for
+//! writing too where it is open for writing), and a range lent to the caller only when every
+//! page of it is in the page cache (`mincore`).
 //!
 //! Why: a read of cached data through `pread` copies it from the page cache into the caller's
 //! buffer, and a volume then decrypts that buffer in place: the data crosses memory three times.
 //! Decrypting straight from the mapped page cache into the reply crosses it once, and saves the
 //! system call (for 128 KiB reads through NBD, about the cipher's whole cost:
-//! `docs/BENCHMARKS.md`).
+//! `docs/BENCHMARKS.md`). Writes are the mirror image: encrypting the received plaintext
+//! straight into the mapped page cache saves `pwrite`'s copy and system call. Only ciphertext
+//! is ever stored there (the cipher's `process_from` promises it), and a write through the
+//! mapping reaches the disk as a `pwrite` would: the page is dirty in the same cache, and
+//! `fdatasync` writes it back (a clean page is mapped write-protected, so the first store after
+//! writeback faults and marks it dirty again).
 //!
 //! The hazard of a mapping is `SIGBUS`: a page that leaves the cache between the check and the
-//! access and then fails to read back, or a file that another process truncates (locks are
-//! advisory). A process-wide handler, installed with the first mapping, looks the faulting
-//! address up in a fixed table of the live mappings. For an address in one it counts the fault
-//! and maps an anonymous zero page over the faulting page (`mmap` is async-signal-safe), so
-//! that the access completes with zeros; any other fault goes on to the handler that was there
-//! before. A reader checks the count after using the bytes: a fault throws the work away and
-//! the caller reads again through `pread`, which reports the real error. A mapping that once
-//! faulted is never lent again (its zero pages no longer show the file).
+//! access and then fails to read back, a store the file system cannot find space for, or a file
+//! that another process truncates (locks are advisory). A process-wide handler, installed with
+//! the first mapping, looks the faulting address up in a fixed table of the live mappings. For
+//! an address in one it counts the fault and maps an anonymous zero page over the faulting page
+//! (`mmap` is async-signal-safe), so that the access completes, reading zeros or storing into
+//! nothing; any other fault goes on to the handler that was there before. A borrower checks the
+//! count after using the bytes: a fault throws the work away and the caller reads or writes
+//! again through `pread` or `pwrite`, which reports the real error (a write's pages that did
+//! reach the file are written again). A mapping that once faulted is never lent again (its
+//! zero pages no longer show the file).
 //!
 //! A page evicted between the check and the access but readable is only read back in (the
 //! caller waits, as `pread` would have). Bytes lent while another thread writes the same range
-//! may be old or new or a mix, as a `pread` racing that write returns.
+//! may be old or new or a mix, as a `pread` racing that write returns; two writes of one range
+//! leave either or a mix, as racing `pwrite`s may. The lent bytes are memory that any process
+//! with the file open can change at any moment, and the cipher kernels treat them so: they read
+//! each byte of a source once and store each byte of a destination once, never reading it back.
 
 use std::ffi::c_void;
 use std::fs::File;
@@ -38,6 +49,8 @@ const CHECK_PAGES: usize = 256;
 /// One live mapping, as the fault handler sees it: plain atomics, read without locks.
 struct Slot {
     taken: AtomicBool,
+    /// Whether the mapping may be stored to (its zero pages must be too).
+    writable: AtomicBool,
     start: AtomicUsize,
     /// 0 while the slot is being filled or emptied: the handler matches no address then.
     len: AtomicUsize,
@@ -47,6 +60,7 @@ struct Slot {
 #[allow(clippy::declare_interior_mutable_const)] // only as the array's initializer
 const FREE: Slot = Slot {
     taken: AtomicBool::new(false),
+    writable: AtomicBool::new(false),
     start: AtomicUsize::new(0),
     len: AtomicUsize::new(0),
     faults: AtomicU64::new(0),
@@ -59,16 +73,17 @@ static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
 
 static INSTALL: Once = Once::new();
 
-/// A file's first `len` bytes mapped read-only, registered with the fault handler.
+/// A file's first `len` bytes mapped, registered with the fault handler.
 pub(crate) struct Mapping {
     at: NonNull<u8>,
     len: usize,
     slot: &'static Slot,
     page: usize,
+    writable: bool,
 }
 
-// SAFETY: the mapping is read-only shared memory owned by this value; every access goes through
-// `lend`, which only reads.
+// SAFETY: the mapping is shared memory owned by this value; every access goes through `lend` or
+// `lend_mut`, whose borrows end with the call.
 unsafe impl Send for Mapping {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for Mapping {}
@@ -80,9 +95,10 @@ impl std::fmt::Debug for Mapping {
 }
 
 impl Mapping {
-    /// `file`'s first `len` bytes, mapped (`None`: empty, too large for the address space,
-    /// every slot taken, or the handler could not be installed).
-    pub(crate) fn new(file: &File, len: u64) -> Option<Mapping> {
+    /// `file`'s first `len` bytes, mapped for reading, and for writing too if `writable` and
+    /// the file allows it (`None`: empty, too large for the address space, every slot taken, or
+    /// the handler could not be installed).
+    pub(crate) fn new(file: &File, len: u64, writable: bool) -> Option<Mapping> {
         let len = usize::try_from(len).ok().filter(|&l| l > 0)?;
         if !install_handler() {
             return None;
@@ -92,23 +108,32 @@ impl Mapping {
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
         })?;
-        // SAFETY: a fresh read-only shared mapping of an open file; the kernel chooses the
-        // address, so nothing of ours is replaced.
-        let at = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
+        let map = |prot| {
+            // SAFETY: a fresh shared mapping of an open file; the kernel chooses the address,
+            // so nothing of ours is replaced.
+            unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    prot,
+                    libc::MAP_SHARED,
+                    file.as_raw_fd(),
+                    0,
+                )
+            }
+        };
+        // A file open for writing whose file system refuses shared writable mappings still
+        // lends its reads.
+        let (at, writable) = match writable.then(|| map(libc::PROT_READ | libc::PROT_WRITE)) {
+            Some(at) if at != libc::MAP_FAILED => (at, true),
+            _ => (map(libc::PROT_READ), false),
         };
         let Some(at) = NonNull::new(at.cast::<u8>()).filter(|_| at != libc::MAP_FAILED) else {
             slot.taken.store(false, Ordering::Release);
             return None;
         };
         slot.faults.store(0, Ordering::Relaxed);
+        slot.writable.store(writable, Ordering::Relaxed);
         slot.start.store(at.as_ptr() as usize, Ordering::Relaxed);
         // Last: from here on the handler matches addresses in the mapping.
         slot.len.store(len, Ordering::Release);
@@ -117,6 +142,7 @@ impl Mapping {
             len,
             slot,
             page: rustix::param::page_size(),
+            writable,
         })
     }
 
@@ -125,6 +151,34 @@ impl Mapping {
     /// `false` after calling it when a page could not be read meanwhile (its bytes were zeros:
     /// the caller throws its work away).
     pub(crate) fn lend(&self, offset: u64, len: usize, each: &mut dyn FnMut(&[u8])) -> bool {
+        self.lend_at(offset, len, &mut |at| {
+            // SAFETY: `lend_at` hands over `len` mapped bytes, readable until it returns.
+            each(unsafe { std::slice::from_raw_parts(at, len) })
+        })
+    }
+
+    /// [`Mapping::lend`] for storing into: `each` gets the `len` mapped bytes at `offset` to
+    /// overwrite, all of them (`false` without calling it also when the mapping is read-only;
+    /// `false` after calling it when a page could not be written meanwhile: the caller writes
+    /// the whole range again another way).
+    pub(crate) fn lend_mut(
+        &self,
+        offset: u64,
+        len: usize,
+        each: &mut dyn FnMut(&mut [u8]),
+    ) -> bool {
+        self.writable
+            && self.lend_at(offset, len, &mut |at| {
+                // SAFETY: `lend_at` hands over `len` mapped bytes, writable in a writable
+                // mapping until it returns; no other borrow of them exists in this process but
+                // a racing request's, which the module docs cover.
+                each(unsafe { std::slice::from_raw_parts_mut(at, len) })
+            })
+    }
+
+    /// The address of the `len` mapped bytes at `offset`, for `each`, under [`Mapping::lend`]'s
+    /// checks and answer.
+    fn lend_at(&self, offset: u64, len: usize, each: &mut dyn FnMut(*mut u8)) -> bool {
         let Some(start) = usize::try_from(offset)
             .ok()
             .filter(|&o| o.checked_add(len).is_some_and(|end| end <= self.len) && len > 0)
@@ -135,10 +189,9 @@ impl Mapping {
             return false;
         }
         // SAFETY: `start + len` lies within the mapping, which lives as long as `self`; pages
-        // that fail to read become zero pages (the handler) rather than a fault.
-        let bytes = unsafe { std::slice::from_raw_parts(self.at.as_ptr().add(start), len) };
-        each(bytes);
-        // The handler counts before it maps the zero page that `each` may have read.
+        // that fail meanwhile become zero pages (the handler) rather than a fault.
+        each(unsafe { self.at.as_ptr().add(start) });
+        // The handler counts before it maps the zero page that `each` may have used.
         fence(Ordering::SeqCst);
         self.slot.faults.load(Ordering::Acquire) == 0
     }
@@ -224,12 +277,18 @@ extern "C" fn on_sigbus(signal: libc::c_int, info: *mut libc::siginfo_t, context
         }
         slot.faults.fetch_add(1, Ordering::SeqCst);
         let at = addr / page * page;
-        // SAFETY: replaces one page of our own read-only mapping, which nobody writes.
+        let prot = if slot.writable.load(Ordering::Relaxed) {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        // SAFETY: replaces one page of our own mapping, as accessible as the mapping was; what
+        // is stored into it is thrown away.
         let zero = unsafe {
             libc::mmap(
                 at as *mut c_void,
                 page,
-                libc::PROT_READ,
+                prot,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
                 -1,
                 0,
@@ -286,7 +345,7 @@ mod tests {
     fn lends_cached_bytes_and_refuses_outside_the_mapping() {
         let data: Vec<u8> = (0..64 * 1024u32).map(|i| (i * 7 + 3) as u8).collect();
         let (dir, f) = scratch("lend", &data);
-        let m = Mapping::new(&f, data.len() as u64).unwrap();
+        let m = Mapping::new(&f, data.len() as u64, false).unwrap();
         let mut seen = Vec::new();
         assert!(m.lend(4096 + 5, 9000, &mut |b| seen = b.to_vec()));
         assert_eq!(seen, data[4096 + 5..4096 + 5 + 9000]);
@@ -302,7 +361,7 @@ mod tests {
     fn a_fault_in_the_mapping_is_caught_and_refused() {
         let data = vec![0xa5u8; 4 * 4096];
         let (dir, f) = scratch("fault", &data);
-        let m = Mapping::new(&f, data.len() as u64).unwrap();
+        let m = Mapping::new(&f, data.len() as u64, false).unwrap();
         assert!(m.lend(0, 4096, &mut |b| assert_eq!(b[0], 0xa5)));
         // Pages stay resident in the mapping's view until the kernel drops them with the
         // truncation; a lend past the new end then faults on access, or is refused by
@@ -317,6 +376,36 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    /// A store into a page that faults (the file truncated under its mapping) lands in a zero
+    /// page of the process's own instead of killing it; the lend says `false`, and neither
+    /// reads nor writes are lent again.
+    #[test]
+    fn a_store_that_faults_is_caught_and_refused() {
+        let data = vec![0xa5u8; 4 * 4096];
+        let (dir, f) = scratch("store-fault", &data);
+        let m = Mapping::new(&f, data.len() as u64, true).unwrap();
+        assert!(m.lend_mut(0, 8192, &mut |b| b.fill(0x3c)));
+        f.set_len(4096).unwrap();
+        // Past the new end: the store runs without the residency check, as one racing the
+        // truncation would.
+        let mut ran = false;
+        let stored = m.lend_at(8192, 8192, &mut |at| {
+            // SAFETY: inside the mapping; the fault is what the test is about.
+            unsafe { std::ptr::write_bytes(at, 0x77, 8192) };
+            ran = true;
+        });
+        assert!(ran && !stored, "the store ran and was refused");
+        assert!(m.faults() >= 1);
+        assert!(!m.lend_mut(0, 4096, &mut |_| panic!("a mapping that faulted lent")));
+        assert!(!m.lend(0, 4096, &mut |_| panic!("a mapping that faulted lent")));
+        drop(m);
+        let mut first = [0u8; 4096];
+        use std::os::unix::fs::FileExt;
+        f.read_exact_at(&mut first, 0).unwrap();
+        assert_eq!(first, [0x3c; 4096], "stored before the fault: in the file");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
     /// Set in the child of `a_fault_outside_every_mapping_still_kills`.
     const FOREIGN: &str = "SECTORCRYPT_TEST_FOREIGN_SIGBUS";
 
@@ -327,7 +416,7 @@ mod tests {
     fn a_fault_outside_every_mapping_still_kills() {
         if std::env::var_os(FOREIGN).is_some() {
             let (_dir, f) = scratch("foreign-child", &[1u8; 2 * 4096]);
-            let ours = Mapping::new(&f, 2 * 4096).unwrap();
+            let ours = Mapping::new(&f, 2 * 4096, false).unwrap();
             // SAFETY: a fresh mapping of our own, outside the handler's table.
             let theirs = unsafe {
                 libc::mmap(

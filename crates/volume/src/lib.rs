@@ -339,22 +339,25 @@ pub(crate) trait Key {
     ) -> Result<(), sectorcrypt_cipher::Error> {
         self.process(buf, sector, dir)
     }
-    /// Decrypt whole sectors from `src` into `dst` (ciphertext the storage lends,
-    /// [`Storage::read_lent`]), with the worker threads where [`Key::process`] would.
-    fn decrypt_from(
+    /// Encrypt or decrypt whole sectors from `src` into `dst` (bytes the storage lends,
+    /// [`Storage::read_lent`] and [`Storage::write_lent`]; encrypting, only ciphertext ever
+    /// reaches `dst`), with the worker threads where [`Key::process`] would.
+    fn process_from(
         &self,
         src: &[u8],
         dst: &mut [u8],
         sector: u64,
+        dir: Direction,
     ) -> Result<(), sectorcrypt_cipher::Error>;
-    /// [`Key::decrypt_from`] all on the calling thread.
-    fn decrypt_from_inline(
+    /// [`Key::process_from`] all on the calling thread.
+    fn process_from_inline(
         &self,
         src: &[u8],
         dst: &mut [u8],
         sector: u64,
+        dir: Direction,
     ) -> Result<(), sectorcrypt_cipher::Error> {
-        self.decrypt_from(src, dst, sector)
+        self.process_from(src, dst, sector, dir)
     }
 }
 
@@ -375,21 +378,39 @@ impl Key for SectorCipher {
     ) -> Result<(), sectorcrypt_cipher::Error> {
         SectorCipher::process_inline(self, buf, sector, dir)
     }
-    fn decrypt_from(
+    fn process_from(
         &self,
         src: &[u8],
         dst: &mut [u8],
         sector: u64,
+        dir: Direction,
     ) -> Result<(), sectorcrypt_cipher::Error> {
-        SectorCipher::decrypt_from(self, src, dst, sector)
+        SectorCipher::process_from(self, src, dst, sector, dir)
     }
-    fn decrypt_from_inline(
+    fn process_from_inline(
         &self,
         src: &[u8],
         dst: &mut [u8],
         sector: u64,
+        dir: Direction,
     ) -> Result<(), sectorcrypt_cipher::Error> {
-        SectorCipher::decrypt_from_inline(self, src, dst, sector)
+        SectorCipher::process_from_inline(self, src, dst, sector, dir)
+    }
+}
+
+/// [`Key::process_from`], or all on the calling thread unless `spread`.
+fn process_from(
+    key: &dyn Key,
+    src: &[u8],
+    dst: &mut [u8],
+    sector: u64,
+    dir: Direction,
+    spread: bool,
+) -> Result<(), sectorcrypt_cipher::Error> {
+    if spread {
+        key.process_from(src, dst, sector, dir)
+    } else {
+        key.process_from_inline(src, dst, sector, dir)
     }
 }
 
@@ -698,7 +719,7 @@ impl Volume {
         let ss = self.layout.sector_size;
         let at = self.layout.offset + sector * ss as u64;
         let spread = self.spread(buf.len());
-        if self.decrypt_lent(key, buf, sector, spread)? {
+        if self.cipher_lent(key, buf, sector, Direction::Decrypt, spread)? {
             return Ok(());
         }
         if spread {
@@ -714,30 +735,35 @@ impl Volume {
         })
     }
 
-    /// Decrypt whole sectors, the first being `sector`, straight from the storage's cache into
-    /// `buf` where the storage lends them ([`Storage::read_lent`]) and `buf` is at least
-    /// [`LENT_MIN`] bytes: no copy into `buf` to decrypt in place. With `spread`, over the
-    /// cipher's worker threads. `Ok(false)` otherwise, `buf` then holding anything.
-    fn decrypt_lent(
+    /// Run the cipher over whole sectors, the first being `sector`, straight between `buf` and
+    /// the storage's cache where the storage lends it ([`Storage::read_lent`] to decrypt from,
+    /// [`Storage::write_lent`] to encrypt into) and `buf` is at least [`LENT_MIN`] bytes: no
+    /// copy into or out of `buf` to work in place. With `spread`, over the cipher's worker
+    /// threads. `Ok(false)` otherwise: a read's `buf` then holds anything, a write's is
+    /// unchanged for the write that must follow.
+    fn cipher_lent(
         &self,
         key: &dyn Key,
         buf: &mut [u8],
         sector: u64,
+        dir: Direction,
         spread: bool,
     ) -> Result<bool, Error> {
         if buf.len() < LENT_MIN {
             return Ok(false);
         }
         let at = self.layout.offset + sector * self.layout.sector_size as u64;
-        let mut decrypted = Ok(());
-        let lent = self.storage.read_lent(at, buf.len(), &mut |src| {
-            decrypted = if spread {
-                key.decrypt_from(src, buf, sector)
-            } else {
-                key.decrypt_from_inline(src, buf, sector)
-            };
-        })?;
-        decrypted?;
+        let len = buf.len();
+        let mut done = Ok(());
+        let lent = match dir {
+            Direction::Decrypt => self.storage.read_lent(at, len, &mut |src| {
+                done = process_from(key, src, buf, sector, dir, spread);
+            })?,
+            Direction::Encrypt => self.storage.write_lent(at, len, &mut |dst| {
+                done = process_from(key, buf, dst, sector, dir, spread);
+            })?,
+        };
+        done?;
         Ok(lent)
     }
 
@@ -772,7 +798,11 @@ impl Volume {
     fn write_sectors(&self, key: &dyn Key, buf: &mut [u8], sector: u64) -> Result<(), Error> {
         let ss = self.layout.sector_size;
         let at = self.layout.offset + sector * ss as u64;
-        if self.spread(buf.len()) {
+        let spread = self.spread(buf.len());
+        if self.cipher_lent(key, buf, sector, Direction::Encrypt, spread)? {
+            return Ok(());
+        }
+        if spread {
             key.process(buf, sector, Direction::Encrypt)?;
             self.storage.write_at(buf, at)?;
             return Ok(());
@@ -832,7 +862,7 @@ impl Volume {
         let _busy = self.begin();
         let sector = offset / ss;
         let spread = self.spread(buf.len());
-        if self.decrypt_lent(key, buf, sector, spread)? {
+        if self.cipher_lent(key, buf, sector, Direction::Decrypt, spread)? {
             self.requests.fetch_add(1, Ordering::Relaxed);
             return Ok(true);
         }

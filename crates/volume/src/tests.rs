@@ -366,13 +366,16 @@ fn a_cached_read_gives_what_a_read_gives_or_declines() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// Memory that lends every read ([`Storage::read_lent`]) and counts the reads it lent; with
-/// `refuse`, it calls the reader with noise and then says the bytes were lost (a page that
-/// failed to read under a mapping), so the volume must read again.
+/// Memory that lends every read and write ([`Storage::read_lent`], [`Storage::write_lent`])
+/// and counts those it lent; with `refuse`, it calls the reader with noise and then says the
+/// bytes were lost (a page that failed to read under a mapping), and keeps only the first half
+/// of what a writer stored before saying the rest was lost, so the volume must read or write
+/// again.
 pub(crate) struct Lending {
     mem: MemStorage,
     refuse: bool,
     pub(crate) lent: AtomicUsize,
+    pub(crate) lent_writes: AtomicUsize,
 }
 
 impl Lending {
@@ -381,6 +384,7 @@ impl Lending {
             mem: MemStorage::new(vec![0x3c; len]),
             refuse,
             lent: AtomicUsize::new(0),
+            lent_writes: AtomicUsize::new(0),
         }
     }
 }
@@ -404,6 +408,23 @@ impl Storage for Lending {
         self.lent.fetch_add(1, Ordering::Relaxed);
         Ok(true)
     }
+    fn write_lent(
+        &self,
+        offset: u64,
+        len: usize,
+        each: &mut dyn FnMut(&mut [u8]),
+    ) -> io::Result<bool> {
+        let mut bytes = vec![0u8; len];
+        self.mem.read_at(&mut bytes, offset)?;
+        each(&mut bytes);
+        if self.refuse {
+            self.mem.write_at(&bytes[..len / 2], offset)?;
+            return Ok(false);
+        }
+        self.mem.write_at(&bytes, offset)?;
+        self.lent_writes.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
     fn sync(&self) -> io::Result<()> {
         Ok(())
     }
@@ -412,6 +433,55 @@ impl Storage for Lending {
     }
     fn name(&self) -> String {
         "lending memory".into()
+    }
+}
+
+/// Writes of at least `LENT_MIN` whole sectors encrypt straight into bytes the storage lends, in
+/// every mode, leaving there exactly the ciphertext a sector-by-sector encryption gives; where
+/// the storage loses some of what was stored, the volume writes the whole range again.
+#[test]
+fn writes_encrypt_into_lent_bytes_or_write_again_when_some_are_lost() {
+    for cipher in [
+        "aes-xts-plain64",
+        "aes-cbc-essiv:sha256",
+        "serpent-xts-plain64",
+        "cipher_null-ecb",
+    ] {
+        for sector_size in [512, 4096] {
+            for refuse in [false, true] {
+                let size = 1u64 << 20;
+                let storage = Arc::new(Lending::new((DATA_OFFSET + size) as usize, refuse));
+                let vol = volume_on(storage.clone(), cipher, sector_size, size);
+                let mut plain = vec![0u8; size as usize];
+                rand::rngs::StdRng::seed_from_u64(sector_size as u64).fill_bytes(&mut plain);
+                let ctx = format!("{cipher} {sector_size} refuse {refuse}");
+                // The whole volume (spread over the cipher's threads), then whole sectors, and a
+                // head and tail around whole sectors; 4 KiB alone is too small to be lent.
+                let writes = [
+                    (0u64, size as usize),
+                    (4096, 4096),
+                    (8192, 128 << 10),
+                    (1000, 70_000),
+                ];
+                for (at, len) in writes {
+                    plain[at as usize..][..len]
+                        .iter_mut()
+                        .for_each(|b| *b ^= 0x5a);
+                    vol.write(&plain[at as usize..][..len], at).unwrap();
+                    let mut stored = vec![0u8; size as usize];
+                    storage.read_at(&mut stored, DATA_OFFSET).unwrap();
+                    assert!(
+                        stored == per_sector_ciphertext(cipher, sector_size, &plain),
+                        "stored after {at} {len}: {ctx}"
+                    );
+                }
+                let mut back = vec![0u8; size as usize];
+                vol.read(&mut back, 0).unwrap();
+                assert!(back == plain, "{ctx}");
+                let lent = storage.lent_writes.load(Ordering::Relaxed);
+                assert_eq!(lent, if refuse { 0 } else { 3 }, "{ctx}");
+            }
+        }
     }
 }
 

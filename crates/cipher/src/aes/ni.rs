@@ -69,6 +69,22 @@ fn store(s: &mut [u8], i: usize, v: __m128i) {
     unsafe { _mm_storeu_si128(b.as_mut_ptr().cast(), v) }
 }
 
+/// Store block `i` of `s` past the caches (a non-temporal store, which does not fetch the line
+/// it replaces) where it lies on a 16-byte boundary, else as `store`. The caller fences
+/// (`_mm_sfence`) before anything else may look at the bytes.
+#[inline]
+#[target_feature(enable = "aes,sse4.1")]
+fn stream_block(s: &mut [u8], i: usize, v: __m128i) {
+    let b: &mut [u8; 16] = (&mut s[i * BLOCK..(i + 1) * BLOCK]).try_into().unwrap();
+    if (b.as_ptr() as usize).is_multiple_of(BLOCK) {
+        // SAFETY: `b` is 16 writable bytes on a 16-byte boundary.
+        unsafe { _mm_stream_si128(b.as_mut_ptr().cast(), v) }
+    } else {
+        // SAFETY: `b` is 16 writable bytes; the store is unaligned.
+        unsafe { _mm_storeu_si128(b.as_mut_ptr().cast(), v) }
+    }
+}
+
 #[inline]
 #[target_feature(enable = "aes,sse4.1")]
 fn load_block(b: &Block) -> __m128i {
@@ -294,14 +310,24 @@ fn xts_group<const DEC: bool>(
         *v = _mm_xor_si128(load(from, i), t[i]);
     }
     let next = cipher_then::<LANES, DEC, _>(k, &mut x, t, next);
+    // Encrypting from a source elsewhere is storing into the page cache: past the caches (see
+    // `xts`).
+    let past_caches = !DEC && src.is_some();
     for (i, v) in x.iter().enumerate() {
-        store(g, i, *v);
+        if past_caches {
+            stream_block(g, i, *v);
+        } else {
+            store(g, i, *v);
+        }
     }
     next
 }
 
 /// Fused XTS: tweak, XOR, AES, XOR, eight blocks at a time across unit boundaries; in place, or
-/// from `src` (of `buf`'s length) into `buf`.
+/// from `src` (of `buf`'s length) into `buf`. Encrypting from a source stores into `buf` past
+/// the caches (`stream_block`): that is a write lent by the storage, into the page cache, which
+/// the kernel writes back and nobody reads soon, so a store need not first fetch the line it
+/// replaces.
 #[target_feature(enable = "aes,sse4.1")]
 fn xts<const DEC: bool>(
     k: &RoundKeys,
@@ -332,6 +358,10 @@ fn xts<const DEC: bool>(
                     }
                 });
             }
+        }
+        if !DEC && src.is_some() {
+            // Non-temporal stores are weakly ordered: done before the caller goes on.
+            _mm_sfence();
         }
         return;
     }

@@ -159,14 +159,24 @@ macro_rules! vaes_common {
             let next = next();
             middle_rounds::<REGS, DEC>(k, &mut x);
             let kl = last_key::<DEC>(k);
+            // Encrypting from a source elsewhere is storing into the page cache, which is
+            // written back, not read: past the caches (see `xts`).
+            let past_caches = !DEC && src.is_some();
             for (i, v) in x.iter().enumerate() {
-                store_reg(g, i, last_round::<DEC>(*v, $xor(kl, tw[i])));
+                let out = last_round::<DEC>(*v, $xor(kl, tw[i]));
+                if past_caches {
+                    stream_reg(g, i, out);
+                } else {
+                    store_reg(g, i, out);
+                }
             }
             next
         }
 
         /// XTS over whole units of `buf`, in place, or from `src` (of `buf`'s length) into
-        /// `buf`.
+        /// `buf`. Encrypting from a source stores into `buf` past the caches (`stream_reg`):
+        /// that is a write lent by the storage, into the page cache, which the kernel writes
+        /// back and nobody reads soon, so a store need not first fetch the line it replaces.
         #[target_feature(enable = $feature)]
         fn xts<const DEC: bool>(
             k: &$keys,
@@ -196,6 +206,10 @@ macro_rules! vaes_common {
                             }
                         });
                     }
+                }
+                if !DEC && src.is_some() {
+                    // Non-temporal stores are weakly ordered: done before the caller goes on.
+                    _mm_sfence();
                 }
             } else {
                 // Other unit sizes: groups across unit boundaries. The tweak sequence (alpha

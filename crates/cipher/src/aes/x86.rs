@@ -86,17 +86,34 @@ macro_rules! x86_block_engine {
                 unsafe { xts::<true>(&self.keys, None, buf, unit_len, tweaks) }
             }
 
-            fn xts_decrypt_units_from(
+            fn xts_units_from(
                 &self,
                 src: &[u8],
                 dst: &mut [u8],
                 unit_len: usize,
                 tweaks: &[Block],
+                dir: $crate::engine::Direction,
             ) {
+                // The kernels read a source elsewhere only for units of whole groups (every
+                // sector size); for others they would copy it into `dst` first, which must
+                // never hold plaintext.
+                if !unit_len.is_multiple_of(GROUP) {
+                    $crate::engine::xts_units_via_copies(self, src, dst, unit_len, tweaks, dir);
+                    return;
+                }
                 let dst = $crate::aes::x86::units_region(dst, unit_len, tweaks.len());
                 let src = &src[..dst.len()];
                 // SAFETY: as in `encrypt_ecb`.
-                unsafe { xts::<true>(&self.keys, Some(src), dst, unit_len, tweaks) }
+                unsafe {
+                    match dir {
+                        $crate::engine::Direction::Encrypt => {
+                            xts::<false>(&self.keys, Some(src), dst, unit_len, tweaks)
+                        }
+                        $crate::engine::Direction::Decrypt => {
+                            xts::<true>(&self.keys, Some(src), dst, unit_len, tweaks)
+                        }
+                    }
+                }
             }
 
             fn ctr32_xor(&self, jobs: &mut [(Block, &mut [u8])]) {
@@ -279,7 +296,7 @@ pub(crate) mod testing {
     use rand::{Rng, RngCore, SeedableRng};
 
     use crate::backend::Backend;
-    use crate::engine::{Block, BlockEngine, BLOCK};
+    use crate::engine::{Block, BlockEngine, Direction, BLOCK};
 
     /// Forwards only ECB, so every mode method is the trait's generic default: the reference
     /// the fused kernels are compared with.
@@ -511,14 +528,37 @@ pub(crate) mod testing {
                     op(&slow, &mut b, unit_len, &tweaks);
                     assert!(a == b, "{name} {ctx}");
                 }
-                // Decryption from a source elsewhere, into a destination of other bytes (which
-                // it must neither read nor leave).
-                let mut to = vec![0u8; data.len()];
-                rng.fill_bytes(&mut to);
-                fast.xts_decrypt_units_from(&data, &mut to, unit_len, &tweaks);
-                let mut want = data.clone();
-                slow.xts_decrypt_units(&mut want, unit_len, &tweaks);
-                assert!(to == want, "xts dec from {ctx}");
+                // From a source elsewhere, into a destination of other bytes (which it must
+                // neither read nor leave), both ways; the source stays as it was. Destinations
+                // on a 64-byte boundary and off one (encryption stores past the caches where
+                // the stores are aligned for it).
+                for (dir, shift) in [
+                    (Direction::Encrypt, 0),
+                    (Direction::Encrypt, 16),
+                    (Direction::Encrypt, 32),
+                    (Direction::Decrypt, 0),
+                ] {
+                    let mut room = vec![0u8; data.len() + 128];
+                    rng.fill_bytes(&mut room);
+                    let at = room.as_ptr().align_offset(64) + shift;
+                    let before = room.clone();
+                    let source = data.clone();
+                    let to = &mut room[at..][..data.len()];
+                    fast.xts_units_from(&source, to, unit_len, &tweaks, dir);
+                    let mut want = data.clone();
+                    match dir {
+                        Direction::Encrypt => slow.xts_encrypt_units(&mut want, unit_len, &tweaks),
+                        Direction::Decrypt => slow.xts_decrypt_units(&mut want, unit_len, &tweaks),
+                    }
+                    let ctx = format!("xts {dir:?} from, {shift} past a boundary, {ctx}");
+                    assert!(room[at..][..data.len()] == want[..], "{ctx}");
+                    assert!(room[..at] == before[..at], "{ctx}: stored before");
+                    assert!(
+                        room[at + data.len()..] == before[at + data.len()..],
+                        "{ctx}: after"
+                    );
+                    assert!(source == data, "{ctx}: source changed");
+                }
 
                 // Counter mode: jobs of any byte length, counters about to wrap their 32 bits.
                 let mut jobs: Vec<(Block, Vec<u8>)> = (0..rng.gen_range(1..4))

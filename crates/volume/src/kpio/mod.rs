@@ -248,13 +248,14 @@ impl crate::Key for sectorcrypt_cipher::keys::SectorKey<'_> {
     ) -> Result<(), sectorcrypt_cipher::Error> {
         sectorcrypt_cipher::keys::SectorKey::process(self, buf, sector, dir)
     }
-    fn decrypt_from(
+    fn process_from(
         &self,
         src: &[u8],
         dst: &mut [u8],
         sector: u64,
+        dir: sectorcrypt_cipher::Direction,
     ) -> Result<(), sectorcrypt_cipher::Error> {
-        sectorcrypt_cipher::keys::SectorKey::decrypt_from(self, src, dst, sector)
+        sectorcrypt_cipher::keys::SectorKey::process_from(self, src, dst, sector, dir)
     }
 }
 
@@ -328,7 +329,8 @@ mod tests {
         assert_eq!(&five, b"hello");
     }
 
-    /// A tag's reads decrypt straight from bytes the storage lends, with that tag's key.
+    /// A tag's reads and writes go straight from and into bytes the storage lends, with that tag's
+    /// key.
     #[test]
     fn reads_under_a_tag_decrypt_from_lent_bytes() {
         let storage = Arc::new(crate::tests::Lending::new(4096 + SIZE as usize, false));
@@ -342,6 +344,13 @@ mod tests {
         assert!(t.read_cached(3, &mut back, 4096).unwrap());
         assert_eq!(back, data);
         assert_eq!(storage.lent.load(std::sync::atomic::Ordering::Relaxed), 2);
+        // The write was encrypted straight into lent bytes, with the same key.
+        assert_eq!(
+            storage
+                .lent_writes
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
     }
 
     #[test]
