@@ -447,9 +447,7 @@ impl Storage for FileStorage {
         len: usize,
         each: &mut dyn FnMut(&mut [u8]),
     ) -> io::Result<bool> {
-        if !self.writable {
-            return Ok(false);
-        }
+        // A file not open for writing has a read-only mapping, which never lends for writing.
         self.within("a write", offset, len)?;
         Ok(self
             .mapping()
@@ -865,6 +863,47 @@ mod tests {
         let mem = MemStorage::new(vec![0; 1 << 16]);
         assert!(!mem.write_lent(0, 4096, &mut |_| called = true).unwrap());
         assert!(!called);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// `sync` writes back what a lent write stored: afterwards the page is clean, so the
+    /// kernel has mapped it write-protected again and the next store into it faults (counted
+    /// on this thread), which a store into a page still dirty does not.
+    #[test]
+    fn a_sync_writes_back_what_a_lent_write_stored() {
+        // This thread's minor faults: field 10 of its `stat`, the 8th after the command name.
+        // (Into a buffer on the stack: an allocation may fault too.)
+        let faults = || {
+            use std::io::Read;
+            let mut stat = [0u8; 1024];
+            let n = File::open("/proc/thread-self/stat")
+                .unwrap()
+                .read(&mut stat)
+                .unwrap();
+            let stat = std::str::from_utf8(&stat[..n]).unwrap();
+            let after_name = &stat[stat.rfind(')').unwrap() + 1..];
+            let minflt: u64 = after_name
+                .split_whitespace()
+                .nth(7)
+                .unwrap()
+                .parse()
+                .unwrap();
+            minflt
+        };
+        let (dir, path) = sparse_file("lent-sync");
+        let f = FileStorage::open(&path).unwrap();
+        f.write_at(&[0x11; 64 << 10], 0).unwrap();
+        f.sync().unwrap();
+        let store = |byte| assert!(f.write_lent(0, 4096, &mut |b| b.fill(byte)).unwrap());
+        store(1);
+        faults();
+        let before = faults();
+        store(2);
+        assert_eq!(faults(), before, "a store into a dirty page faulted");
+        f.sync().unwrap();
+        let before = faults();
+        store(3);
+        assert!(faults() > before, "the page was still dirty after the sync");
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -441,12 +441,54 @@ impl Storage for Lending {
 /// the storage loses some of what was stored, the volume writes the whole range again.
 #[test]
 fn writes_encrypt_into_lent_bytes_or_write_again_when_some_are_lost() {
-    for cipher in [
+    let ciphers = [
         "aes-xts-plain64",
         "aes-cbc-essiv:sha256",
         "serpent-xts-plain64",
         "cipher_null-ecb",
-    ] {
+    ];
+    on_lending_volumes(
+        &ciphers,
+        |cipher, sector_size, refuse, storage, vol, mut plain| {
+            let size = plain.len() as u64;
+            let ctx = format!("{cipher} {sector_size} refuse {refuse}");
+            // The whole volume (spread over the cipher's threads), then whole sectors, and a
+            // head and tail around whole sectors; 4 KiB alone is too small to be lent.
+            let writes = [
+                (0u64, size as usize),
+                (4096, 4096),
+                (8192, 128 << 10),
+                (1000, 70_000),
+            ];
+            for (at, len) in writes {
+                plain[at as usize..][..len]
+                    .iter_mut()
+                    .for_each(|b| *b ^= 0x5a);
+                vol.write(&plain[at as usize..][..len], at).unwrap();
+                let mut stored = vec![0u8; size as usize];
+                storage.read_at(&mut stored, DATA_OFFSET).unwrap();
+                assert!(
+                    stored == per_sector_ciphertext(cipher, sector_size, &plain),
+                    "stored after {at} {len}: {ctx}"
+                );
+            }
+            let mut back = vec![0u8; size as usize];
+            vol.read(&mut back, 0).unwrap();
+            assert!(back == plain, "{ctx}");
+            let lent = storage.lent_writes.load(Ordering::Relaxed);
+            assert_eq!(lent, if refuse { 0 } else { 3 }, "{ctx}");
+        },
+    );
+}
+
+/// Run `check` on a 1 MiB volume of each cipher on [`Lending`] storage, with 512- and
+/// 4096-byte sectors, lending or refusing: with the cipher, the sector size, whether the
+/// storage refuses, the storage, the volume and random plaintext of the volume's size.
+fn on_lending_volumes(
+    ciphers: &[&str],
+    mut check: impl FnMut(&str, usize, bool, &Lending, &Volume, Vec<u8>),
+) {
+    for cipher in ciphers {
         for sector_size in [512, 4096] {
             for refuse in [false, true] {
                 let size = 1u64 << 20;
@@ -454,32 +496,7 @@ fn writes_encrypt_into_lent_bytes_or_write_again_when_some_are_lost() {
                 let vol = volume_on(storage.clone(), cipher, sector_size, size);
                 let mut plain = vec![0u8; size as usize];
                 rand::rngs::StdRng::seed_from_u64(sector_size as u64).fill_bytes(&mut plain);
-                let ctx = format!("{cipher} {sector_size} refuse {refuse}");
-                // The whole volume (spread over the cipher's threads), then whole sectors, and a
-                // head and tail around whole sectors; 4 KiB alone is too small to be lent.
-                let writes = [
-                    (0u64, size as usize),
-                    (4096, 4096),
-                    (8192, 128 << 10),
-                    (1000, 70_000),
-                ];
-                for (at, len) in writes {
-                    plain[at as usize..][..len]
-                        .iter_mut()
-                        .for_each(|b| *b ^= 0x5a);
-                    vol.write(&plain[at as usize..][..len], at).unwrap();
-                    let mut stored = vec![0u8; size as usize];
-                    storage.read_at(&mut stored, DATA_OFFSET).unwrap();
-                    assert!(
-                        stored == per_sector_ciphertext(cipher, sector_size, &plain),
-                        "stored after {at} {len}: {ctx}"
-                    );
-                }
-                let mut back = vec![0u8; size as usize];
-                vol.read(&mut back, 0).unwrap();
-                assert!(back == plain, "{ctx}");
-                let lent = storage.lent_writes.load(Ordering::Relaxed);
-                assert_eq!(lent, if refuse { 0 } else { 3 }, "{ctx}");
+                check(cipher, sector_size, refuse, &storage, &vol, plain);
             }
         }
     }
@@ -491,45 +508,40 @@ fn writes_encrypt_into_lent_bytes_or_write_again_when_some_are_lost() {
 /// the plaintext.
 #[test]
 fn reads_decrypt_from_lent_bytes_or_read_again_when_they_are_taken_back() {
-    for cipher in [
+    let ciphers = [
         "aes-xts-plain64",
         "aes-cbc-essiv:sha256",
         "serpent-xts-plain64",
-    ] {
-        for sector_size in [512, 4096] {
-            for refuse in [false, true] {
-                let size = 1u64 << 20;
-                let storage = Arc::new(Lending::new((DATA_OFFSET + size) as usize, refuse));
-                let vol = volume_on(storage.clone(), cipher, sector_size, size);
-                let mut plain = vec![0u8; size as usize];
-                rand::rngs::StdRng::seed_from_u64(sector_size as u64).fill_bytes(&mut plain);
-                vol.write(&plain, 0).unwrap();
-                let ctx = format!("{cipher} {sector_size} refuse {refuse}");
-                // Whole sectors, and a head and tail around them (which read a covering span);
-                // 512 KiB alone is spread over the cipher's threads.
-                let reads = [
-                    (0u64, 4096usize),
-                    (4096, 128 << 10),
-                    (1000, 70_000),
-                    (0, 512 << 10),
-                ];
-                for (at, len) in reads {
-                    let mut got = vec![0u8; len];
-                    vol.read(&mut got, at).unwrap();
-                    assert!(got == plain[at as usize..][..len], "read {at} {len} {ctx}");
-                }
-                let mut got = vec![0u8; 64 << 10];
-                // Lent bytes wait for nothing: a cached read answers with them; taken back, it
-                // declines (this memory cannot say what is cached otherwise).
-                assert_eq!(vol.read_cached(&mut got, 8192).unwrap(), !refuse, "{ctx}");
-                if !refuse {
-                    assert!(got == plain[8192..][..64 << 10], "read_cached {ctx}");
-                }
-                // Lent: the 128 KiB and 512 KiB reads, the span around the unaligned one and
-                // the cached read; not the 4 KiB read, which copies.
-                let lent = storage.lent.load(Ordering::Relaxed);
-                assert_eq!(lent, if refuse { 0 } else { 4 }, "{ctx}");
+    ];
+    on_lending_volumes(
+        &ciphers,
+        |cipher, sector_size, refuse, storage, vol, plain| {
+            vol.write(&plain, 0).unwrap();
+            let ctx = format!("{cipher} {sector_size} refuse {refuse}");
+            // Whole sectors, and a head and tail around them (which read a covering span);
+            // 512 KiB alone is spread over the cipher's threads.
+            let reads = [
+                (0u64, 4096usize),
+                (4096, 128 << 10),
+                (1000, 70_000),
+                (0, 512 << 10),
+            ];
+            for (at, len) in reads {
+                let mut got = vec![0u8; len];
+                vol.read(&mut got, at).unwrap();
+                assert!(got == plain[at as usize..][..len], "read {at} {len} {ctx}");
             }
-        }
-    }
+            let mut got = vec![0u8; 64 << 10];
+            // Lent bytes wait for nothing: a cached read answers with them; taken back, it
+            // declines (this memory cannot say what is cached otherwise).
+            assert_eq!(vol.read_cached(&mut got, 8192).unwrap(), !refuse, "{ctx}");
+            if !refuse {
+                assert!(got == plain[8192..][..64 << 10], "read_cached {ctx}");
+            }
+            // Lent: the 128 KiB and 512 KiB reads, the span around the unaligned one and
+            // the cached read; not the 4 KiB read, which copies.
+            let lent = storage.lent.load(Ordering::Relaxed);
+            assert_eq!(lent, if refuse { 0 } else { 4 }, "{ctx}");
+        },
+    );
 }

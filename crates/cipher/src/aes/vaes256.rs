@@ -88,21 +88,6 @@ fn store_reg(g: &mut [u8], i: usize, v: __m256i) {
     unsafe { _mm256_storeu_si256(r.as_mut_ptr().cast(), v) }
 }
 
-/// Store register `i` of a whole group past the caches (a non-temporal store, which does not
-/// fetch the line it replaces) where it lies on a register boundary, else as `store_reg`. The
-/// caller fences (`_mm_sfence`) before anything else may look at the bytes.
-#[inline]
-#[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse4.1")]
-fn stream_reg(g: &mut [u8], i: usize, v: __m256i) {
-    match g.get_mut(i * REG..(i + 1) * REG) {
-        Some(r) if (r.as_ptr() as usize).is_multiple_of(REG) => {
-            // SAFETY: `r` is 32 writable bytes on a 32-byte boundary.
-            unsafe { _mm256_stream_si256(r.as_mut_ptr().cast(), v) }
-        }
-        _ => store_reg(g, i, v),
-    }
-}
-
 #[inline]
 #[target_feature(enable = "avx2,vaes,vpclmulqdq,aes,sse4.1")]
 fn load_block(b: &Block) -> __m128i {
@@ -162,6 +147,7 @@ super::wide::vaes_common! {
     group_step: mul_a16,
     align: 32,
     load_aligned: _mm256_load_si256,
+    stream: _mm256_stream_si256,
     zero: _mm256_setzero_si256,
     xor: _mm256_xor_si256,
     aesenc: _mm256_aesenc_epi128,

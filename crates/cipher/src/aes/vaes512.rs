@@ -122,21 +122,6 @@ fn store_reg(s: &mut [u8], i: usize, v: __m512i) {
     }
 }
 
-/// Store register `i` of a whole group past the caches (a non-temporal store, which does not
-/// fetch the line it replaces) where it lies on a register boundary, else as `store_reg`. The
-/// caller fences (`_mm_sfence`) before anything else may look at the bytes.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
-fn stream_reg(g: &mut [u8], i: usize, v: __m512i) {
-    match g.get_mut(i * REG..(i + 1) * REG) {
-        Some(r) if (r.as_ptr() as usize).is_multiple_of(REG) => {
-            // SAFETY: `r` is 64 writable bytes on a 64-byte boundary.
-            unsafe { _mm512_stream_si512(r.as_mut_ptr().cast(), v) }
-        }
-        _ => store_reg(g, i, v),
-    }
-}
-
 /// Block `i` of `s`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
@@ -178,6 +163,7 @@ super::wide::vaes_common! {
     group_step: mul_a32,
     align: 64,
     load_aligned: _mm512_load_si512,
+    stream: _mm512_stream_si512,
     zero: _mm512_setzero_si512,
     xor: _mm512_xor_si512,
     aesenc: _mm512_aesenc_epi128,

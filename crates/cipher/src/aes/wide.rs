@@ -13,8 +13,8 @@
 //! counter offsets of a register's lanes, and the step from one register to the next).
 
 /// Expands, in the calling module: `middle_rounds`, `last_round`, `first_key`, `last_key`,
-/// `gf_poly`, `mul_lanes`, `mul_bytes`, `xts_group`, `StagedTweaks`, the XTS kernel `xts` and
-/// the counter-mode kernel `ctr32`, on registers `$v` with the named intrinsics.
+/// `gf_poly`, `mul_lanes`, `mul_bytes`, `stream_reg`, `xts_group`, `StagedTweaks`, the XTS kernel
+/// `xts` and the counter-mode kernel `ctr32`, on registers `$v` with the named intrinsics.
 macro_rules! vaes_common {
     (
         feature: $feature:tt,
@@ -23,6 +23,7 @@ macro_rules! vaes_common {
         group_step: $step:ident,
         align: $align:literal,
         load_aligned: $load_aligned:ident,
+        stream: $stream:ident,
         zero: $zero:ident,
         xor: $xor:ident,
         aesenc: $aesenc:ident,
@@ -39,6 +40,23 @@ macro_rules! vaes_common {
         add32: $add32:ident,
         shuffle: $shuffle:ident $(,)?
     ) => {
+        /// Store register `i` of a whole group past the caches (a non-temporal store, which
+        /// does not fetch the line it replaces) where it lies on a register boundary, else as
+        /// `store_reg`. The caller fences (`_mm_sfence`) before anything else may look at the
+        /// bytes.
+        #[inline]
+        #[target_feature(enable = $feature)]
+        fn stream_reg(g: &mut [u8], i: usize, v: $v) {
+            match g.get_mut(i * REG..(i + 1) * REG) {
+                Some(r) if (r.as_ptr() as usize).is_multiple_of(REG) => {
+                    // SAFETY: `r` is `REG` writable bytes on a `REG`-byte boundary, as the
+                    // store needs.
+                    unsafe { $stream(r.as_mut_ptr().cast(), v) }
+                }
+                _ => store_reg(g, i, v),
+            }
+        }
+
         /// The middle rounds (1 .. rounds-1) on `N` registers. One branch on the (public) round
         /// count, then straight-line code: a runtime round loop gets unrolled by LLVM into a
         /// remainder loop plus an unrolled body, which schedules worse.
