@@ -51,8 +51,11 @@ const CACHE_PIECE: usize = 256 * 1024;
 /// The smallest read decrypted from bytes the storage lends ([`Storage::read_lent`]): the first
 /// touch of a mapped page is a page fault, which costs about what copying 4 KiB saves (measured:
 /// docs/BENCHMARKS.md), and small random reads mostly touch new pages, each then holding a
-/// page-table entry.
-const LENT_MIN: usize = 32 * 1024;
+/// page-table entry. Writes are lent at any size ([`Storage::write_lent`]): a small `pwrite`
+/// costs far more than its copy where the page cache holds large folios (ext4 then walks every
+/// block of the folio on each write, 4 KiB or 2 MiB alike), while a store into a page already
+/// dirty costs nothing more, and one into a clean page a fault once until it is written back.
+const READ_LENT_MIN: usize = 32 * 1024;
 
 /// What went wrong in the volume layer.
 #[derive(Debug)]
@@ -737,8 +740,8 @@ impl Volume {
 
     /// Run the cipher over whole sectors, the first being `sector`, straight between `buf` and
     /// the storage's cache where the storage lends it ([`Storage::read_lent`] to decrypt from,
-    /// [`Storage::write_lent`] to encrypt into) and `buf` is at least [`LENT_MIN`] bytes: no
-    /// copy into or out of `buf` to work in place. With `spread`, over the cipher's worker
+    /// for reads of at least [`READ_LENT_MIN`] bytes; [`Storage::write_lent`] to encrypt into):
+    /// no copy into or out of `buf` to work in place. With `spread`, over the cipher's worker
     /// threads. `Ok(false)` otherwise: a read's `buf` then holds anything, a write's is
     /// unchanged for the write that must follow.
     fn cipher_lent(
@@ -749,7 +752,7 @@ impl Volume {
         dir: Direction,
         spread: bool,
     ) -> Result<bool, Error> {
-        if buf.len() < LENT_MIN {
+        if dir == Direction::Decrypt && buf.len() < READ_LENT_MIN {
             return Ok(false);
         }
         let at = self.layout.offset + sector * self.layout.sector_size as u64;
