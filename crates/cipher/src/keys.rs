@@ -133,6 +133,13 @@ impl SectorKeys {
         found.then_some(()).and(out)
     }
 
+    /// Start fetching the key under `tag` into the cache, for a [`SectorKeys::with_key`] after
+    /// other work (a read's storage read): a table far larger than the caches then costs one
+    /// miss that overlaps the work, not one before it.
+    pub fn prefetch(&self, tag: u32) {
+        self.slots.prefetch(tag)
+    }
+
     /// Take the key under `tag` out (zeroized when the requests using it end).
     pub fn evict(&self, tag: u32) -> bool {
         self.slots.evict(tag)
@@ -196,6 +203,7 @@ pub(crate) trait Slots: Send + Sync {
         backend: Backend,
     ) -> Result<(), LoadError>;
     fn with(&self, tag: u32, f: &mut dyn FnMut(Engines<'_>)) -> bool;
+    fn prefetch(&self, tag: u32);
     fn evict(&self, tag: u32) -> bool;
     fn destroy(&self, tag: u32, wait: Duration) -> Result<bool, ()>;
     fn contains(&self, tag: u32) -> bool;
@@ -262,6 +270,9 @@ impl<E: HeldEngine + 'static> Slots for Typed<E> {
         }
     }
 
+    fn prefetch(&self, tag: u32) {
+        self.table.prefetch(tag)
+    }
     fn evict(&self, tag: u32) -> bool {
         self.table.evict(tag)
     }

@@ -261,6 +261,15 @@ impl<T> SecretTable<T> {
         Ok(())
     }
 
+    /// Start fetching the slot of `tag` into the cache, for a [`SecretTable::get`] that follows
+    /// other work: the fetch then overlaps that work instead of stalling the lookup's atomic
+    /// update of the slot's state.
+    pub fn prefetch(&self, tag: u32) {
+        if let Some((slot, _)) = self.slot(tag) {
+            prefetch(slot.cast(), self.stride);
+        }
+    }
+
     /// The value under `tag`, kept alive while the entry exists. Its bytes are prefetched
     /// before its state is touched, so that the two come from memory together.
     pub fn get(&self, tag: u32) -> Option<Entry<'_, T>> {

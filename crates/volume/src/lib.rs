@@ -325,21 +325,12 @@ pub struct Volume {
 /// A write of a buffer at an offset (scrambling the buffer), for [`Volume::zeroes`].
 pub(crate) type WriteAt<'a> = &'a mut dyn FnMut(&mut [u8], u64) -> Result<(), Error>;
 
-/// What a request encrypts with: a volume's own cipher, or a key of a Key Per I/O table.
+/// What a request encrypts with: a volume's own cipher, or a key of a Key Per I/O table (taken
+/// from its table for each call, which may find it gone: hence the volume's error).
 pub(crate) trait Key {
-    fn process(
-        &self,
-        buf: &mut [u8],
-        sector: u64,
-        dir: Direction,
-    ) -> Result<(), sectorcrypt_cipher::Error>;
+    fn process(&self, buf: &mut [u8], sector: u64, dir: Direction) -> Result<(), Error>;
     /// [`Key::process`] all on the calling thread (the same for keys without worker threads).
-    fn process_inline(
-        &self,
-        buf: &mut [u8],
-        sector: u64,
-        dir: Direction,
-    ) -> Result<(), sectorcrypt_cipher::Error> {
+    fn process_inline(&self, buf: &mut [u8], sector: u64, dir: Direction) -> Result<(), Error> {
         self.process(buf, sector, dir)
     }
     /// Encrypt or decrypt whole sectors from `src` into `dst` (bytes the storage lends,
@@ -351,7 +342,7 @@ pub(crate) trait Key {
         dst: &mut [u8],
         sector: u64,
         dir: Direction,
-    ) -> Result<(), sectorcrypt_cipher::Error>;
+    ) -> Result<(), Error>;
     /// [`Key::process_from`] all on the calling thread.
     fn process_from_inline(
         &self,
@@ -359,27 +350,17 @@ pub(crate) trait Key {
         dst: &mut [u8],
         sector: u64,
         dir: Direction,
-    ) -> Result<(), sectorcrypt_cipher::Error> {
+    ) -> Result<(), Error> {
         self.process_from(src, dst, sector, dir)
     }
 }
 
 impl Key for SectorCipher {
-    fn process(
-        &self,
-        buf: &mut [u8],
-        sector: u64,
-        dir: Direction,
-    ) -> Result<(), sectorcrypt_cipher::Error> {
-        SectorCipher::process(self, buf, sector, dir)
+    fn process(&self, buf: &mut [u8], sector: u64, dir: Direction) -> Result<(), Error> {
+        Ok(SectorCipher::process(self, buf, sector, dir)?)
     }
-    fn process_inline(
-        &self,
-        buf: &mut [u8],
-        sector: u64,
-        dir: Direction,
-    ) -> Result<(), sectorcrypt_cipher::Error> {
-        SectorCipher::process_inline(self, buf, sector, dir)
+    fn process_inline(&self, buf: &mut [u8], sector: u64, dir: Direction) -> Result<(), Error> {
+        Ok(SectorCipher::process_inline(self, buf, sector, dir)?)
     }
     fn process_from(
         &self,
@@ -387,8 +368,8 @@ impl Key for SectorCipher {
         dst: &mut [u8],
         sector: u64,
         dir: Direction,
-    ) -> Result<(), sectorcrypt_cipher::Error> {
-        SectorCipher::process_from(self, src, dst, sector, dir)
+    ) -> Result<(), Error> {
+        Ok(SectorCipher::process_from(self, src, dst, sector, dir)?)
     }
     fn process_from_inline(
         &self,
@@ -396,8 +377,10 @@ impl Key for SectorCipher {
         dst: &mut [u8],
         sector: u64,
         dir: Direction,
-    ) -> Result<(), sectorcrypt_cipher::Error> {
-        SectorCipher::process_from_inline(self, src, dst, sector, dir)
+    ) -> Result<(), Error> {
+        Ok(SectorCipher::process_from_inline(
+            self, src, dst, sector, dir,
+        )?)
     }
 }
 
@@ -409,7 +392,7 @@ fn process_from(
     sector: u64,
     dir: Direction,
     spread: bool,
-) -> Result<(), sectorcrypt_cipher::Error> {
+) -> Result<(), Error> {
     if spread {
         key.process_from(src, dst, sector, dir)
     } else {
@@ -771,8 +754,9 @@ impl Volume {
     }
 
     /// Run the cipher over the pieces of a storage call (`call` hands `work` to
-    /// `read_pieces` or `write_pieces`), the first piece starting at `sector`. A cipher error
-    /// travels through the storage call as an I/O error and comes out as itself.
+    /// `read_pieces` or `write_pieces`), the first piece starting at `sector`. A cipher error (or
+    /// a key found gone) travels through the storage call as an I/O error and comes out as
+    /// itself.
     fn in_pieces(
         &self,
         key: &dyn Key,
@@ -791,7 +775,7 @@ impl Volume {
             })
         });
         match (refused, result) {
-            (Some(e), _) => Err(Error::Cipher(e)),
+            (Some(e), _) => Err(e),
             (None, result) => Ok(result?),
         }
     }

@@ -7,17 +7,23 @@
 //!   read-modify-write under a stripe lock, one extended request for the cipher), as a volume's;
 //!   each request brings the key its tag names.
 //! - The keys are a flat table ([`SectorKeys`]): every key's expanded round keys sit by value in
-//!   one slot of secret memory, found through a small map from tag to slot, and prefetched while
-//!   the request moves its data. A table of 65,536 keys is far larger than the caches: a key per
-//!   request must cost one fetch of adjacent lines, not a chain of dependent misses through
-//!   per-key objects.
+//!   the slot its tag indexes, in secret memory. A table of 65,536 keys is far larger than the
+//!   caches: a key per request must cost one fetch of adjacent lines, not a chain of dependent
+//!   misses through per-key objects.
+//! - A read takes its key only once its ciphertext is in ([`TaggedKey`]), with the key's slot
+//!   prefetched when the read starts, so that the slot's miss overlaps the storage read. Taking a
+//!   key updates the slot's state atomically, and on x86 that waits for the slot's line before
+//!   any later load: taken first, the miss and the read ran one after the other. A write needs
+//!   its key before anything else and takes it first.
 //! - Keys are expanded once, when loaded, as a drive keeps its key cache: switching keys per
 //!   request never runs a key schedule.
-//! - The table holds a key until it is evicted; a request using it keeps it until the request
-//!   ends. [`KeyTable::evict`] takes the key out of the table (its slot is zeroized when the last
-//!   request using it ends); [`KeyTable::destroy`] also waits for that moment, so that when it
-//!   returns no copy of the key is left in the process: the sectors written under it are
-//!   crypto-erased unless the host kept the key.
+//! - The table holds a key until it is evicted. A write keeps its key until it ends; a read holds
+//!   it while it decrypts (each piece, for a read long enough to be decrypted in pieces), so a
+//!   read whose key is evicted while its data is on the way fails. [`KeyTable::evict`] takes the
+//!   key out of the table (its slot is zeroized when the last request using it ends);
+//!   [`KeyTable::destroy`] also waits for that moment, so that when it returns no copy of the key
+//!   is left in the process: the sectors written under it are crypto-erased unless the host kept
+//!   the key.
 //! - As on a KPIO drive, nothing records which key wrote which sector: a read with another key than
 //!   the one that wrote returns noise, not an error. Overlapping writes under different tags have
 //!   no order, as overlapping writes never do.
@@ -189,14 +195,25 @@ impl KeyTable {
             .unwrap_or(Err(Error::KeyNotLoaded(tag)))
     }
 
-    /// Fill `buf` with the data at `offset`, decrypted with the key under `tag`.
+    /// Fill `buf` with the data at `offset`, decrypted with the key under `tag` (taken once the
+    /// data is in: see the module docs).
     pub fn read(&self, tag: u32, buf: &mut [u8], offset: u64) -> Result<(), Error> {
-        self.with_key(tag, |key| self.path.read_with(key, buf, offset))
+        if buf.is_empty() {
+            return self.with_key(tag, |_| Ok(()));
+        }
+        self.keys.prefetch(tag);
+        self.path.read_with(&self.tagged(tag), buf, offset)
     }
 
     /// [`KeyTable::read`] where that waits for nothing: see [`Volume::read_cached`].
     pub fn read_cached(&self, tag: u32, buf: &mut [u8], offset: u64) -> Result<bool, Error> {
-        self.with_key(tag, |key| self.path.read_cached_with(key, buf, offset))
+        self.keys.prefetch(tag);
+        self.path.read_cached_with(&self.tagged(tag), buf, offset)
+    }
+
+    /// The key under `tag`, for a request path that takes it per cipher call.
+    fn tagged(&self, tag: u32) -> TaggedKey<'_> {
+        TaggedKey { keys: self, tag }
     }
 
     /// Write `data` at `offset`, encrypted with the key under `tag`.
@@ -239,14 +256,23 @@ impl KeyTable {
     }
 }
 
-impl crate::Key for sectorcrypt_cipher::keys::SectorKey<'_> {
+/// The key under a tag, taken from the table for each cipher call: what a read decrypts with.
+/// Its first call comes after the storage read, so the slot prefetched before it is in cache by
+/// then. A call that finds the key gone fails with [`Error::KeyNotLoaded`].
+struct TaggedKey<'a> {
+    keys: &'a KeyTable,
+    tag: u32,
+}
+
+impl crate::Key for TaggedKey<'_> {
     fn process(
         &self,
         buf: &mut [u8],
         sector: u64,
         dir: sectorcrypt_cipher::Direction,
-    ) -> Result<(), sectorcrypt_cipher::Error> {
-        sectorcrypt_cipher::keys::SectorKey::process(self, buf, sector, dir)
+    ) -> Result<(), Error> {
+        self.keys
+            .with_key(self.tag, |key| crate::Key::process(key, buf, sector, dir))
     }
     fn process_from(
         &self,
@@ -254,8 +280,34 @@ impl crate::Key for sectorcrypt_cipher::keys::SectorKey<'_> {
         dst: &mut [u8],
         sector: u64,
         dir: sectorcrypt_cipher::Direction,
-    ) -> Result<(), sectorcrypt_cipher::Error> {
-        sectorcrypt_cipher::keys::SectorKey::process_from(self, src, dst, sector, dir)
+    ) -> Result<(), Error> {
+        self.keys.with_key(self.tag, |key| {
+            crate::Key::process_from(key, src, dst, sector, dir)
+        })
+    }
+}
+
+impl crate::Key for sectorcrypt_cipher::keys::SectorKey<'_> {
+    fn process(
+        &self,
+        buf: &mut [u8],
+        sector: u64,
+        dir: sectorcrypt_cipher::Direction,
+    ) -> Result<(), Error> {
+        Ok(sectorcrypt_cipher::keys::SectorKey::process(
+            self, buf, sector, dir,
+        )?)
+    }
+    fn process_from(
+        &self,
+        src: &[u8],
+        dst: &mut [u8],
+        sector: u64,
+        dir: sectorcrypt_cipher::Direction,
+    ) -> Result<(), Error> {
+        Ok(sectorcrypt_cipher::keys::SectorKey::process_from(
+            self, src, dst, sector, dir,
+        )?)
     }
 }
 
@@ -395,7 +447,8 @@ mod tests {
         t.flush().unwrap();
     }
 
-    /// A memory device whose reads wait, once `hold` is set, until it is cleared again.
+    /// A memory device whose reads and writes wait, once `hold` is set, until it is cleared
+    /// again.
     #[derive(Default)]
     struct Gated {
         data: MemStorage,
@@ -403,16 +456,23 @@ mod tests {
         waiting: std::sync::atomic::AtomicBool,
     }
 
-    impl Storage for Gated {
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    impl Gated {
+        fn pass(&self) {
             use std::sync::atomic::Ordering::SeqCst;
             while self.hold.load(SeqCst) {
                 self.waiting.store(true, SeqCst);
                 std::thread::yield_now();
             }
+        }
+    }
+
+    impl Storage for Gated {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            self.pass();
             self.data.read_at(buf, offset)
         }
         fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            self.pass();
             self.data.write_at(buf, offset)
         }
         fn sync(&self) -> std::io::Result<()> {
@@ -426,11 +486,9 @@ mod tests {
         }
     }
 
-    /// A request running under a key keeps it: evicted or destroyed meanwhile, the request ends
-    /// with the key, and `destroy` returns only after it ended.
-    #[test]
-    fn destroy_waits_for_requests_in_flight() {
-        use std::sync::atomic::Ordering::SeqCst;
+    /// A table of 4 keys on [`Gated`] storage, 4 KiB of `0x3c` written under tag 3, the storage
+    /// then held.
+    fn gated_table() -> (Arc<KeyTable>, Arc<Gated>, Vec<u8>) {
         let storage = Arc::new(Gated {
             data: MemStorage::new(vec![0; 4096 + SIZE as usize]),
             ..Default::default()
@@ -439,41 +497,100 @@ mod tests {
         t.load(3, &key(3)).unwrap();
         let data = vec![0x3cu8; 4096];
         t.write(3, &data, 0).unwrap();
-        storage.hold.store(true, SeqCst);
-        let reader = {
-            let t = Arc::clone(&t);
-            std::thread::spawn(move || {
-                let mut back = vec![0u8; 4096];
-                t.read(3, &mut back, 0).map(|()| back)
-            })
-        };
-        while !storage.waiting.load(SeqCst) {
+        storage
+            .hold
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        (t, storage, data)
+    }
+
+    /// Run `request` on a thread of its own and return once it waits for the held storage.
+    fn held<R: Send + 'static>(
+        storage: &Gated,
+        request: impl FnOnce() -> R + Send + 'static,
+    ) -> std::thread::JoinHandle<R> {
+        let running = std::thread::spawn(request);
+        while !storage.waiting.load(std::sync::atomic::Ordering::SeqCst) {
             std::thread::yield_now();
         }
+        running
+    }
+
+    /// A write keeps its key: evicted or destroyed meanwhile, the write ends with the key, and
+    /// `destroy` returns only after it ended.
+    #[test]
+    fn destroy_waits_for_writes_in_flight() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (t, storage, _) = gated_table();
+        let data = vec![0xc3u8; 4096];
+        let writer = held(&storage, {
+            let (t, data) = (Arc::clone(&t), data.clone());
+            move || t.write(3, &data, 0)
+        });
         let destroyer = {
             let t = Arc::clone(&t);
             std::thread::spawn(move || t.destroy(3).unwrap())
         };
-        // The key is out of the table at once, but destroy waits for the read in flight.
+        // The key is out of the table at once, but destroy waits for the write in flight.
         while t.contains(3) {
             std::thread::yield_now();
         }
         std::thread::sleep(Duration::from_millis(20));
         assert!(
             !destroyer.is_finished(),
-            "destroy returned while a request used the key"
+            "destroy returned while a write used the key"
         );
         storage.hold.store(false, SeqCst);
-        assert_eq!(
-            reader.join().unwrap().unwrap(),
-            data,
-            "the request kept its key"
-        );
+        writer.join().unwrap().unwrap();
         assert!(destroyer.join().unwrap());
         assert!(matches!(
             t.read(3, &mut [0; 16], 0),
             Err(Error::KeyNotLoaded(3))
         ));
+        // The write ran with its key: loaded again, the key reads it back.
+        t.load(3, &key(3)).unwrap();
+        let mut back = vec![0u8; 4096];
+        t.read(3, &mut back, 0).unwrap();
+        assert_eq!(back, data);
+    }
+
+    /// A read takes its key only once its data is in (so that the key's slot comes from memory
+    /// during the storage read, not before it): a read waiting for the storage holds no key,
+    /// `destroy` does not wait for it, and the read then fails rather than decrypt with a key
+    /// destroyed meanwhile.
+    #[test]
+    fn a_read_takes_its_key_once_its_data_is_in() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (t, storage, data) = gated_table();
+        let reader = held(&storage, {
+            let t = Arc::clone(&t);
+            move || {
+                let mut back = vec![0u8; 4096];
+                t.read(3, &mut back, 0).map(|()| back)
+            }
+        });
+        let destroyer = {
+            let t = Arc::clone(&t);
+            std::thread::spawn(move || t.destroy(3).unwrap())
+        };
+        let start = std::time::Instant::now();
+        while !destroyer.is_finished() && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            destroyer.is_finished(),
+            "destroy waited for a read that had not yet taken its key"
+        );
+        assert!(destroyer.join().unwrap());
+        storage.hold.store(false, SeqCst);
+        assert!(matches!(
+            reader.join().unwrap(),
+            Err(Error::KeyNotLoaded(3))
+        ));
+        // Loaded again, the key reads the data.
+        t.load(3, &key(3)).unwrap();
+        let mut back = vec![0u8; 4096];
+        t.read(3, &mut back, 0).unwrap();
+        assert_eq!(back, data);
     }
 
     /// A memory device that counts its syncs.
