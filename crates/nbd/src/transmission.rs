@@ -6,7 +6,8 @@
 //! protocol matches replies by cookie). The thread that received a write's payload is the one that
 //! encrypts and stores it, so the data is still in that core's cache; there is no hand-off queue. A
 //! small read of cached data that arrives alone is answered by the worker holding the read lock,
-//! without passing it on (see [`work`]). Requests not yet read wait in the socket, so a client's
+//! without passing it on (see [`work`]), which then polls the socket briefly for the next request
+//! rather than let its CPU halt ([`Reader::poll_for_next`]). Requests not yet read wait in the socket, so a client's
 //! queue depth beyond the workers costs the server nothing. Fewer writes than workers run at once:
 //! a worker that reads a write's header when all write permits are taken waits for one, holding the
 //! socket, before it receives the payload (reads wait behind it only while the writes already
@@ -24,6 +25,7 @@ use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
+use std::time::{Duration, Instant};
 
 use sectorcrypt_volume::{Announced, Error as VolumeError};
 
@@ -39,6 +41,10 @@ const POOLED_MAX: usize = (4 << 20) + OFFSET_DATA_HEADER_LEN;
 /// here that takes about what waking another worker would (128 KiB reads at queue depth 8 ran
 /// 0.92x slower answered this way).
 const ANSWERED_HOLDING_MAX: u32 = 32 << 10;
+
+/// How long the worker that answered a read holding the socket polls it for the next request
+/// before sleeping on it (see [`Reader::poll_for_next`]).
+const POLL_WINDOW: Duration = Duration::from_micros(50);
 
 /// Pooled buffers per connection.
 const POOL_SIZE: usize = 16;
@@ -314,11 +320,51 @@ fn errno(kind: u16, e: &VolumeError) -> u32 {
     }
 }
 
+/// Whether a client whose request came `after` a held answer is prompt enough to poll for: within
+/// [`POLL_WINDOW`] if the worker polled (that is, the poll caught it), within twice that if the
+/// worker slept (the wake-up is part of `after`).
+fn prompt(after: Duration, polled: bool) -> bool {
+    after <= if polled { POLL_WINDOW } else { 2 * POLL_WINDOW }
+}
+
 /// The read side of the connection.
 struct Reader {
     stream: Stream,
     /// The client said goodbye, broke the protocol or went away: read no more.
     done: bool,
+    /// Whether the client has been prompt: the last request after a read answered holding the
+    /// socket came within [`POLL_WINDOW`] of the answer (twice that when the worker slept, which
+    /// adds the wake-up). Then the worker polls next time.
+    prompt: bool,
+    /// When the last such answer was sent, and whether the worker polled after it.
+    answered: Option<(Instant, bool)>,
+}
+
+impl Reader {
+    /// After a read answered holding the socket (a client that waits for each answer before it
+    /// asks again): poll the socket for up to [`POLL_WINDOW`] before the read sleeps on it, if
+    /// the last request after such an answer came that soon. On a VM a sleeping server halts its
+    /// virtual CPU, and waking it for the next request costs an exit to the hypervisor and back
+    /// (half of a 4 KiB cached read's round trip on the 2-CPU hosts here: `docs/BENCHMARKS.md`,
+    /// "Polling for the next request"). A client slower than the window stops the polling until
+    /// it is prompt again, so an idle or slow client costs one window at most.
+    fn poll_for_next(&mut self) {
+        let now = Instant::now();
+        if self.prompt {
+            // Yielding, not spinning: a client on this CPU (or anything else) runs at once.
+            while !self.stream.waiting() && now.elapsed() < POLL_WINDOW {
+                thread::yield_now();
+            }
+        }
+        self.answered = Some((now, self.prompt));
+    }
+
+    /// A request has been read: note whether the client was prompt.
+    fn arrived(&mut self) {
+        if let Some((answered, polled)) = self.answered.take() {
+            self.prompt = prompt(answered.elapsed(), polled);
+        }
+    }
 }
 
 /// A request read in full and ready to run, with the volume (and key) it runs on, or why there
@@ -348,6 +394,8 @@ pub(crate) fn serve(
         reader: Mutex::new(Reader {
             stream,
             done: false,
+            prompt: true,
+            answered: None,
         }),
         structured,
         max_payload,
@@ -395,12 +443,14 @@ fn work(conn: &Connection) {
                     reader.done = true;
                     return;
                 };
+                reader.arrived();
                 if conn.broken.load(Ordering::Relaxed) {
                     break job;
                 }
                 if let Some(job) = conn.answer_cached(job, &reader.stream) {
                     break job;
                 }
+                reader.poll_for_next();
             }
         };
         if !conn.broken.load(Ordering::Relaxed) {
@@ -475,4 +525,22 @@ fn skip(stream: &mut Stream, len: u64) -> io::Result<()> {
         return Err(io::ErrorKind::UnexpectedEof.into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn polling_stops_for_a_slow_client_and_resumes_for_a_prompt_one() {
+        let us = Duration::from_micros;
+        // A request the poll caught keeps the polling on; one it missed turns it off.
+        assert!(prompt(us(10), true));
+        assert!(prompt(POLL_WINDOW, true));
+        assert!(!prompt(POLL_WINDOW + us(1), true));
+        // After a sleep the wake-up counts too: a request within twice the window turns it on.
+        assert!(prompt(POLL_WINDOW + us(30), false));
+        assert!(!prompt(2 * POLL_WINDOW + us(1), false));
+        assert!(!prompt(Duration::from_millis(5), false));
+    }
 }
