@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Peer benchmark for docs/BENCHMARKS.md: sectorcrypt's cipher core against OpenSSL (openssl speed)
-# and Crypto++ (XTS_Mode<LEA>) on this machine, printed as Markdown with the ratios the cipher-core
-# issue asks for. Every round runs the peers and sectorcrypt back to back; the table shows the
-# median over rounds of each rate and of each per-round ratio, so a noisy neighbour moves it less.
+# Peer benchmark for docs/BENCHMARKS.md: sectorcrypt's cipher core against OpenSSL (openssl speed,
+# and the newest release's XTS on single data units) and Crypto++ (XTS_Mode) on this machine,
+# printed as Markdown with the ratios the cipher-core issue and issue 32 ask for. Every round runs
+# the peers and sectorcrypt back to back; the table shows the median over rounds of each rate and
+# of each per-round ratio, so a noisy neighbour moves it less.
+# Debian's OpenSSL 3.0 has no VAES kernel for XTS; the newest OpenSSL has one, so it is built from
+# the source crates.io's `openssl-src` carries (checked against its checksum), once, into
+# target/peers/ (about 6 minutes on 2 cores).
 # Needs scripts/install-test-deps.sh. Usage: scripts/bench-peers.sh [ROUNDS] [SECONDS_PER_CASE]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,13 +19,34 @@ cargo build --release --locked -q -p sectorcrypt
 sc=./target/release/sectorcrypt
 g++ -O2 -std=c++17 -o "$out/cryptopp_xts_speed" crates/bench/peers/cryptopp_xts_speed.cpp -lcryptopp
 
+# The newest OpenSSL, static, from openssl-src's copy of its release.
+newest_src=400.0.2+4.0.3
+newest_sha256=d2093956673b8dbda85c87fa4fb78e70698ce6c5978a2837d1613f661d3bef76
+newest=target/peers/openssl-src-$newest_src/openssl
+if [ ! -f "$newest/libcrypto.a" ]; then
+  echo "bench-peers: building OpenSSL from openssl-src $newest_src (once)" >&2
+  mkdir -p target/peers
+  curl -sSfL -o "target/peers/openssl-src-$newest_src.crate" \
+    "https://static.crates.io/crates/openssl-src/openssl-src-$newest_src.crate"
+  echo "$newest_sha256  target/peers/openssl-src-$newest_src.crate" | sha256sum -c --quiet
+  tar -xzf "target/peers/openssl-src-$newest_src.crate" -C target/peers
+  (cd "$newest" && ./Configure no-shared no-module no-tests no-docs no-legacy no-comp no-zlib \
+    linux-x86_64 && make -j"$(nproc)" build_libs) > target/peers/openssl-build.log 2>&1 ||
+    { tail -20 target/peers/openssl-build.log >&2; exit 1; }
+fi
+gcc -O2 -o "$out/newest_xts_speed" crates/bench/peers/openssl_xts_speed.c -I"$newest/include" \
+  "$newest/libcrypto.a" -lpthread
+
 for r in $(seq "$rounds"); do
   openssl speed -evp aes-256-xts -bytes 65536 -seconds "$secs" 2>/dev/null | grep '^AES-256-XTS' > "$out/openssl-64k.$r"
   openssl speed -evp aes-256-xts -bytes 512 -seconds "$secs" 2>/dev/null | grep '^AES-256-XTS' > "$out/openssl-512.$r"
   "$out/cryptopp_xts_speed" 4096 "$secs" > "$out/cryptopp.$r"
+  for unit in 512 4096 1048576; do
+    "$out/newest_xts_speed" "$unit" "$secs"
+  done > "$out/newest.$r"
   {
     $sc benchmark --json --seconds "$secs" -c aes-xts-plain64 -s 512 --sector-size 512 --sector-size 4096 \
-      --request-size 4096 --request-size 65536
+      --request-size 4096 --request-size 65536 --request-size 1048576
     $sc benchmark --json --seconds "$secs" -c lea-xts-plain64 -s 256 -s 512 --sector-size 4096 --request-size 65536
     $sc benchmark --json --seconds "$secs" -c serpent-xts-plain64 -c twofish-xts-plain64 -c camellia-xts-plain64 \
       -s 512 --sector-size 4096 --request-size 65536
@@ -41,7 +66,8 @@ def lines(f):
 R = []
 for r in range(1, rounds + 1):
     R.append({"o64": openssl(f"openssl-64k.{r}"), "o512": openssl(f"openssl-512.{r}"),
-              "cpp": lines(f"cryptopp.{r}"), "ours": lines(f"sectorcrypt.{r}")})
+              "cpp": lines(f"cryptopp.{r}"), "ours": lines(f"sectorcrypt.{r}"),
+              "newest": lines(f"newest.{r}")})
 def ours(rd, cipher, bits, ss, rs, op, threads=1):
     for m in rd["ours"]:
         if (m["cipher"], m["key_bits"], m["sector_size"], m["request_size"], m["op"], m["threads"]) == (cipher, bits, ss, rs, op, threads):
@@ -49,6 +75,10 @@ def ours(rd, cipher, bits, ss, rs, op, threads=1):
     raise SystemExit(f"missing measurement {cipher} {bits} {ss} {rs} {op} {threads}")
 def cpp(rd, cipher, bits, op):
     return next(m for m in rd["cpp"] if (m["cipher"], m["key_bits"], m["op"]) == (cipher, bits, op))["bytes_per_sec"]
+def newest(rd, unit, op):
+    return next(m for m in rd["newest"] if (m["sector_size"], m["op"]) == (unit, op))["bytes_per_sec"]
+newest_version = R[0]["newest"][0]["version"]
+size = lambda b: f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB" if b >= 1024 else f"{b} B"
 med = statistics.median
 gb = lambda v: f"{v/1e9:.2f}"
 def row(label, a, b, peer, target):
@@ -72,9 +102,17 @@ for op in ("encrypt", "decrypt"):
     row(f"AES-XTS 512-bit key, 512 B sectors, 4 KiB requests, {op}",
         lambda rd: ours(rd, "aes-xts-plain64", 512, 512, 4096, op)["bytes_per_sec"], lambda rd: rd["o512"],
         "`openssl speed -evp aes-256-xts -bytes 512`", "")
-for rs, target in ((65536, ">= 0.95x"), (4096, ">= 0.9x")):
+for ss, rs, unit in ((4096, 1048576, 1048576), (512, 1048576, 1048576), (4096, 4096, 4096),
+                     (512, 4096, 512)):
     for op in ("encrypt", "decrypt"):
-        row(f"AES-XTS 512-bit key, {rs//1024} KiB requests, {op}: 512 B sectors vs 4096 B sectors",
+        row(f"AES-XTS 512-bit key, {ss} B sectors, {size(rs)} requests, {op}",
+            lambda rd: ours(rd, "aes-xts-plain64", 512, ss, rs, op)["bytes_per_sec"],
+            lambda rd: newest(rd, unit, op),
+            f"OpenSSL {newest_version} XTS, one {size(unit)} unit per call",
+            "issue 32: at its rate")
+for rs, target in ((1048576, "issue 32: 1.0x"), (65536, ">= 0.95x"), (4096, ">= 0.9x")):
+    for op in ("encrypt", "decrypt"):
+        row(f"AES-XTS 512-bit key, {size(rs)} requests, {op}: 512 B sectors vs 4096 B sectors",
             lambda rd: ours(rd, "aes-xts-plain64", 512, 512, rs, op)["bytes_per_sec"],
             lambda rd: ours(rd, "aes-xts-plain64", 512, 4096, rs, op)["bytes_per_sec"],
             "sectorcrypt, 4096 B sectors", target)

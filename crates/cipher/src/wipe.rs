@@ -79,13 +79,35 @@ pub(crate) fn once<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// Zero the `N` bytes below the caller's frame, where the frames of the calls it just made were.
-#[inline(never)]
+/// With AVX-512 or AVX the zeros are stored a register at a time: as a `memset` (glibc's
+/// `rep stosb` at this size) the 6 KiB wipe took 18% of a 4 KiB request's time on AMD Zen 4
+/// (`vaes512`), as stores 11-13%.
+#[inline(always)]
 fn stack<const N: usize>() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F.
+            unsafe { x86::zero_stack_avx512::<N>() }
+        } else if std::is_x86_feature_detected!("avx") {
+            // SAFETY: the CPU has AVX.
+            unsafe { x86::zero_stack_avx::<N>() }
+        } else {
+            zero_stack::<N>()
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    zero_stack::<N>();
+    #[cfg(test)]
+    tests::STACK_WIPES.with(|w| w.borrow_mut().push(N));
+}
+
+/// [`stack`] as a `memset`.
+#[inline(never)]
+fn zero_stack<const N: usize>() {
     let mut area = [0u8; N];
     // The zeros are written because `black_box` may read them.
     std::hint::black_box(&mut area);
-    #[cfg(test)]
-    tests::STACK_WIPES.with(|w| w.borrow_mut().push(N));
 }
 
 /// Zero `buf`, a kernel's padded tail or a batch of encrypted tweaks, as one `memset`:
@@ -116,6 +138,41 @@ pub(crate) fn vector_registers() {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::asm;
+    use std::arch::x86_64::{__m256i, __m512i, _mm256_setzero_si256, _mm512_setzero_si512};
+    use std::mem::MaybeUninit;
+
+    /// `N` bytes of this frame zeroed with 64-byte stores. Volatile, so that they are neither
+    /// dropped (nothing reads them) nor turned back into a `memset`.
+    #[inline(never)]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn zero_stack_avx512<const N: usize>() {
+        zero_area::<__m512i, N>(_mm512_setzero_si512());
+    }
+
+    /// As [`zero_stack_avx512`], with 32-byte stores.
+    #[inline(never)]
+    #[target_feature(enable = "avx")]
+    pub(super) unsafe fn zero_stack_avx<const N: usize>() {
+        zero_area::<__m256i, N>(_mm256_setzero_si256());
+    }
+
+    /// `N` bytes on a register boundary.
+    #[repr(C, align(64))]
+    struct Area<const N: usize>([MaybeUninit<u8>; N]);
+
+    /// Fill an area of `N` bytes of this frame with `zero`, a register at a time.
+    #[inline(always)]
+    fn zero_area<R: Copy, const N: usize>(zero: R) {
+        const { assert!(N.is_multiple_of(64) && size_of::<R>() <= 64) };
+        let mut area = Area([MaybeUninit::<u8>::uninit(); N]);
+        let base = area.0.as_mut_ptr();
+        for at in (0..N).step_by(size_of::<R>()) {
+            // SAFETY: `at + size_of::<R>() <= N`, and `base + at` is aligned for `R` (the area
+            // is 64-byte aligned and `at` a multiple of `R`'s size, a power of two up to 64).
+            unsafe { base.add(at).cast::<R>().write_volatile(zero) };
+        }
+        std::hint::black_box(&mut area);
+    }
 
     /// `vzeroall` clears zmm0-15 whole; zmm16-31 need their own zeroing.
     #[target_feature(enable = "avx512f")]

@@ -349,7 +349,7 @@ fn xts<const DEC: bool>(
             let next_unit = tweaks.get(u + 1).unwrap_or(&tweaks[u]);
             for (gi, g) in unit.chunks_exact_mut(GROUP).enumerate() {
                 let last = t[LANES - 1];
-                let from = src.map(|s| source_group(s, u * unit_len + gi * GROUP, GROUP));
+                let from = source_group(src, u * unit_len + gi * GROUP, GROUP);
                 t = xts_group::<DEC>(k, from, g.try_into().unwrap(), &t, || {
                     if gi + 1 < groups_per_unit {
                         tweak_run(mul_alpha(last))

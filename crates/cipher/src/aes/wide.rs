@@ -13,8 +13,9 @@
 //! counter offsets of a register's lanes, and the step from one register to the next).
 
 /// Expands, in the calling module: `middle_rounds`, `last_round`, `first_key`, `last_key`,
-/// `gf_poly`, `mul_lanes`, `mul_bytes`, `stream_reg`, `xts_group`, `StagedTweaks`, the XTS kernel
-/// `xts` and the counter-mode kernel `ctr32`, on registers `$v` with the named intrinsics.
+/// `gf_poly`, `mul_lanes`, `mul_bytes`, `next_group`, `stream_reg`, `xts_group`, `StagedTweaks`,
+/// the XTS kernel `xts` and the counter-mode kernel `ctr32`, on registers `$v` with the named
+/// intrinsics.
 macro_rules! vaes_common {
     (
         feature: $feature:tt,
@@ -153,6 +154,25 @@ macro_rules! vaes_common {
             $xor($bslli::<M>(t), $clmul::<0x00>(top, gf_poly()))
         }
 
+        /// The tweaks of a unit's next group: every register times the group step. Spelled out
+        /// register by register: `array::map` (or a loop) built them in an array on the stack,
+        /// to be loaded back.
+        #[inline]
+        #[target_feature(enable = $feature)]
+        fn next_group(t: &[$v; REGS]) -> [$v; REGS] {
+            const { assert!(REGS == 8) };
+            [
+                $step(t[0]),
+                $step(t[1]),
+                $step(t[2]),
+                $step(t[3]),
+                $step(t[4]),
+                $step(t[5]),
+                $step(t[6]),
+                $step(t[7]),
+            ]
+        }
+
         /// XTS on one group with its tweaks, one per block, from `src` (the group's input
         /// elsewhere, of `g`'s length) or in place into `g`. `next` makes the tweaks of the
         /// following group; it runs between the whitening and the rounds, so its latency chain
@@ -214,11 +234,10 @@ macro_rules! vaes_common {
                     // Past the last unit this makes tweaks nobody uses, to keep the loop simple.
                     let next_unit = tweaks.get(u + 1).unwrap_or(&tweaks[u]);
                     for (gi, g) in unit.chunks_exact_mut(GROUP).enumerate() {
-                        let from = src
-                            .map(|s| super::x86::source_group(s, u * unit_len + gi * GROUP, GROUP));
+                        let from = super::x86::source_group(src, u * unit_len + gi * GROUP, GROUP);
                         tw = xts_group::<DEC>(k, from, g, &tw, || {
                             if gi + 1 < groups_per_unit {
-                                tw.map(|v| $step(v))
+                                next_group(&tw)
                             } else {
                                 unit_tweaks(next_unit)
                             }

@@ -32,14 +32,16 @@ pub(crate) fn units_region(buf: &mut [u8], unit_len: usize, n: usize) -> &mut [u
 /// (1 KiB: 1.2x; 4 and 8 KiB no better than 2).
 const SOURCE_AHEAD: usize = 2048;
 
-/// The `len` bytes of `src` at `at`, after asking for those `SOURCE_AHEAD` bytes further on (as
-/// far as `src` goes).
+/// The `len` bytes of `src` (if any) at `at`, after asking for those `SOURCE_AHEAD` bytes
+/// further on (as far as `src` goes). Takes the `Option` itself: the kernels' `src.map(..)` was
+/// left a call, and a call in the group loop spills every vector register around it.
 #[inline(always)]
-pub(crate) fn source_group(src: &[u8], at: usize, len: usize) -> &[u8] {
+pub(crate) fn source_group(src: Option<&[u8]>, at: usize, len: usize) -> Option<&[u8]> {
+    let src = src?;
     if let Some(ahead) = src.get(at + SOURCE_AHEAD..) {
         sectorcrypt_secret::prefetch(ahead.as_ptr(), len.min(ahead.len()));
     }
-    &src[at..][..len]
+    Some(&src[at..][..len])
 }
 
 /// Whole blocks of `buf`.
@@ -615,8 +617,8 @@ mod tests {
             (3 * SOURCE_AHEAD - 128, 128),
         ] {
             assert_eq!(
-                source_group(&src, at, len),
-                &src[at..at + len],
+                source_group(Some(&src), at, len),
+                Some(&src[at..at + len]),
                 "{at} {len}"
             );
         }
