@@ -10,9 +10,9 @@
 //! register clears, and the stack its engine may have reached zeroed, or, for the several calls
 //! of one extended request, [`once`] at its end.
 //!
-//! How deep the calls reach was measured with a throw-away probe in [`stack`] that looked for
-//! the deepest byte still non-zero before clearing, across sector and request sizes, from the
-//! frame that wipes: about 3 KiB for AES on `vaes256` (with the IV batch of
+//! How deep the calls reach was measured with a throw-away probe in [`stack_and_registers`] that
+//! looked for the deepest byte still non-zero before clearing, across sector and request sizes,
+//! from the frame that wipes: about 3 KiB for AES on `vaes256` (with the IV batch of
 //! [`crate::sector`]), 2 KiB on AES-NI and for LEA on AVX2, 5.7-6 KiB for Serpent and the
 //! portable AES and LEA, and 13.5-14.5 KiB for Twofish. Each engine says which of the two depths
 //! below it needs ([`BlockEngine::stack_bytes`](crate::engine::BlockEngine::stack_bytes)).
@@ -35,13 +35,10 @@ pub(crate) const DEEP_STACK: usize = 20 * 1024;
 pub(crate) fn after_keyed_call(stack_bytes: usize) {
     if DEFERRED.with(Cell::get) {
         NEEDED.with(|n| n.set(n.get().max(stack_bytes)));
+    } else if stack_bytes <= SHALLOW_STACK {
+        stack_and_registers::<SHALLOW_STACK>();
     } else {
-        vector_registers();
-        if stack_bytes <= SHALLOW_STACK {
-            stack::<SHALLOW_STACK>();
-        } else {
-            stack::<DEEP_STACK>();
-        }
+        stack_and_registers::<DEEP_STACK>();
     }
 }
 
@@ -78,22 +75,29 @@ pub(crate) fn once<R>(f: impl FnOnce() -> R) -> R {
     sectorcrypt_secret::deferring(&DEFERRED, f).0
 }
 
-/// Zero the `N` bytes below the caller's frame, where the frames of the calls it just made were.
-/// With AVX-512 or AVX the zeros are stored a register at a time: as a `memset` (glibc's
-/// `rep stosb` at this size) the 6 KiB wipe took 18% of a 4 KiB request's time on AMD Zen 4
-/// (`vaes512`), as stores 11-13%.
+/// Zero the `N` bytes below the caller's frame, where the frames of the calls it just made were,
+/// then every vector register this CPU has, with one look at its features. With AVX-512 or AVX
+/// the zeros are stored a register at a time: as a `memset` (glibc's `rep stosb` at this size)
+/// the 6 KiB wipe took 18% of a 4 KiB request's time on AMD Zen 4 (`vaes512`), as stores 11-13%.
 #[inline(always)]
-fn stack<const N: usize>() {
+fn stack_and_registers<const N: usize>() {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU has AVX-512F.
-            unsafe { x86::zero_stack_avx512::<N>() }
+            unsafe {
+                x86::zero_stack_avx512::<N>();
+                x86::avx512();
+            }
         } else if std::is_x86_feature_detected!("avx") {
             // SAFETY: the CPU has AVX.
-            unsafe { x86::zero_stack_avx::<N>() }
+            unsafe {
+                x86::zero_stack_avx::<N>();
+                x86::avx();
+            }
         } else {
-            zero_stack::<N>()
+            zero_stack::<N>();
+            x86::sse();
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -102,7 +106,7 @@ fn stack<const N: usize>() {
     tests::STACK_WIPES.with(|w| w.borrow_mut().push(N));
 }
 
-/// [`stack`] as a `memset`.
+/// The stack part of [`stack_and_registers`], as a `memset`.
 #[inline(never)]
 fn zero_stack<const N: usize>() {
     let mut area = [0u8; N];
@@ -117,22 +121,6 @@ fn zero_stack<const N: usize>() {
 pub(crate) fn zero(buf: &mut [u8]) {
     buf.fill(0);
     std::hint::black_box(buf);
-}
-
-/// Zero every vector register this CPU has.
-pub(crate) fn vector_registers() {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F.
-            unsafe { x86::avx512() }
-        } else if std::is_x86_feature_detected!("avx") {
-            // SAFETY: the CPU has AVX.
-            unsafe { x86::avx() }
-        } else {
-            x86::sse()
-        }
-    }
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -622,5 +622,6 @@ mod tests {
                 "{at} {len}"
             );
         }
+        assert_eq!(source_group(None, 0, 512), None, "no source, in place");
     }
 }
