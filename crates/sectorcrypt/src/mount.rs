@@ -36,9 +36,16 @@ pub(crate) fn run(args: MountArgs) -> Result<(), CliError> {
         name: "volume".into(),
         volume,
     }];
-    let mut session =
-        sectorcrypt_fuse::mount(files, &args.mountpoint, &options).map_err(fuse_error)?;
+    // The control socket before the mount appears (see `serve`).
     let host = opened.host(&args.volume)?;
+    let mut session = match sectorcrypt_fuse::mount(files, &args.mountpoint, &options) {
+        Ok(session) => session,
+        Err(e) => {
+            // A conversion resumed in the background pauses at a safe point.
+            host.shutdown();
+            return Err(fuse_error(e));
+        }
+    };
     loop {
         match session.wait() {
             Stop::Unmounted => break,

@@ -124,8 +124,18 @@ impl Mounted {
 
     /// Start `sectorcrypt ARGS`, which mounts on `mountpoint`, and wait for the mount.
     pub(crate) fn spawn(args: &[&str], mountpoint: &Path) -> Mounted {
+        Mounted::spawn_wrapped(&[], args, mountpoint)
+    }
+
+    /// [`Mounted::spawn`] under `wrapper` (a program and its arguments, then `sectorcrypt`'s).
+    pub(crate) fn spawn_wrapped(wrapper: &[&str], args: &[&str], mountpoint: &Path) -> Mounted {
         let log = mountpoint.with_extension("stderr");
-        let child = Command::new(env!("CARGO_BIN_EXE_sectorcrypt"))
+        let bin = env!("CARGO_BIN_EXE_sectorcrypt");
+        let mut program = Command::new(wrapper.first().unwrap_or(&bin));
+        if !wrapper.is_empty() {
+            program.args(&wrapper[1..]).arg(bin);
+        }
+        let child = program
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

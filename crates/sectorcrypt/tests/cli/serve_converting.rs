@@ -524,7 +524,14 @@ fn kill_at_sync(dir: &Path, key: &Path, seed: u64, n: u64) -> bool {
     .success();
     let before = data.clone();
     data[at as usize..at as usize + second.len()].copy_from_slice(&second);
-    let _ = wait_within(&mut client, CONVERSION_DEADLINE);
+    let ended = wait_within(&mut client, CONVERSION_DEADLINE);
+    let mut said = String::new();
+    let _ = std::io::Read::read_to_string(&mut client.stderr.take().unwrap(), &mut said);
+    // Killed or not, the server ran the conversion: the command never went offline.
+    assert!(
+        ended.is_some_and(|s| s.success()) || said.contains("the serving process"),
+        "{what}: reencrypt {ended:?}: {said}"
+    );
     server.kill();
     let killed = thread_syncs(&trace) >= n;
     // Three copies of the state, three ways to finish.
@@ -608,6 +615,58 @@ fn kill_at_sync(dir: &Path, key: &Path, seed: u64, n: u64) -> bool {
 /// Whether the LUKS2 header of `img` still records a reencryption.
 fn needs_finishing(img: &Path) -> bool {
     String::from_utf8_lossy(&cs(&["luksDump", p(img)]).stdout).contains("online-reencrypt")
+}
+
+/// strace's options that hold every `bind` of the process it runs for a second. A server that
+/// bound its control socket after announcing itself would still be without one when a command
+/// started at the announcement looks for it: that command would then run offline and meet the
+/// device's lock ("in use by another process").
+const SLOW_BINDS: [&str; 9] = [
+    "strace",
+    "-f",
+    "-qq",
+    "--detach-on=execve",
+    "-o",
+    "/dev/null",
+    "-e",
+    "inject=bind:delay_enter=1s",
+    "--",
+];
+
+/// A conversion command started the moment `serve` prints its serving line, or the moment
+/// `mount`'s mount appears, runs in that server: the control socket is listened on before either
+/// announcement (with every `bind` slowed down, see [`SLOW_BINDS`]).
+#[test]
+fn a_conversion_started_at_the_announcement_finds_the_server() {
+    let dir = nbd_scratch("online-announced");
+    let key = key_file(&dir);
+    let img = format(&dir, "v", 32, &key, &["--sector-size", "4096"]);
+    let sock = dir.join("s.sock");
+    let args = [p(&img), "--key-file", p(&key), "--socket", p(&sock)];
+    let server = Served::start_wrapped(&dir, &SLOW_BINDS, &args);
+    let out = finish(
+        spawn(&reencrypt_args(&key, &img)),
+        "reencrypt at the serving line",
+    );
+    assert!(
+        out.status.success(),
+        "reencrypt at the serving line: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    server.stop();
+    assert_cryptsetup_sees_it_finished(&img, &key, "reencrypted at the serving line");
+
+    let mp = crate::fuse::mountpoint(&dir, "mnt");
+    let mount = ["mount", p(&img), p(&mp), "--key-file", p(&key)];
+    let mounted = crate::fuse::Mounted::spawn_wrapped(&SLOW_BINDS, &mount, &mp);
+    let out = finish(spawn(&reencrypt_args(&key, &img)), "reencrypt at the mount");
+    assert!(
+        out.status.success(),
+        "reencrypt at the mount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(mounted.unmount().success(), "mount exits 0");
+    assert_cryptsetup_sees_it_finished(&img, &key, "reencrypted at the mount");
 }
 
 /// `mount` too: `reencrypt` beside it runs in the mounting process while a writer keeps writing
