@@ -37,15 +37,18 @@ pub(crate) fn run(args: MountArgs) -> Result<(), CliError> {
         volume,
     }];
     // The control socket before the mount appears (see `serve`).
-    let host = opened.host(&args.volume)?;
+    let mut host = opened.host(&args.volume)?;
     let mut session = match sectorcrypt_fuse::mount(files, &args.mountpoint, &options) {
         Ok(session) => session,
         Err(e) => {
-            // A conversion resumed in the background pauses at a safe point.
             host.shutdown();
             return Err(fuse_error(e));
         }
     };
+    if let Err(e) = host.begin() {
+        host.shutdown();
+        return Err(e);
+    }
     loop {
         match session.wait() {
             Stop::Unmounted => break,

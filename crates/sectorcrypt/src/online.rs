@@ -233,17 +233,24 @@ pub(crate) struct Conversion {
     pub resume: String,
 }
 
-/// A device's control socket and the conversion it runs; [`Host::shutdown`] pauses the
-/// conversion at a safe point and removes the socket.
+/// A device's control socket and the conversion it runs. [`Host::start`] binds the socket, so
+/// that a command started from then on finds this process (its connection waits in the backlog);
+/// [`Host::begin`], once the process has announced itself, resumes a recorded conversion and
+/// takes requests; [`Host::shutdown`] pauses the conversion at a safe point and removes the
+/// socket.
 pub(crate) struct Host {
     shared: Arc<Shared>,
     socket: Option<PathBuf>,
+    listener: Option<UnixListener>,
+    /// The passphrase of the conversion to resume, and its `--max-rate`.
+    resume: Option<(SecretBytes, Option<u64>)>,
     acceptor: Option<JoinHandle<()>>,
 }
 
 impl Host {
     /// Listen for conversion requests on `served`'s control socket; with `resume` (the
-    /// passphrase of a conversion recorded on it), go on with that conversion in the background.
+    /// passphrase of a conversion recorded on it), [`Host::begin`] goes on with that conversion
+    /// in the background.
     pub(crate) fn start(
         served: Served,
         resume: Option<SecretBytes>,
@@ -270,7 +277,21 @@ impl Host {
             changed: Condvar::new(),
             closing: AtomicBool::new(false),
         });
-        if let Some(pass) = resume {
+        Ok(Host {
+            shared,
+            socket,
+            listener,
+            resume: resume.map(|pass| (pass, max_rate)),
+            acceptor: None,
+        })
+    }
+
+    /// Resume the recorded conversion, if any, then take requests. A request that came in
+    /// since [`Host::start`] is answered now, after the resumed run (which it then finds
+    /// running).
+    pub(crate) fn begin(&mut self) -> Result<(), CliError> {
+        let shared = &self.shared;
+        if let Some((pass, max_rate)) = self.resume.take() {
             let conversion = Conversion {
                 header_dev: Arc::clone(&shared.served.header_dev),
                 hotzone: reencrypt::DEFAULT_HOTZONE,
@@ -283,17 +304,13 @@ impl Host {
                  serves without converting)",
                 shared.served.device.display()
             );
-            launch(&shared, conversion, pass)?;
+            launch(shared, conversion, pass)?;
         }
-        let acceptor = listener.map(|listener| {
-            let shared = Arc::clone(&shared);
+        self.acceptor = self.listener.take().map(|listener| {
+            let shared = Arc::clone(shared);
             std::thread::spawn(move || accept(&listener, &shared))
         });
-        Ok(Host {
-            shared,
-            socket,
-            acceptor,
-        })
+        Ok(())
     }
 
     /// Stop: the conversion pauses at its next safe point (the header then records a clean
