@@ -91,6 +91,9 @@ impl Lrw {
     ///
     /// Errors: [`Error::NotWholeSectors`] unless `buf` is whole 16-byte blocks, at most 4096
     /// bytes.
+    // Never inlined: its 4 KiB of tweaks then sat in the frame of every caller, the sector
+    // layer's batch loop for every mode, below the wipe's frame and so in every request's wipe.
+    #[inline(never)]
     pub fn unit(&self, buf: &mut [u8], iv: &[u8; BLOCK], dir: Direction) -> Result<(), Error> {
         if !buf.len().is_multiple_of(BLOCK) || buf.len() > MAX_BLOCKS * BLOCK {
             return Err(Error::NotWholeSectors {

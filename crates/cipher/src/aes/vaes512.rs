@@ -333,7 +333,9 @@ fn cbc_decrypt(k: &RoundKeys, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
 fn cbc_encrypt(k: &RoundKeys, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
     // Units more than 1 KiB apart put every lane in the same few L1 sets; for those, go a cache
     // line at a time (`cbc_encrypt_lines`) with at most 16 units (4 registers, whose transposed
-    // lines fit in the register file) per batch.
+    // lines fit in the register file) per batch. The twelve kernels below are not inlined: in
+    // one frame their spill slots added up to 5.5-6.1 KiB, as deep as the wipe after the call
+    // reaches (`wipe::SHALLOW_STACK`), each alone is 3.7 KiB at most.
     let by_lines = unit_len.is_multiple_of(REG) && unit_len > 1024;
     let per_batch = if by_lines { 16 } else { 4 * REGS };
     for (batch, ivs) in buf
@@ -461,7 +463,7 @@ impl<'a, const N: usize> CbcLanes<'a, N> {
 }
 
 /// CBC encryption of up to `4 N` units in lockstep, a block of each per step (any unit length).
-#[inline]
+#[inline(never)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
 fn cbc_encrypt_blocks<const N: usize>(
     k: &RoundKeys,
@@ -490,7 +492,7 @@ fn cbc_encrypt_blocks<const N: usize>(
 /// register holds one block of each unit, and the ciphertext is transposed back and stored as
 /// whole lines: half the shuffles of per-block gathers, and each line is touched once (units
 /// 2 or 4 KiB apart all map to the same L1 sets, so re-touching a line per block misses).
-#[inline]
+#[inline(never)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,vaes,vpclmulqdq,aes")]
 fn cbc_encrypt_lines<const N: usize>(
     k: &RoundKeys,
