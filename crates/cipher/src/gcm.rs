@@ -209,6 +209,66 @@ fn counter_block(nonce: &[u8; NONCE], n: u32) -> Block {
 mod tests {
     use super::*;
 
+    /// Every GCM call's stack stays within the wipe after it (see the sector layer's
+    /// `every_keyed_call_stays_within_the_stack_its_wipe_clears`): key set-up, then sealing and
+    /// opening 512- and 4096-byte sectors, one and many per call, on every AES backend here.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn every_gcm_call_stays_within_the_stack_its_wipe_clears() {
+        use crate::wipe::reach::{deepest_within, measure};
+        if !AesGcm::available() {
+            eprintln!("no carry-less multiply on this CPU: nothing to check");
+            return;
+        }
+        let backends = [
+            Backend::Portable,
+            Backend::AesNi,
+            Backend::Vaes256,
+            Backend::Vaes512,
+        ];
+        let mut checked = 0;
+        for backend in backends.into_iter().filter(|b| b.is_available()) {
+            let mut gcm = None;
+            let set_up = measure(|| gcm = AesGcm::new(&[0x3c; 32], BackendChoice::Exact(backend)));
+            let gcm = gcm.expect("an AES backend this CPU has");
+            let what = format!("AES-256-GCM on {backend}");
+            let mut deepest = deepest_within(&set_up, &format!("{what}, key set-up"));
+            for (sector, count) in [(512, 1), (512, 64), (4096, 1), (4096, 16)] {
+                let nonces: Vec<[u8; NONCE]> = (0..count).map(|i| [i as u8; NONCE]).collect();
+                let mut data = vec![0x5au8; sector * count];
+                let mut tags = vec![[0u8; TAG]; count];
+                let case = format!("{what}, {count} sectors of {sector} bytes");
+                let wipes = measure(|| {
+                    gcm.seal_each(
+                        (nonces
+                            .iter()
+                            .zip(data.chunks_mut(sector))
+                            .zip(tags.iter_mut()))
+                        .map(|((n, d), t)| (n, [0u8; 8], d, t)),
+                    )
+                });
+                deepest = deepest.max(deepest_within(&wipes, &format!("{case}, sealed")));
+                let mut refused = 0;
+                let wipes = measure(|| {
+                    gcm.open_each(
+                        (nonces.iter().zip(data.chunks_mut(sector)).zip(tags.iter()))
+                            .map(|((n, d), t)| (n, [0u8; 8], d, t)),
+                        |_| refused += 1,
+                    )
+                });
+                deepest = deepest.max(deepest_within(&wipes, &format!("{case}, opened")));
+                assert_eq!(refused, 0, "{case}: its own tags");
+                assert!(
+                    data.iter().all(|&b| b == 0x5a),
+                    "{case}: opened to what was sealed"
+                );
+            }
+            eprintln!("{what}: deepest {deepest} bytes");
+            checked += 1;
+        }
+        assert!(checked >= 2, "only {checked} backends checked");
+    }
+
     fn unhex(s: &str) -> Vec<u8> {
         hex::decode(s).expect("hex")
     }

@@ -327,6 +327,19 @@ pub(crate) mod reach {
         });
     }
 
+    /// The deepest reach among `wipes` (from [`measure`]); panics, saying `what`, if any wipe
+    /// fell short of what the calls before it left.
+    pub(crate) fn deepest_within(wipes: &[(usize, usize)], what: &str) -> usize {
+        assert!(!wipes.is_empty(), "{what}: no wipe");
+        for &(reached, wiped) in wipes {
+            assert!(
+                reached <= wiped,
+                "{what}: left {reached} bytes below the wiping frame, wiped {wiped}"
+            );
+        }
+        wipes.iter().map(|w| w.0).max().unwrap_or(0)
+    }
+
     /// Called by a wipe from its frame once it has wiped.
     #[inline(always)]
     pub(super) fn after() {
