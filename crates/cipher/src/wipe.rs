@@ -282,8 +282,8 @@ pub(crate) mod reach {
     #[inline(always)]
     fn paint() {
         // SAFETY: writes only the unused stack below this frame (the red zone included, which
-        // an `asm!` block without `nostack` may use); `rdi`, `rcx` and `al` are declared
-        // clobbered, and the direction flag is clear (the ABI).
+        // an `asm!` block without `nostack` may use); `rdi` and `rcx` are declared clobbered,
+        // and the direction flag is clear (the ABI).
         unsafe {
             asm!(
                 "mov rdi, rsp",

@@ -37,7 +37,7 @@ pub(crate) fn run(args: MountArgs) -> Result<(), CliError> {
         volume,
     }];
     // The control socket before the mount appears (see `serve`).
-    let mut host = opened.host(&args.volume)?;
+    let host = opened.host(&args.volume)?;
     let mut session = match sectorcrypt_fuse::mount(files, &args.mountpoint, &options) {
         Ok(session) => session,
         Err(e) => {
@@ -45,10 +45,7 @@ pub(crate) fn run(args: MountArgs) -> Result<(), CliError> {
             return Err(fuse_error(e));
         }
     };
-    if let Err(e) = host.begin() {
-        host.shutdown();
-        return Err(e);
-    }
+    let host = host.begin()?;
     loop {
         match session.wait() {
             Stop::Unmounted => break,

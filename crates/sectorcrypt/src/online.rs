@@ -288,29 +288,32 @@ impl Host {
 
     /// Resume the recorded conversion, if any, then take requests. A request that came in
     /// since [`Host::start`] is answered now, after the resumed run (which it then finds
-    /// running).
-    pub(crate) fn begin(&mut self) -> Result<(), CliError> {
-        let shared = &self.shared;
+    /// running). On an error the host is shut down.
+    pub(crate) fn begin(mut self) -> Result<Host, CliError> {
         if let Some((pass, max_rate)) = self.resume.take() {
+            let served = &self.shared.served;
             let conversion = Conversion {
-                header_dev: Arc::clone(&shared.served.header_dev),
+                header_dev: Arc::clone(&served.header_dev),
                 hotzone: reencrypt::DEFAULT_HOTZONE,
-                threads: shared.served.threads,
+                threads: served.threads,
                 max_rate,
                 resume: String::new(),
             };
             eprintln!(
                 "sectorcrypt: {}: resuming the conversion in the background (--no-resume \
                  serves without converting)",
-                shared.served.device.display()
+                served.device.display()
             );
-            launch(shared, conversion, pass)?;
+            if let Err(e) = launch(&self.shared, conversion, pass) {
+                self.shutdown();
+                return Err(e);
+            }
         }
         self.acceptor = self.listener.take().map(|listener| {
-            let shared = Arc::clone(shared);
+            let shared = Arc::clone(&self.shared);
             std::thread::spawn(move || accept(&listener, &shared))
         });
-        Ok(())
+        Ok(self)
     }
 
     /// Stop: the conversion pauses at its next safe point (the header then records a clean

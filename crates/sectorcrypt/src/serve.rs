@@ -200,16 +200,13 @@ pub(crate) fn run(args: ServeArgs) -> Result<(), CliError> {
     // The control socket before the announcement: a conversion command started the moment a
     // script reads "serving" must find this process, not fall back to an offline run that the
     // lock refuses.
-    let mut host = opened.host(&args.volume)?;
+    let host = opened.host(&args.volume)?;
     eprintln!(
         "sectorcrypt: serving {} ({size} bytes) at {}",
         args.volume.device.display(),
         server.uri()
     );
-    if let Err(e) = host.begin() {
-        host.shutdown();
-        return Err(e);
-    }
+    let host = host.begin()?;
     let served = server.run().map_err(CliError::usage);
     host.shutdown();
     served
