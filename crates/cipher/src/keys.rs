@@ -321,6 +321,25 @@ mod tests {
         (0..len).map(|i| (i as u32 * 31 + tag * 7) as u8).collect()
     }
 
+    /// A table of `capacity` keys of `spec` on each backend that runs here, at 512- and
+    /// 4096-byte sectors with IVs offset by `iv_offset`, with the options it was made with.
+    fn tables(spec: &str, iv_offset: u64, capacity: usize) -> Vec<(SectorKeys, SectorOptions)> {
+        let spec = CipherSpec::parse(spec).unwrap();
+        let CipherName::Block(alg) = spec.cipher else {
+            unreachable!()
+        };
+        let each = alg.available_backends().into_iter().flat_map(|backend| {
+            [512, 4096].map(|sector_size| SectorOptions {
+                sector_size,
+                backend: BackendChoice::Exact(backend),
+                iv_offset,
+                ..SectorOptions::default()
+            })
+        });
+        each.map(|opts| (SectorKeys::new(spec, &opts, capacity).unwrap(), opts))
+            .collect()
+    }
+
     /// Every key of the table encrypts as a SectorCipher of the same key does, on every backend
     /// that runs here, for XTS and CBC-ESSIV, at 512 and 4096-byte sectors.
     #[test]
@@ -330,39 +349,80 @@ mod tests {
             "aes-cbc-essiv:sha256",
             "serpent-xts-plain64",
         ] {
-            let spec = CipherSpec::parse(spec).unwrap();
-            let CipherName::Block(alg) = spec.cipher else {
-                unreachable!()
-            };
-            for backend in alg.available_backends() {
-                for sector_size in [512, 4096] {
-                    let opts = SectorOptions {
-                        sector_size,
-                        backend: BackendChoice::Exact(backend),
-                        iv_offset: 5,
-                        ..SectorOptions::default()
-                    };
-                    let keys = SectorKeys::new(spec, &opts, 300).unwrap();
-                    let len = spec.default_key_bits() / 8;
-                    for tag in [0u32, 7, 255, 256, 299] {
-                        keys.load(tag, &key(tag, len)).unwrap();
-                    }
-                    for tag in [0u32, 7, 255, 256, 299] {
-                        let one = SectorCipher::new(spec, &key(tag, len), &opts).unwrap();
-                        let plain: Vec<u8> = (0..3 * sector_size).map(|i| i as u8).collect();
-                        let mut want = plain.clone();
-                        one.encrypt(&mut want, 11).unwrap();
-                        let mut got = plain.clone();
-                        keys.with_key(tag, |k| k.process(&mut got, 11, Direction::Encrypt))
-                            .unwrap()
-                            .unwrap();
-                        assert_eq!(got, want, "{spec} {backend:?} {sector_size} tag {tag}");
-                        keys.with_key(tag, |k| k.process(&mut got, 11, Direction::Decrypt))
-                            .unwrap()
-                            .unwrap();
-                        assert_eq!(got, plain);
+            for (keys, opts) in tables(spec, 5, 300) {
+                let (spec, sector_size) = (keys.params.spec, opts.sector_size);
+                let len = spec.default_key_bits() / 8;
+                for tag in [0u32, 7, 255, 256, 299] {
+                    keys.load(tag, &key(tag, len)).unwrap();
+                }
+                for tag in [0u32, 7, 255, 256, 299] {
+                    let one = SectorCipher::new(spec, &key(tag, len), &opts).unwrap();
+                    let plain: Vec<u8> = (0..3 * sector_size).map(|i| i as u8).collect();
+                    let mut want = plain.clone();
+                    one.encrypt(&mut want, 11).unwrap();
+                    let mut got = plain.clone();
+                    keys.with_key(tag, |k| k.process(&mut got, 11, Direction::Encrypt))
+                        .unwrap()
+                        .unwrap();
+                    assert_eq!(
+                        got, want,
+                        "{spec} {:?} {sector_size} tag {tag}",
+                        keys.backend
+                    );
+                    keys.with_key(tag, |k| k.process(&mut got, 11, Direction::Decrypt))
+                        .unwrap()
+                        .unwrap();
+                    assert_eq!(got, plain);
+                }
+            }
+        }
+    }
+
+    /// As `sector::tests::every_keyed_call_stays_within_the_stack_its_wipe_clears`, for keys in a
+    /// table: AES keeps its engines by value in the slot (other monomorphized kernels, other
+    /// frames), the other ciphers boxed. Loading a key and every request shape, on every
+    /// backend here.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn every_keyed_call_stays_within_the_stack_its_wipe_clears() {
+        use crate::wipe::reach::{deepest_within, measure};
+        let src: Vec<u8> = (0..256 * 1024u32)
+            .map(|i| (i * 7 + i / 251) as u8)
+            .collect();
+        for (spec, key_len) in [
+            ("aes-xts-plain64", 64),
+            ("aes-xts-plain64", 32),
+            ("aes-cbc-essiv:sha256", 32),
+            ("serpent-xts-plain64", 64),
+        ] {
+            for (keys, opts) in tables(spec, 0, 4) {
+                let sector_size = opts.sector_size;
+                let what = format!(
+                    "{spec} ({key_len}-byte key) in a table on {}, {sector_size}-byte sectors",
+                    keys.backend
+                );
+                let loaded = measure(|| keys.load(1, &key(1, key_len)).unwrap());
+                let mut deepest = deepest_within(&loaded, &format!("{what}, loading"));
+                for len in [sector_size, 4096, 64 * 1024, 256 * 1024] {
+                    for dir in [Direction::Encrypt, Direction::Decrypt] {
+                        let mut buf = src[..len].to_vec();
+                        let wipes = measure(|| {
+                            keys.with_key(1, |k| k.process(&mut buf, 3, dir))
+                                .unwrap()
+                                .unwrap();
+                        });
+                        let case = format!("{what}, {len}-byte request in place, {dir:?}");
+                        deepest = deepest.max(deepest_within(&wipes, &case));
+                        let wipes = measure(|| {
+                            keys.with_key(1, |k| k.process_from(&src[..len], &mut buf, 3, dir))
+                                .unwrap()
+                                .unwrap();
+                        });
+                        let case = format!("{what}, {len}-byte request from a source, {dir:?}");
+                        deepest = deepest.max(deepest_within(&wipes, &case));
                     }
                 }
+                eprintln!("{what}: deepest {deepest} bytes");
             }
         }
     }

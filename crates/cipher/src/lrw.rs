@@ -32,9 +32,6 @@ fn mul(a: u128, b: u128) -> u128 {
     acc
 }
 
-/// The largest sector LRW units are (blocks of tweaks kept on the stack).
-const MAX_BLOCKS: usize = 4096 / BLOCK;
-
 /// A keyed LRW: the data cipher and the tweak key's table.
 pub struct Lrw {
     data: Box<dyn BlockEngine>,
@@ -89,44 +86,41 @@ impl Lrw {
 
     /// Encrypt or decrypt one unit whose first block has the index `iv` (big endian).
     ///
-    /// Errors: [`Error::NotWholeSectors`] unless `buf` is whole 16-byte blocks, at most 4096
-    /// bytes.
-    // Never inlined: its 4 KiB of tweaks then sat in the frame of every caller, the sector
-    // layer's batch loop for every mode, below the wipe's frame and so in every request's wipe.
-    #[inline(never)]
+    /// Errors: [`Error::NotWholeSectors`] unless `buf` is whole 16-byte blocks.
     pub fn unit(&self, buf: &mut [u8], iv: &[u8; BLOCK], dir: Direction) -> Result<(), Error> {
-        if !buf.len().is_multiple_of(BLOCK) || buf.len() > MAX_BLOCKS * BLOCK {
+        if !buf.len().is_multiple_of(BLOCK) {
             return Err(Error::NotWholeSectors {
                 len: buf.len(),
                 sector_size: BLOCK,
             });
         }
-        let mut index = u128::from_be_bytes(*iv);
-        let mut tweaks = [0u128; MAX_BLOCKS];
-        let mut t = mul(self.tweak.k2, index);
-        let blocks = buf.len() / BLOCK;
-        for slot in tweaks.iter_mut().take(blocks) {
-            *slot = t;
-            t ^= self.tweak.increments[(index.trailing_ones() as usize).min(127)];
-            index = index.wrapping_add(1);
-        }
-        let xor = |buf: &mut [u8], tweaks: &[u128]| {
-            for (block, t) in buf.chunks_exact_mut(BLOCK).zip(tweaks) {
-                for (b, k) in block.iter_mut().zip(t.to_be_bytes()) {
-                    *b ^= k;
-                }
-            }
-        };
-        xor(buf, &tweaks[..blocks]);
+        // The tweaks are walked twice, around the block cipher, rather than kept: a sector's
+        // worth of them (4 KiB) sat in this frame, below the sector layer's wipe, and AES-LRW
+        // then left key-derived bytes deeper than that wipe reaches.
+        let first = u128::from_be_bytes(*iv);
+        let mut t0 = mul(self.tweak.k2, first);
+        self.xor_tweaks(buf, first, t0);
         match dir {
             Direction::Encrypt => self.data.encrypt_ecb(buf),
             Direction::Decrypt => self.data.decrypt_ecb(buf),
         }
-        xor(buf, &tweaks[..blocks]);
+        self.xor_tweaks(buf, first, t0);
         // Tweaks are key-derived.
-        tweaks.zeroize();
-        t.zeroize();
+        t0.zeroize();
         Ok(())
+    }
+
+    /// XOR block j of `buf` with the tweak of index `first + j`; `t0` is the tweak of `first`.
+    fn xor_tweaks(&self, buf: &mut [u8], first: u128, t0: u128) {
+        let (mut index, mut t) = (first, t0);
+        for block in buf.chunks_exact_mut(BLOCK) {
+            for (b, k) in block.iter_mut().zip(t.to_be_bytes()) {
+                *b ^= k;
+            }
+            t ^= self.tweak.increments[(index.trailing_ones() as usize).min(127)];
+            index = index.wrapping_add(1);
+        }
+        t.zeroize();
     }
 }
 
