@@ -22,6 +22,8 @@ cargo test --workspace --locked --no-fail-fast --features sectorcrypt/rbd 2>&1 |
 # codegen unit and LTO inline differently from the test profile, and reached up to 3 KiB deeper).
 cargo test --release --locked -p sectorcrypt-cipher --lib stays_within_the_stack_its_wipe_clears 2>&1 \
     | tee -a "$log" || status=$?
+cargo test --release --locked -p sectorcrypt-integrity --test integrity \
+    stays_within_the_stack_its_wipe_clears 2>&1 | tee -a "$log" || status=$?
 # The Debian package, as a user installs it: built, installed, used, removed (counted as one test).
 deb=0
 if bash scripts/build-deb.sh --check; then deb=1; else status=1; fi

@@ -53,6 +53,22 @@ pub use engine::{Block, BlockEngine, Direction, BLOCK};
 pub use error::Error;
 pub use sector::{SectorCipher, SectorOptions};
 pub use spec::CipherSpec;
+#[cfg(all(any(test, feature = "stack-reach"), target_arch = "x86_64"))]
+pub use wipe::reach;
+
+/// Run `f`, which works with keys outside this crate's engines (another crate's cipher or MAC,
+/// whose frames and registers this crate does not know), and then clear what it leaves behind as
+/// every keyed call of this crate's engines is cleared: the vector registers, and the deep stack
+/// depth below the caller (24 KiB). Calls to this crate's engines inside `f` share that one wipe.
+/// It also runs if `f` panics.
+#[inline(always)]
+pub fn wiping<R>(f: impl FnOnce() -> R) -> R {
+    wipe::once(|| {
+        // Asked for first, so that a panic in `f` is wiped as deep.
+        wipe::after_keyed_call(wipe::DEEP_STACK);
+        f()
+    })
+}
 
 /// A keyed block cipher: `key` must be 16, 24 or 32 bytes (SM4: 16; Serpent also any length up to
 /// 32 bytes, CAST6 16 to 32 in steps of 4, as ESSIV salts may need).

@@ -11,14 +11,17 @@
 //! of one extended request, [`once`] at its end.
 //!
 //! Each engine says which of the two depths below it needs
-//! ([`BlockEngine::stack_bytes`](crate::engine::BlockEngine::stack_bytes)), and a test holds it
+//! ([`BlockEngine::stack_bytes`](crate::engine::BlockEngine::stack_bytes)), and tests hold it
 //! to that: `sector::tests::every_keyed_call_stays_within_the_stack_its_wipe_clears` paints the
-//! stack, runs every request shape of every cipher on every backend the CPU has, and each wipe
-//! first finds how deep below its frame the calls left anything (`reach`, built for tests). The
-//! test command runs it in the test and in the release profile, which inline differently. On AMD
-//! Zen 4 the AES and LEA vector kernels reached 2.2-4.4 KiB (`SHALLOW_STACK`), Serpent and the
-//! portable kernels 5.7-6.6 KiB, Twofish up to 20.1 KiB (`DEEP_STACK`); docs/SECURITY.md has the
-//! numbers, and the three overruns the test found when it was written.
+//! stack, runs every request shape of every cipher and mode on every backend the CPU has
+//! (`keys::tests::...` the same for keys in a table), and each wipe first finds how deep below
+//! its frame the calls left anything (`reach`, built for tests and for the `stack-reach`
+//! feature, with which other crates check their keyed code run inside
+//! [`wiping`](crate::wiping)). The test command runs them in the test and in the release
+//! profile, which inline differently. On AMD Zen 4 the AES and LEA vector kernels reached
+//! 2.3-4.5 KiB (`SHALLOW_STACK`), Serpent and the portable kernels 5.7-6.6 KiB, Twofish up to
+//! 20.1 KiB (`DEEP_STACK`); docs/SECURITY.md has the numbers, and the four overruns the tests
+//! found.
 
 use std::cell::Cell;
 
@@ -82,7 +85,7 @@ pub(crate) fn once<R>(f: impl FnOnce() -> R) -> R {
 /// the 6 KiB wipe took 18% of a 4 KiB request's time on AMD Zen 4 (`vaes512`), as stores 11-13%.
 #[inline(always)]
 fn stack_and_registers<const N: usize>() {
-    #[cfg(all(test, target_arch = "x86_64"))]
+    #[cfg(all(any(test, feature = "stack-reach"), target_arch = "x86_64"))]
     reach::note(N);
     #[cfg(target_arch = "x86_64")]
     {
@@ -105,7 +108,7 @@ fn stack_and_registers<const N: usize>() {
     }
     #[cfg(not(target_arch = "x86_64"))]
     zero_stack::<N>();
-    #[cfg(all(test, target_arch = "x86_64"))]
+    #[cfg(all(any(test, feature = "stack-reach"), target_arch = "x86_64"))]
     reach::after();
     #[cfg(test)]
     tests::STACK_WIPES.with(|w| w.borrow_mut().push(N));
@@ -242,8 +245,8 @@ mod x86 {
 /// deepest byte that is neither the sentinel nor zero (zeros hold no secret: the secret crate's
 /// own scrub writes them). Reading below the stack pointer is done in `asm!`, outside Rust's
 /// memory model.
-#[cfg(all(test, target_arch = "x86_64"))]
-pub(crate) mod reach {
+#[cfg(all(any(test, feature = "stack-reach"), target_arch = "x86_64"))]
+pub mod reach {
     use std::arch::asm;
     use std::cell::RefCell;
 
@@ -268,7 +271,7 @@ pub(crate) mod reach {
     /// Run `f` on a painted stack; each of its wipes on this thread, as (bytes reached below
     /// the wiping frame, bytes wiped there). A reach of [`SCANNED`] means at least that much.
     #[inline(never)]
-    pub(crate) fn measure(f: impl FnOnce()) -> Vec<(usize, usize)> {
+    pub fn measure(f: impl FnOnce()) -> Vec<(usize, usize)> {
         MEASURING.set(Some(Measuring {
             copy: Box::new([0; SCANNED]),
             wipes: Vec::with_capacity(1024),
@@ -329,7 +332,7 @@ pub(crate) mod reach {
 
     /// The deepest reach among `wipes` (from [`measure`]); panics, saying `what`, if any wipe
     /// fell short of what the calls before it left.
-    pub(crate) fn deepest_within(wipes: &[(usize, usize)], what: &str) -> usize {
+    pub fn deepest_within(wipes: &[(usize, usize)], what: &str) -> usize {
         assert!(!wipes.is_empty(), "{what}: no wipe");
         for &(reached, wiped) in wipes {
             assert!(

@@ -105,6 +105,16 @@ impl Mode {
         key: &[u8],
         block_size: usize,
     ) -> Result<Mode, Error> {
+        // Key schedules are built on the stack and in the vector registers.
+        sectorcrypt_cipher::wiping(|| Mode::make(encryption, integrity, key, block_size))
+    }
+
+    fn make(
+        encryption: &str,
+        integrity: &str,
+        key: &[u8],
+        block_size: usize,
+    ) -> Result<Mode, Error> {
         let key_error = |want: &str| {
             Error::Key(format!(
                 "{encryption} with {integrity} takes {want}, not a {}-byte key",
@@ -143,21 +153,25 @@ impl Mode {
                     AesGcm::new(key, BackendChoice::Auto)
                         .ok_or_else(|| key_error("16 or 32 bytes"))?,
                 ),
-                16 => Kind::AesGcm128(SecretBox::new(
-                    Aes128Gcm::new_from_slice(key).map_err(|_| key_error("16 or 32 bytes"))?,
-                )),
-                32 => Kind::AesGcm256(SecretBox::new(
-                    Aes256Gcm::new_from_slice(key).map_err(|_| key_error("16 or 32 bytes"))?,
-                )),
+                16 => Kind::AesGcm128(
+                    SecretBox::try_init(|| Aes128Gcm::new_from_slice(key).ok())
+                        .ok_or_else(|| key_error("16 or 32 bytes"))?,
+                ),
+                32 => Kind::AesGcm256(
+                    SecretBox::try_init(|| Aes256Gcm::new_from_slice(key).ok())
+                        .ok_or_else(|| key_error("16 or 32 bytes"))?,
+                ),
                 _ => return Err(key_error("16 or 32 bytes")),
             },
-            ("chacha20-random", "poly1305") => Kind::ChaCha20Poly1305(SecretBox::new(
-                ChaCha20Poly1305::new_from_slice(key).map_err(|_| key_error("32 bytes"))?,
-            )),
-            ("aegis128-random", "aead") => Kind::Aegis128(SecretBox::new(
-                key.try_into()
-                    .map_err(|_| key_error("16 bytes (--key-size 128)"))?,
-            )),
+            // Built where `try_init` wipes: a ChaCha20-Poly1305 holds the key itself.
+            ("chacha20-random", "poly1305") => Kind::ChaCha20Poly1305(
+                SecretBox::try_init(|| ChaCha20Poly1305::new_from_slice(key).ok())
+                    .ok_or_else(|| key_error("32 bytes"))?,
+            ),
+            ("aegis128-random", "aead") => Kind::Aegis128(
+                SecretBox::try_init(|| <[u8; 16]>::try_from(key).ok())
+                    .ok_or_else(|| key_error("16 bytes (--key-size 128)"))?,
+            ),
             _ => {
                 return Err(Error::Unsupported(format!(
                     "{encryption} with integrity {integrity} (supported: aes-xts-plain64 with \
@@ -210,7 +224,7 @@ impl Mode {
     /// and decrypt it in place. On a mismatch `data` is zeroed.
     pub fn open(&self, sector: u64, data: &mut [u8], tuple: &[u8]) -> Result<(), Mismatch> {
         debug_assert_eq!(data.len(), self.block_size);
-        let result = self.open_inner(sector, data, tuple);
+        let result = sectorcrypt_cipher::wiping(|| self.open_inner(sector, data, tuple));
         if result.is_err() {
             data.fill(0);
         }
@@ -262,6 +276,11 @@ impl Mode {
     /// `sector` and `tuples` their stored tuples, one after another. Every block that verifies
     /// is decrypted and every other one zeroed; the first that did not, by its position.
     pub fn open_blocks(&self, sector: u64, data: &mut [u8], tuples: &[u8]) -> Result<(), usize> {
+        // One wipe for the request: the calls for its blocks share it.
+        sectorcrypt_cipher::wiping(|| self.open_each(sector, data, tuples))
+    }
+
+    fn open_each(&self, sector: u64, data: &mut [u8], tuples: &[u8]) -> Result<(), usize> {
         let (bs, ts) = (self.block_size, self.tag_size());
         let step = (bs / 512) as u64;
         let n = data.len() / bs;
@@ -320,23 +339,26 @@ impl Mode {
             )));
         }
         let step = (bs / 512) as u64;
-        // Not `chunks(is)`: plain64 modes have no IV bytes.
-        let ivs = (0..n).map(|k| &ivs[k * is..(k + 1) * is]);
-        let blocks = data.chunks_mut(bs).zip(tuples.chunks_mut(ts)).zip(ivs);
-        if let Kind::AesGcm(gcm) = &self.kind {
-            gcm.seal_each(blocks.enumerate().map(|(k, ((block, tuple), iv))| {
-                let nonce: &[u8; AEAD_IV] = iv.try_into().expect("checked above");
-                let (tag, rest) = tuple.split_at_mut(AEAD_TAG);
-                rest.copy_from_slice(iv);
-                let aad = associated_data::<{ 8 + AEAD_IV }>(sector + k as u64 * step, nonce);
-                (nonce, aad, block, tag.try_into().expect("a tag's bytes"))
-            }));
-            return Ok(());
-        }
-        for (k, ((block, tuple), iv)) in blocks.enumerate() {
-            self.seal(sector + k as u64 * step, block, tuple, iv)?;
-        }
-        Ok(())
+        // One wipe for the request: the calls for its blocks share it.
+        sectorcrypt_cipher::wiping(|| {
+            // Not `chunks(is)`: plain64 modes have no IV bytes.
+            let ivs = (0..n).map(|k| &ivs[k * is..(k + 1) * is]);
+            let blocks = data.chunks_mut(bs).zip(tuples.chunks_mut(ts)).zip(ivs);
+            if let Kind::AesGcm(gcm) = &self.kind {
+                gcm.seal_each(blocks.enumerate().map(|(k, ((block, tuple), iv))| {
+                    let nonce: &[u8; AEAD_IV] = iv.try_into().expect("checked above");
+                    let (tag, rest) = tuple.split_at_mut(AEAD_TAG);
+                    rest.copy_from_slice(iv);
+                    let aad = associated_data::<{ 8 + AEAD_IV }>(sector + k as u64 * step, nonce);
+                    (nonce, aad, block, tag.try_into().expect("a tag's bytes"))
+                }));
+                return Ok(());
+            }
+            for (k, ((block, tuple), iv)) in blocks.enumerate() {
+                self.seal(sector + k as u64 * step, block, tuple, iv)?;
+            }
+            Ok(())
+        })
     }
 
     /// Encrypt block `data` in place for 512-byte sector `sector` and write its tuple into
@@ -358,7 +380,7 @@ impl Mode {
                 self.name()
             )));
         }
-        match &self.kind {
+        sectorcrypt_cipher::wiping(|| match &self.kind {
             Kind::HmacXts { xts, mac_key, hash } => {
                 xts.encrypt(data, sector >> self.log2_sectors_per_block())
                     .map_err(|e| Error::Key(e.to_string()))?;
@@ -387,7 +409,7 @@ impl Mode {
                 tuple[AEAD_TAG..].copy_from_slice(iv);
                 Ok(())
             }
-        }
+        })
     }
 
     fn log2_sectors_per_block(&self) -> u32 {

@@ -5,12 +5,23 @@ mod crash;
 mod kernel;
 mod replay;
 mod superblock;
+mod wipe;
 
 use std::path::Path;
 use std::sync::Arc;
 
 use sectorcrypt_integrity::{IntegrityDevice, Mode};
 use sectorcrypt_storage::{FileStorage, Storage};
+
+/// Every mode: (LUKS2 encryption, integrity, volume key bytes).
+pub(crate) const MODES: [(&str, &str, usize); 6] = [
+    ("aes-xts-plain64", "hmac(sha256)", 96),
+    ("aes-xts-plain64", "hmac(sha512)", 128),
+    ("aes-xts-plain64", "hmac(sha1)", 84),
+    ("aes-gcm-random", "aead", 32),
+    ("chacha20-random", "poly1305", 32),
+    ("aegis128-random", "aead", 16),
+];
 
 /// The passphrase of every test volume.
 pub(crate) const PASSPHRASE: &[u8] = b"integrity pass";

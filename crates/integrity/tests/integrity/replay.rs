@@ -10,14 +10,7 @@ use sectorcrypt_integrity::{format, Error, IntegrityDevice, Mode};
 use sectorcrypt_storage::{MemStorage, Storage};
 use sectorcrypt_testkit::pattern;
 
-const MODES: [(&str, &str, usize); 6] = [
-    ("aes-xts-plain64", "hmac(sha256)", 96),
-    ("aes-xts-plain64", "hmac(sha512)", 128),
-    ("aes-xts-plain64", "hmac(sha1)", 84),
-    ("aes-gcm-random", "aead", 32),
-    ("chacha20-random", "poly1305", 32),
-    ("aegis128-random", "aead", 16),
-];
+use crate::MODES;
 
 #[test]
 fn a_moved_sector_is_refused_and_a_replayed_one_is_not_in_any_mode() {
