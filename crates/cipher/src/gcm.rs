@@ -215,7 +215,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn every_gcm_call_stays_within_the_stack_its_wipe_clears() {
-        use crate::wipe::reach::{deepest_within, measure};
+        use crate::wipe::reach::{assert_holds_none_of, deepest_within, measure_leaving};
         if !AesGcm::available() {
             eprintln!("no carry-less multiply on this CPU: nothing to check");
             return;
@@ -226,19 +226,31 @@ mod tests {
             Backend::Vaes256,
             Backend::Vaes512,
         ];
+        let key: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(37) ^ 0xc3).collect();
+        // GHASH's key H = E(K, 0) is as secret as the key: with it, tags can be forged.
+        let mut h = [0u8; BLOCK];
+        crate::block_cipher(Algorithm::Aes, &key, BackendChoice::Portable)
+            .unwrap()
+            .encrypt_ecb(&mut h);
+        let left_none = |left: &[u8], what: &str| {
+            assert_holds_none_of(left, &key, what);
+            assert_holds_none_of(left, &h, &format!("{what} (GHASH's key)"));
+        };
         let mut checked = 0;
         for backend in backends.into_iter().filter(|b| b.is_available()) {
             let mut gcm = None;
-            let set_up = measure(|| gcm = AesGcm::new(&[0x3c; 32], BackendChoice::Exact(backend)));
+            let (set_up, left) =
+                measure_leaving(|| gcm = AesGcm::new(&key, BackendChoice::Exact(backend)));
             let gcm = gcm.expect("an AES backend this CPU has");
             let what = format!("AES-256-GCM on {backend}");
             let mut deepest = deepest_within(&set_up, &format!("{what}, key set-up"));
+            left_none(&*left, &format!("{what}, key set-up"));
             for (sector, count) in [(512, 1), (512, 64), (4096, 1), (4096, 16)] {
                 let nonces: Vec<[u8; NONCE]> = (0..count).map(|i| [i as u8; NONCE]).collect();
                 let mut data = vec![0x5au8; sector * count];
                 let mut tags = vec![[0u8; TAG]; count];
                 let case = format!("{what}, {count} sectors of {sector} bytes");
-                let wipes = measure(|| {
+                let (wipes, left) = measure_leaving(|| {
                     gcm.seal_each(
                         (nonces
                             .iter()
@@ -248,8 +260,9 @@ mod tests {
                     )
                 });
                 deepest = deepest.max(deepest_within(&wipes, &format!("{case}, sealed")));
+                left_none(&*left, &format!("{case}, sealed"));
                 let mut refused = 0;
-                let wipes = measure(|| {
+                let (wipes, left) = measure_leaving(|| {
                     gcm.open_each(
                         (nonces.iter().zip(data.chunks_mut(sector)).zip(tags.iter()))
                             .map(|((n, d), t)| (n, [0u8; 8], d, t)),
@@ -257,6 +270,7 @@ mod tests {
                     )
                 });
                 deepest = deepest.max(deepest_within(&wipes, &format!("{case}, opened")));
+                left_none(&*left, &format!("{case}, opened"));
                 assert_eq!(refused, 0, "{case}: its own tags");
                 assert!(
                     data.iter().all(|&b| b == 0x5a),

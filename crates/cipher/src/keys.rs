@@ -385,7 +385,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn every_keyed_call_stays_within_the_stack_its_wipe_clears() {
-        use crate::wipe::reach::{deepest_within, measure};
+        use crate::wipe::reach::{assert_holds_none_of, deepest_within, measure_leaving};
         let src: Vec<u8> = (0..256 * 1024u32)
             .map(|i| (i * 7 + i / 251) as u8)
             .collect();
@@ -401,25 +401,28 @@ mod tests {
                     "{spec} ({key_len}-byte key) in a table on {}, {sector_size}-byte sectors",
                     keys.backend
                 );
-                let loaded = measure(|| keys.load(1, &key(1, key_len)).unwrap());
+                let (loaded, left) = measure_leaving(|| keys.load(1, &key(1, key_len)).unwrap());
                 let mut deepest = deepest_within(&loaded, &format!("{what}, loading"));
+                assert_holds_none_of(&*left, &key(1, key_len), &format!("{what}, loading"));
                 for len in [sector_size, 4096, 64 * 1024, 256 * 1024] {
                     for dir in [Direction::Encrypt, Direction::Decrypt] {
                         let mut buf = src[..len].to_vec();
-                        let wipes = measure(|| {
+                        let (wipes, left) = measure_leaving(|| {
                             keys.with_key(1, |k| k.process(&mut buf, 3, dir))
                                 .unwrap()
                                 .unwrap();
                         });
                         let case = format!("{what}, {len}-byte request in place, {dir:?}");
                         deepest = deepest.max(deepest_within(&wipes, &case));
-                        let wipes = measure(|| {
+                        assert_holds_none_of(&*left, &key(1, key_len), &case);
+                        let (wipes, left) = measure_leaving(|| {
                             keys.with_key(1, |k| k.process_from(&src[..len], &mut buf, 3, dir))
                                 .unwrap()
                                 .unwrap();
                         });
                         let case = format!("{what}, {len}-byte request from a source, {dir:?}");
                         deepest = deepest.max(deepest_within(&wipes, &case));
+                        assert_holds_none_of(&*left, &key(1, key_len), &case);
                     }
                 }
                 eprintln!("{what}: deepest {deepest} bytes");

@@ -75,12 +75,16 @@ impl Lrw {
             k2: 0,
             increments: [0; 128],
         });
-        tweak.k2 = u128::from_be_bytes(*tweak_key);
-        let mut mask: u128 = 0;
-        for k in 0..128 {
-            mask |= 1 << k;
-            tweak.increments[k] = mul(tweak.k2, mask);
-        }
+        // The multiplications leave the tweak key and its multiples in registers and spilled to
+        // the stack (a release build left K2 there), so they run below a wipe.
+        crate::wiping(|| {
+            tweak.k2 = u128::from_be_bytes(*tweak_key);
+            let mut mask: u128 = 0;
+            for k in 0..128 {
+                mask |= 1 << k;
+                tweak.increments[k] = mul(tweak.k2, mask);
+            }
+        });
         Lrw { data, tweak }
     }
 

@@ -813,7 +813,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn every_keyed_call_stays_within_the_stack_its_wipe_clears() {
-        use crate::wipe::reach::{deepest_within, measure};
+        use crate::wipe::reach::{assert_holds_none_of, deepest_within, measure_leaving};
         let backends = [
             Backend::Portable,
             Backend::AesNi,
@@ -859,7 +859,7 @@ mod tests {
                         ..SectorOptions::default()
                     };
                     let mut cipher = None;
-                    let set_up = measure(|| {
+                    let (set_up, left) = measure_leaving(|| {
                         cipher =
                             SectorCipher::new(spec.parse().unwrap(), &key[..key_len], &opts).ok();
                     });
@@ -870,17 +870,21 @@ mod tests {
                         "{spec} ({key_len}-byte key) on {backend}, {sector_size}-byte sectors"
                     );
                     let mut deepest = deepest_within(&set_up, &format!("{what}, key set-up"));
+                    assert_holds_none_of(&*left, &key[..key_len], &format!("{what}, key set-up"));
                     for len in [sector_size, 4096, 64 * 1024, 256 * 1024] {
                         for dir in [Direction::Encrypt, Direction::Decrypt] {
                             let mut buf = src[..len].to_vec();
-                            let wipes = measure(|| cipher.process(&mut buf, 3, dir).unwrap());
+                            let (wipes, left) =
+                                measure_leaving(|| cipher.process(&mut buf, 3, dir).unwrap());
                             let case = format!("{what}, {len}-byte request in place, {dir:?}");
                             deepest = deepest.max(deepest_within(&wipes, &case));
-                            let wipes = measure(|| {
+                            assert_holds_none_of(&*left, &key[..key_len], &case);
+                            let (wipes, left) = measure_leaving(|| {
                                 cipher.process_from(&src[..len], &mut buf, 3, dir).unwrap();
                             });
                             let case = format!("{what}, {len}-byte request from a source, {dir:?}");
                             deepest = deepest.max(deepest_within(&wipes, &case));
+                            assert_holds_none_of(&*left, &key[..key_len], &case);
                         }
                     }
                     eprintln!("{what}: deepest {deepest} bytes");

@@ -17,7 +17,8 @@
 //! (`keys::tests::...` the same for keys in a table), and each wipe first finds how deep below
 //! its frame the calls left anything (`reach`, built for tests and for the `stack-reach`
 //! feature, with which other crates check their keyed code run inside
-//! [`wiping`](crate::wiping)). The test command runs them in the test and in the release
+//! [`wiping`](crate::wiping)); once a call has returned, no 16 bytes of its key may be left
+//! below the test's frame. The test command runs them in the test and in the release
 //! profile, which inline differently. On AMD Zen 4 the AES and LEA vector kernels reached
 //! 2.3-4.5 KiB (`SHALLOW_STACK`), Serpent and the portable kernels 5.7-6.6 KiB, Twofish up to
 //! 20.1 KiB (`DEEP_STACK`); docs/SECURITY.md has the numbers, and the four overruns the tests
@@ -255,7 +256,7 @@ pub mod reach {
     /// two.
     const PAINTED: usize = 64 * 1024;
     /// Scanned below a wiping frame: more than any wipe.
-    const SCANNED: usize = 2 * super::DEEP_STACK;
+    pub const SCANNED: usize = 2 * super::DEEP_STACK;
 
     /// A measurement under way: the copy of the stack below a wiping frame, and every wipe so
     /// far as (bytes reached below its frame, bytes it wiped).
@@ -270,15 +271,64 @@ pub mod reach {
 
     /// Run `f` on a painted stack; each of its wipes on this thread, as (bytes reached below
     /// the wiping frame, bytes wiped there). A reach of [`SCANNED`] means at least that much.
-    #[inline(never)]
     pub fn measure(f: impl FnOnce()) -> Vec<(usize, usize)> {
+        measure_leaving(f).0
+    }
+
+    /// [`measure`], and the [`SCANNED`] bytes below the measuring frame once `f` has returned:
+    /// what `f`'s calls left on the stack after their last wipe (see [`assert_holds_none_of`]).
+    #[inline(never)]
+    pub fn measure_leaving(f: impl FnOnce()) -> (Vec<(usize, usize)>, Box<[u8; SCANNED]>) {
         MEASURING.set(Some(Measuring {
             copy: Box::new([0; SCANNED]),
             wipes: Vec::with_capacity(1024),
         }));
+        // Allocated first: an allocation after `f` would run on the stack it left.
+        let mut left = Box::new([0; SCANNED]);
+        /// `f` in a frame of its own, below the measuring one, where the copy reaches.
+        #[inline(never)]
+        fn below(f: impl FnOnce()) {
+            f()
+        }
         paint();
-        f();
-        MEASURING.take().map(|m| m.wipes).unwrap_or_default()
+        below(f);
+        copy_below(left.as_mut_ptr());
+        let wipes = MEASURING.take().map(|m| m.wipes).unwrap_or_default();
+        (wipes, left)
+    }
+
+    /// Panics, saying `what`, if `left` (from [`measure_leaving`]) holds any 16 bytes of
+    /// `secret` in a row: a key's, or an AES key schedule's first round key, which is the key's
+    /// first 16 bytes.
+    pub fn assert_holds_none_of(left: &[u8], secret: &[u8], what: &str) {
+        for piece in secret.windows(16) {
+            if let Some(at) = left.windows(16).position(|w| w == piece) {
+                panic!(
+                    "{what}: the stack holds 16 bytes of the key, {} bytes below the measuring \
+                     frame",
+                    left.len() - at
+                );
+            }
+        }
+    }
+
+    /// Copy the [`SCANNED`] bytes below the caller's frame to `to`.
+    #[inline(always)]
+    fn copy_below(to: *mut u8) {
+        // SAFETY: copies the `SCANNED` bytes below this frame, which this thread owns and
+        // `measure` painted, into `to`'s `SCANNED` bytes; `rsi`, `rdi` and `rcx` are declared
+        // clobbered.
+        unsafe {
+            asm!(
+                "mov rsi, rsp",
+                "sub rsi, {scanned}",
+                "rep movsb",
+                scanned = const SCANNED,
+                inout("rdi") to => _,
+                inout("rcx") SCANNED => _,
+                out("rsi") _,
+            );
+        }
     }
 
     /// Fill the unused stack below this frame with the sentinel.
@@ -308,20 +358,7 @@ pub mod reach {
         else {
             return;
         };
-        // SAFETY: copies the `SCANNED` bytes below this frame, which this thread owns and
-        // `measure` painted, into `copy`'s `SCANNED` bytes; `rsi`, `rdi` and `rcx` are declared
-        // clobbered.
-        unsafe {
-            asm!(
-                "mov rsi, rsp",
-                "sub rsi, {scanned}",
-                "rep movsb",
-                scanned = const SCANNED,
-                inout("rdi") copy => _,
-                inout("rcx") SCANNED => _,
-                out("rsi") _,
-            );
-        }
+        copy_below(copy);
         MEASURING.with_borrow_mut(|m| {
             if let Some(m) = m {
                 let deepest = m.copy.iter().position(|&b| b != SENTINEL && b != 0);
