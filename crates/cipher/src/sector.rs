@@ -610,13 +610,18 @@ impl Params {
             engines,
             Engines::Ecb { .. } | Engines::Lrw(_) | Engines::Cbc { .. }
         );
+        // The IV batch too: 1 KiB that the stack wipe need not cover, which it would below its
+        // frame (and, as key-derived material, it is cleared on its own).
+        let mut ivs = IvBatch::new();
         if let (true, Direction::Encrypt, Some(src)) = (in_place, dir, src) {
             let mut own = src.to_vec();
-            crate::wipe::once(|| self.run_batches(engines, None, &mut own, first_sector, dir));
+            crate::wipe::once(|| {
+                self.run_batches(engines, None, &mut own, first_sector, dir, &mut ivs);
+            });
             buf.copy_from_slice(&own);
             return;
         }
-        crate::wipe::once(|| self.run_batches(engines, src, buf, first_sector, dir));
+        crate::wipe::once(|| self.run_batches(engines, src, buf, first_sector, dir, &mut ivs));
     }
 
     fn run_batches(
@@ -626,6 +631,7 @@ impl Params {
         buf: &mut [u8],
         first_sector: u64,
         dir: Direction,
+        ivs: &mut IvBatch,
     ) {
         let ss = self.sector_size;
         // XTS reads its input from elsewhere. The other modes run in place: decrypting, in `buf`
@@ -661,7 +667,9 @@ impl Params {
                 essiv.or((self.spec.iv == IvMode::Eboiv).then_some(data)),
             ),
         };
-        let mut ivs = [[0u8; BLOCK]; IV_BATCH];
+        // The first piece uses the most entries.
+        ivs.used = (buf.len() / ss).min(IV_BATCH);
+        let ivs = &mut ivs.blocks;
         for (i, piece) in buf.chunks_mut(IV_BATCH * ss).enumerate() {
             let n = piece.len() / ss;
             let first = first_sector + (i * IV_BATCH) as u64;
@@ -697,9 +705,29 @@ impl Params {
                 }
             }
         }
-        // Encrypted tweaks are key-derived material; the first piece used the most entries.
-        let used = (buf.len() / ss).min(IV_BATCH);
-        crate::wipe::zero(ivs[..used].as_flattened_mut());
+    }
+}
+
+/// The IV blocks of one batch of sectors. Encrypted, they are key-derived material: the entries
+/// a request used are cleared when it drops (also after a panic), and only those (a one-sector
+/// request would otherwise clear 1 KiB).
+struct IvBatch {
+    blocks: [Block; IV_BATCH],
+    used: usize,
+}
+
+impl IvBatch {
+    fn new() -> IvBatch {
+        IvBatch {
+            blocks: [[0; BLOCK]; IV_BATCH],
+            used: 0,
+        }
+    }
+}
+
+impl Drop for IvBatch {
+    fn drop(&mut self) {
+        crate::wipe::zero(self.blocks[..self.used].as_flattened_mut());
     }
 }
 

@@ -20,15 +20,17 @@
 //! [`wiping`](crate::wiping)); once a call has returned, no 16 bytes of its key may be left
 //! below the test's frame. The test command runs them in the test and in the release
 //! profile, which inline differently. On AMD Zen 4 the AES and LEA vector kernels reached
-//! 2.3-4.5 KiB (`SHALLOW_STACK`), Serpent and the portable kernels 5.7-6.6 KiB, Twofish up to
+//! 1.6-3.5 KiB (`SHALLOW_STACK`), Serpent and the portable kernels 5.7-6.6 KiB, Twofish up to
 //! 20.1 KiB (`DEEP_STACK`); docs/SECURITY.md has the numbers, and the four overruns the tests
-//! found.
+//! found. A signal handler would save the registers deeper still, by the CPU's register state
+//! size, which no fixed depth can follow: none runs on a thread that makes keyed calls
+//! (`sectorcrypt_secret::signals`).
 
 use std::cell::Cell;
 
 /// Stack an AES engine on AES-NI or VAES, or a LEA engine on AVX2 or AVX-512, may leave key
 /// material in.
-pub(crate) const SHALLOW_STACK: usize = 6 * 1024;
+pub(crate) const SHALLOW_STACK: usize = 4 * 1024;
 /// Stack any other engine, or a key schedule, may leave key material in.
 pub(crate) const DEEP_STACK: usize = 24 * 1024;
 
@@ -83,7 +85,8 @@ pub(crate) fn once<R>(f: impl FnOnce() -> R) -> R {
 /// Zero the `N` bytes below the caller's frame, where the frames of the calls it just made were,
 /// then every vector register this CPU has, with one look at its features. With AVX-512 or AVX
 /// the zeros are stored a register at a time: as a `memset` (glibc's `rep stosb` at this size)
-/// the 6 KiB wipe took 18% of a 4 KiB request's time on AMD Zen 4 (`vaes512`), as stores 11-13%.
+/// the 6 KiB wipe took 18% of a 4 KiB request's time on AMD Zen 4 (`vaes512`), as stores 11-13%
+/// (and 4 KiB since the IV batch lies above the wiping frame).
 #[inline(always)]
 fn stack_and_registers<const N: usize>() {
     #[cfg(all(any(test, feature = "stack-reach"), target_arch = "x86_64"))]

@@ -37,7 +37,8 @@
 //! # Lifetime
 //!
 //! [`mount`] checks the mount point (an existing, empty directory that is not already a mount
-//! point), catches SIGINT and SIGTERM, mounts and answers requests on background threads.
+//! point), takes SIGINT and SIGTERM (`sectorcrypt_secret::signals`, on a thread of their own: no
+//! handler runs on a serving thread), mounts and answers requests on background threads.
 //! [`MountSession::wait`] returns when the file system is unmounted from outside
 //! (`fusermount3 -u`, `umount`) or a signal arrives; [`MountSession::unmount`] then unmounts,
 //! and [`MountSession::close`] waits for the kernel to let go and flushes every file's volume
@@ -62,9 +63,8 @@ use std::thread::{self, JoinHandle};
 
 use fuser::{Config, MountOption, Session, SessionACL};
 use rustix::mount::UnmountFlags;
+use sectorcrypt_secret::signals::{self, Subscription, SIGINT, SIGTERM};
 use sectorcrypt_volume::Volume;
-use signal_hook::consts::{SIGINT, SIGTERM};
-use signal_hook::iterator::{Handle, Signals};
 
 pub use crate::mountpoint::check_mountpoint;
 
@@ -160,7 +160,7 @@ pub enum Error {
         /// The error.
         source: io::Error,
     },
-    /// The signal handlers or the serving threads could not be set up.
+    /// The signals or the serving threads could not be set up.
     Setup(io::Error),
     /// Unmounting failed.
     Unmount {
@@ -276,8 +276,8 @@ pub struct MountSession {
     /// The session's result, once it has ended.
     ended: Option<io::Result<()>>,
     session: JoinHandle<()>,
-    signals: Handle,
-    listener: JoinHandle<()>,
+    /// Sends SIGINT and SIGTERM to `events` while it lives.
+    signals: Subscription,
 }
 
 /// Mount `files` as regular files in `mountpoint` (the root directory lists them in this
@@ -294,8 +294,6 @@ pub fn mount(
 ) -> Result<MountSession, Error> {
     fs::check_names(files.iter().map(|f| f.name.as_str()))?;
     let mountpoint = check_mountpoint(mountpoint)?;
-    let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(Error::Setup)?;
-    let handle = signals.handle();
     let uid = rustix::process::getuid().as_raw();
     let gid = rustix::process::getgid().as_raw();
     let volumes: Vec<_> = files.iter().map(|f| Arc::clone(&f.volume)).collect();
@@ -309,6 +307,11 @@ pub fn mount(
     })?;
     let (tx, events) = mpsc::channel();
     let on_signal = tx.clone();
+    // Before the mount, so that a signal cannot end the process while it is mounted.
+    let signals = signals::subscribe(&[SIGINT, SIGTERM], move |signal| {
+        let _ = on_signal.send(Event::Signal(signal));
+    })
+    .map_err(Error::Setup)?;
     // If this spawn fails, dropping `session` unmounts.
     let session = thread::Builder::new()
         .name("fuse-session".into())
@@ -316,32 +319,13 @@ pub fn mount(
             let _ = tx.send(Event::Ended(session.run()));
         })
         .map_err(Error::Setup)?;
-    let listener = thread::Builder::new()
-        .name("fuse-signals".into())
-        .spawn(move || {
-            for signal in signals.forever() {
-                if on_signal.send(Event::Signal(signal)).is_err() {
-                    break;
-                }
-            }
-        });
-    let listener = match listener {
-        Ok(listener) => listener,
-        Err(e) => {
-            // Nothing would report a signal: take the mount down again.
-            let _ = unmount_path(&mountpoint);
-            let _ = session.join();
-            return Err(Error::Setup(e));
-        }
-    };
     Ok(MountSession {
         mountpoint,
         volumes,
         events,
         ended: None,
         session,
-        signals: handle,
-        listener,
+        signals,
     })
 }
 
@@ -388,8 +372,8 @@ impl MountSession {
                 self.ended = Some(result);
                 Stop::Unmounted
             }
-            // The session thread always reports before it goes, and the listener lives until
-            // `close`: both senders gone means the session thread died.
+            // The session thread always reports before it goes, and the signals' subscription
+            // lives until `close`: both senders gone means the session thread died.
             Err(_) => {
                 self.ended = Some(Err(io::Error::other("the FUSE session thread died")));
                 Stop::Unmounted
@@ -419,8 +403,7 @@ impl MountSession {
             }
             self.wait();
         };
-        self.signals.close();
-        let _ = self.listener.join();
+        drop(self.signals);
         let _ = self.session.join();
         // Flush even when serving failed: whatever was written should be kept.
         // Every volume is flushed (fold runs them all); `and` keeps the first failure.

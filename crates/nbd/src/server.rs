@@ -101,7 +101,7 @@ pub struct Server {
     stop: Arc<AtomicBool>,
 }
 
-/// Stops a running server from another thread (a signal handler's thread, a test).
+/// Stops a running server from another thread (the thread that takes the signals, a test).
 #[derive(Clone)]
 pub struct StopHandle {
     stop: Arc<AtomicBool>,

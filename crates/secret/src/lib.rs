@@ -19,9 +19,12 @@
 //! Why a page per secret: locking and dump exclusion work on whole pages, and a handful of keys
 //! per process makes that cheap.
 
-// The crate's one module with `unsafe`: the mappings and the raw pointer into them.
+// The crate's modules with `unsafe`: the mappings and the raw pointer into them, and the signal
+// mask and the wait for signals.
 #[allow(unsafe_code)]
 mod region;
+#[allow(unsafe_code)]
+pub mod signals;
 #[allow(unsafe_code)]
 mod table;
 

@@ -10,19 +10,18 @@
 //! written into again, so the interval trades exposure for wear.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use sectorcrypt_fuse::{MountFile, MountOptions, Stop, Unmounted};
 use sectorcrypt_nbd::{Error as NbdError, Listen, Server, ServerOptions, StopHandle, Tls};
+use sectorcrypt_secret::signals::{self, SIGINT, SIGTERM};
 use sectorcrypt_storage::Storage;
 use sectorcrypt_ubi::block::VolumeStorage;
 use sectorcrypt_ubi::{AttachOptions, Ubi};
 use sectorcrypt_volume::{Layout, Volume, VolumeOptions};
-use signal_hook::consts::{SIGINT, SIGTERM};
-use signal_hook::iterator::Signals;
 
 use crate::exit::{CliError, Code};
 use crate::flash::OpenArgs;
@@ -124,8 +123,8 @@ fn serve(dir: &Path, exports: &[Export], tls: Option<&Tls>) -> Result<Vec<Server
 
 pub(crate) fn run(args: AttachArgs) -> Result<(), CliError> {
     // Before anything is unlocked, so that a signal at any point ends in an orderly exit.
-    let mut signals = Signals::new([SIGINT, SIGTERM])
-        .map_err(|e| CliError::io("cannot install signal handlers", e))?;
+    let (_signals, signalled) =
+        signals::channel(&[SIGINT, SIGTERM]).map_err(|e| CliError::io("cannot take signals", e))?;
     if let Some(dir) = &args.mountpoint {
         sectorcrypt_fuse::check_mountpoint(dir).map_err(fuse_error)?;
     }
@@ -192,9 +191,9 @@ pub(crate) fn run(args: AttachArgs) -> Result<(), CliError> {
         })
     });
     let result = match &args.mountpoint {
-        Some(dir) => mount_until_done(dir, &exports, &mut signals),
+        Some(dir) => mount_until_done(dir, &exports, &signalled),
         None => {
-            signals.forever().next();
+            let _ = signalled.recv();
             Ok(())
         }
     };
@@ -218,10 +217,10 @@ pub(crate) fn run(args: AttachArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Mount every export as a file in `dir` and serve until unmounted or signalled. `early` caught
-/// the signals that came before the mount's own handlers (while the NBD sockets were already
-/// there): one of them unmounts at once instead of being lost.
-fn mount_until_done(dir: &Path, exports: &[Export], early: &mut Signals) -> Result<(), CliError> {
+/// Mount every export as a file in `dir` and serve until unmounted or signalled. `early` took
+/// the signals that came before the mount's own subscription (while the NBD sockets were
+/// already there): one of them unmounts at once instead of being lost.
+fn mount_until_done(dir: &Path, exports: &[Export], early: &Receiver<i32>) -> Result<(), CliError> {
     let files = exports
         .iter()
         .map(|e| MountFile {
@@ -238,8 +237,8 @@ fn mount_until_done(dir: &Path, exports: &[Export], early: &mut Signals) -> Resu
             session.mountpoint().join(&e.name).display()
         );
     }
-    // The session's handlers are in place now: a signal from here on reaches `wait` too.
-    let mut signalled_early = early.pending().next().map(Stop::Signal);
+    // The session's subscription is in place now: a signal from here on reaches `wait` too.
+    let mut signalled_early = early.try_recv().ok().map(Stop::Signal);
     loop {
         match signalled_early.take().unwrap_or_else(|| session.wait()) {
             Stop::Unmounted => break,

@@ -14,12 +14,11 @@ use std::sync::Arc;
 use sectorcrypt_bench::kpio::{self as bench, KpioCase};
 use sectorcrypt_cipher::CipherSpec;
 use sectorcrypt_nbd::{Server, ServerOptions};
+use sectorcrypt_secret::signals::{self, SIGHUP, SIGINT, SIGTERM};
 use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_storage::{FileStorage, Storage};
 use sectorcrypt_volume::kpio::{self, KeyTable, Mirror, Reload};
 use sectorcrypt_volume::{Error as VolumeError, Layout, VolumeOptions};
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-use signal_hook::iterator::Signals;
 
 use crate::benchmark::backend_choice;
 use crate::exit::{chain, CliError, Code};
@@ -163,8 +162,8 @@ fn reload_summary(r: &Reload, in_use: usize) -> (String, Option<String>) {
 }
 
 fn serve(args: ServeArgs) -> Result<(), CliError> {
-    let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP])
-        .map_err(|e| CliError::io("cannot install signal handlers", e))?;
+    let (_signals, signalled) = signals::channel(&[SIGINT, SIGTERM, SIGHUP])
+        .map_err(|e| CliError::io("cannot take signals", e))?;
     let tls = args.tls.load(args.listen.as_deref())?;
     let key_bytes = args.format.key_bytes()?;
     let max = args.max_keys as usize;
@@ -246,7 +245,7 @@ fn serve(args: ServeArgs) -> Result<(), CliError> {
     let path = args.key_table.clone();
     let reloader = Arc::clone(&table);
     std::thread::spawn(move || {
-        for signal in signals.forever() {
+        for signal in signalled {
             if signal != SIGHUP {
                 stop.stop();
                 continue;

@@ -168,6 +168,11 @@ fn command() -> clap::Command {
 }
 
 fn main() -> ExitCode {
+    // Before any thread is started, so that every thread has SIGINT, SIGTERM and SIGHUP blocked
+    // and no signal handler runs on a thread in the middle of a keyed call (secret::signals).
+    if let Err(e) = sectorcrypt_secret::signals::route() {
+        return CliError::io("cannot take signals", e).report();
+    }
     let parsed = command().try_get_matches().and_then(|m| {
         let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&m)?;
         Ok((cli, device::ceph_args_of(&m)))

@@ -4,8 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use sectorcrypt_nbd::{Error as NbdError, Listen, Server, ServerOptions, Tls, TlsMode};
-use signal_hook::consts::{SIGINT, SIGTERM};
-use signal_hook::iterator::Signals;
+use sectorcrypt_secret::signals::{self, SIGINT, SIGTERM};
 
 use crate::exit::{CliError, Code};
 use crate::open::VolumeArgs;
@@ -146,8 +145,8 @@ pub(crate) fn bind_error(e: NbdError) -> CliError {
 pub(crate) fn run(args: ServeArgs) -> Result<(), CliError> {
     // Signals are caught before the volume is opened, so a signal at any point ends in an
     // orderly exit rather than the default termination.
-    let mut signals = Signals::new([SIGINT, SIGTERM])
-        .map_err(|e| CliError::io("cannot install signal handlers", e))?;
+    let (_signals, signalled) =
+        signals::channel(&[SIGINT, SIGTERM]).map_err(|e| CliError::io("cannot take signals", e))?;
     let tls = args.tls.load(args.listen.as_deref())?;
     // The devices are kept for their locks and for conversions run online.
     let mut opened = args.volume.open()?;
@@ -193,7 +192,7 @@ pub(crate) fn run(args: ServeArgs) -> Result<(), CliError> {
         .stop_handle()
         .map_err(|e| CliError::io("cannot set up the server", e))?;
     std::thread::spawn(move || {
-        for _ in signals.forever() {
+        for _ in signalled {
             stop.stop();
         }
     });

@@ -335,7 +335,7 @@ fn cbc_encrypt(k: &RoundKeys, buf: &mut [u8], unit_len: usize, ivs: &[Block]) {
     // line at a time (`cbc_encrypt_lines`) with at most 16 units (4 registers, whose transposed
     // lines fit in the register file) per batch. The twelve kernels below are not inlined: in
     // one frame their spill slots added up to 5.5-6.1 KiB, as deep as the wipe after the call
-    // reaches (`wipe::SHALLOW_STACK`), each alone is 3.7 KiB at most.
+    // reached then (`wipe::SHALLOW_STACK`); each alone reaches 3.5 KiB at most.
     let by_lines = unit_len.is_multiple_of(REG) && unit_len > 1024;
     let per_batch = if by_lines { 16 } else { 4 * REGS };
     for (batch, ivs) in buf

@@ -1,7 +1,6 @@
 //! `decrypt`: with a detached header in place; with a header on the device, exporting it to a new file and moving the data back to offset 0.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 
 use sectorcrypt_luks::luks2::reencrypt::{InitOptions, Mode};
 use sectorcrypt_luks::Header;
@@ -14,7 +13,7 @@ use sectorcrypt_luks::luks2::Header as Luks2Header;
 
 use super::{
     ask_server, device_len, directory_of, records_conversion, resume_hint, run_conversion,
-    stop_on_signals, with_resume_hint, RunArgs,
+    stop_on_signals, with_resume_hint, RunArgs, StopFlag,
 };
 use crate::exit::CliError;
 use crate::keyslots::{confirm, open_rw};
@@ -114,7 +113,7 @@ fn decrypt_attached(
     args: &DecryptArgs,
     header_path: &Path,
     dev: &dyn Storage,
-    stop: &AtomicBool,
+    stop: &StopFlag,
 ) -> Result<(), CliError> {
     let init = InitOptions {
         resilience: resilience::exported_decryption(args.run.resilience)?,

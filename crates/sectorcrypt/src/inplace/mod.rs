@@ -24,13 +24,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use sectorcrypt_luks::luks2::reencrypt::{InitOptions, Mode};
+use sectorcrypt_secret::signals::{self, Subscription};
 use sectorcrypt_secret::SecretBytes;
 use sectorcrypt_storage::{FsDirectory, Storage};
 use sectorcrypt_volume::convert::{self, read_luks2};
 use sectorcrypt_volume::reencrypt::{run, Options, Outcome, Pace, DEFAULT_HOTZONE};
 use sectorcrypt_volume::resilience::{self, Resilience};
 use sectorcrypt_volume::Error as VolumeError;
-use signal_hook::consts::{SIGINT, SIGTERM};
 
 use crate::progress::Reporter;
 use sectorcrypt_storage::units::parse_size;
@@ -145,15 +145,41 @@ pub(super) fn header_for_tokens(
     Ok(Some((dev, h)))
 }
 
-/// SIGINT and SIGTERM set the returned flag; the conversion stops at its next safe point.
-/// Installed before anything is written.
-pub(crate) fn stop_on_signals() -> Result<Arc<AtomicBool>, CliError> {
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [SIGINT, SIGTERM] {
-        signal_hook::flag::register(sig, Arc::clone(&stop))
-            .map_err(|e| CliError::io("cannot install signal handlers", e))?;
+/// A flag that SIGINT and SIGTERM set while it lives (instead of ending the process): the
+/// conversion stops at its next safe point.
+pub(crate) struct StopFlag {
+    flag: Arc<AtomicBool>,
+    _signals: Subscription,
+}
+
+impl StopFlag {
+    /// Whether a stop was asked for. A signal sent to this thread alone (as strace's fault
+    /// injection sends it at an exact write) is taken here, where the conversion checks anyway.
+    pub(crate) fn is_set(&self) -> bool {
+        signals::take_pending();
+        self.flag.load(Ordering::SeqCst)
     }
-    Ok(stop)
+}
+
+impl std::ops::Deref for StopFlag {
+    type Target = AtomicBool;
+    fn deref(&self) -> &AtomicBool {
+        &self.flag
+    }
+}
+
+/// The stop flag, taken before anything is written.
+pub(crate) fn stop_on_signals() -> Result<StopFlag, CliError> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let set = Arc::clone(&flag);
+    let subscription = signals::subscribe(&[signals::SIGINT, signals::SIGTERM], move |_| {
+        set.store(true, Ordering::SeqCst);
+    })
+    .map_err(|e| CliError::io("cannot take signals", e))?;
+    Ok(StopFlag {
+        flag,
+        _signals: subscription,
+    })
 }
 
 /// Run the conversion recorded in the header at `header_path` to its end, with progress; an
@@ -164,7 +190,7 @@ pub(super) fn run_conversion(
     data: &dyn Storage,
     pass: &[u8],
     args: &RunArgs,
-    stop: &AtomicBool,
+    stop: &StopFlag,
 ) -> Result<(), CliError> {
     if args.init_only {
         return Ok(());
@@ -188,7 +214,7 @@ pub(super) fn run_reporting(
     pass: &[u8],
     options: &Options,
     args: &RunArgs,
-    stop: &AtomicBool,
+    stop: &StopFlag,
     resume: &str,
 ) -> Result<(), CliError> {
     let mut report = Reporter::new(args.json);
@@ -196,7 +222,7 @@ pub(super) fn run_reporting(
     let outcome = run(header, data, pass, options, &mut |p| {
         report.step(p);
         pace.after(p, false, stop);
-        !stop.load(Ordering::Relaxed)
+        !stop.is_set()
     })?;
     report.done();
     match outcome {

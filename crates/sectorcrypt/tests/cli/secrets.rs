@@ -146,6 +146,7 @@ fn assert_keys_protected(
         "VmLck is {locked} kB, less than the {min_locked_kib} kB the keys take: {}",
         holder.stderr()
     );
+    assert_no_signal_lands_on_a_keyed_thread(pid);
     // Root owns a root process's files whether it is dumpable or not: nothing to see then.
     if status_field(pid, "Uid") != 0 {
         // The kernel gives a non-dumpable process's private files (not /proc/PID itself) to root.
@@ -186,6 +187,126 @@ fn assert_keys_protected(
             );
         }
     }
+}
+
+/// A signal handler saves the interrupted thread's registers (round keys, in a cipher call) on
+/// its stack, deeper than a cipher call's wipe reaches (`sectorcrypt_secret::signals`). So: no
+/// handler is installed but Rust's own for SIGSEGV and SIGBUS (faults, on an alternate stack, and
+/// fatal), and every thread blocks SIGINT, SIGTERM and SIGHUP, which one thread takes with
+/// `sigwaitinfo`.
+fn assert_no_signal_lands_on_a_keyed_thread(pid: u32) {
+    let mask = |status: &str, name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or_else(|| panic!("no {name} in {status}"))
+    };
+    let bit = |signal: u32| 1u64 << (signal - 1);
+    let (sighup, sigint, sigbus, sigsegv, sigterm) = (1, 2, 7, 11, 15);
+    // glibc's own SIGSETXID (33), which it sends its threads only when one of them changes the
+    // process's user or group ids: sectorcrypt never does.
+    let sigsetxid = 33;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let caught = mask(&status, "SigCgt");
+    assert_eq!(
+        caught & !(bit(sigsegv) | bit(sigbus) | bit(sigsetxid)),
+        0,
+        "signal handlers are installed (SigCgt {caught:#x}): one may run on a thread in a \
+         cipher call"
+    );
+    let routed = bit(sighup) | bit(sigint) | bit(sigterm);
+    let mut threads = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let task = task.unwrap().path();
+        // A thread that has ended since the listing has no status to read.
+        let Ok(status) = std::fs::read_to_string(task.join("status")) else {
+            continue;
+        };
+        let name = status.lines().next().unwrap_or_default().to_owned();
+        // The thread that takes them: `sigwaitinfo` unblocks what it waits for while it waits,
+        // and with no handler installed (above) a signal only ends the wait.
+        if name.split_whitespace().nth(1) == Some("signals") {
+            threads += 1;
+            continue;
+        }
+        let blocked = mask(&status, "SigBlk");
+        assert_eq!(
+            blocked & routed,
+            routed,
+            "thread {} ({name}) does not block SIGHUP, SIGINT and SIGTERM (SigBlk {blocked:#x})",
+            task.display()
+        );
+        threads += 1;
+    }
+    assert!(
+        threads >= 2,
+        "the signals thread and at least one other: {threads}"
+    );
+}
+
+/// A signal no command takes does what it would if no thread blocked it: SIGTERM and SIGHUP end
+/// `benchmark` as that signal, and a SIGHUP ignored from the start (`nohup`) stays ignored.
+#[test]
+fn a_signal_no_command_takes_ends_the_process_as_that_signal_unless_ignored() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::ExitStatusExt;
+    let benchmark = |seconds: &str, nohup: bool| {
+        let args = [
+            "benchmark",
+            "-c",
+            "aes-xts-plain64",
+            "--sector-size",
+            "512",
+            "--request-size",
+            "65536",
+            "--seconds",
+            seconds,
+        ];
+        let mut cmd = if nohup {
+            let mut c = Command::new("nohup");
+            c.arg(BIN);
+            c
+        } else {
+            Command::new(BIN)
+        };
+        let mut child = cmd
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // The table's first line is printed after `main` has routed the signals. The rest is
+        // read to its end: with the pipe closed, the next line would fail the run.
+        let mut table = BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        table.read_line(&mut first).unwrap();
+        assert!(first.starts_with("# "), "benchmark printed {first:?}");
+        (child, table)
+    };
+    let wait = |(mut child, mut table): (Child, BufReader<std::process::ChildStdout>)| {
+        std::io::copy(&mut table, &mut std::io::sink()).unwrap();
+        child.wait().unwrap()
+    };
+    for (sig, number) in [("-TERM", 15), ("-HUP", 1)] {
+        // Far longer than the test waits for the signal to act.
+        let child = benchmark("60", false);
+        signal(child.0.id(), sig);
+        let status = wait(child);
+        assert_eq!(
+            status.signal(),
+            Some(number),
+            "kill {sig} ends benchmark as that signal: {status}"
+        );
+    }
+    let child = benchmark("1", true);
+    signal(child.0.id(), "-HUP");
+    let status = wait(child);
+    assert!(
+        status.success(),
+        "under nohup SIGHUP is ignored and benchmark finishes: {status}"
+    );
 }
 
 /// A LUKS2 volume of `mib` MiB with a known volume key and [`PASSPHRASE`]: (image, passphrase
