@@ -67,7 +67,8 @@ pub fn route() -> io::Result<()> {
 
 /// Called while a [`Subscription`] lives, on the signals thread, with each of `signals` that
 /// arrives; while one lives, the signal does not end the process. `act` runs with the
-/// subscribers locked: it must be quick (set a flag, send on a channel) and must not subscribe.
+/// subscribers locked: it must be quick (set a flag, send on a channel), and must neither
+/// subscribe nor drop a subscription.
 pub fn subscribe(
     signals: &[i32],
     act: impl FnMut(i32) + Send + 'static,
@@ -160,13 +161,15 @@ fn take(routed: &libc::sigset_t) {
 
 /// Give `signal` to its subscribers, or with none act as the process would have without us.
 fn hand_on(signal: i32) {
-    let taken = subscribers()
-        .iter_mut()
-        .filter(|s| s.signals.contains(&signal))
-        .map(|s| (s.act)(signal))
-        .count();
+    let mut taken = false;
+    for subscriber in subscribers().iter_mut() {
+        if subscriber.signals.contains(&signal) {
+            (subscriber.act)(signal);
+            taken = true;
+        }
+    }
     let ignored = IGNORED.get().is_some_and(|i| i.contains(&signal));
-    if taken == 0 && !ignored {
+    if !taken && !ignored {
         end_by(signal);
     }
 }

@@ -263,13 +263,14 @@ fn a_signal_no_command_takes_ends_the_process_as_that_signal_unless_ignored() {
             "--seconds",
             seconds,
         ];
-        let mut cmd = if nohup {
-            let mut c = Command::new("nohup");
-            c.arg(BIN);
-            c
-        } else {
-            Command::new(BIN)
-        };
+        // Every signal at its default first: the test may itself run with SIGHUP ignored (under
+        // `nohup`), which a child inherits.
+        let mut cmd = Command::new("env");
+        cmd.arg("--default-signal");
+        if nohup {
+            cmd.arg("nohup");
+        }
+        cmd.arg(BIN);
         let mut child = cmd
             .args(args)
             .stdin(Stdio::null())
