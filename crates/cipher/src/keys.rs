@@ -385,7 +385,8 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn every_keyed_call_stays_within_the_stack_its_wipe_clears() {
-        use crate::wipe::reach::{assert_holds_none_of, deepest_within, measure_leaving};
+        use crate::wipe::reach::{deepest_within, measure_leaving};
+        use crate::wipe::residue::assert_left_none;
         let src: Vec<u8> = (0..256 * 1024u32)
             .map(|i| (i * 7 + i / 251) as u8)
             .collect();
@@ -403,7 +404,8 @@ mod tests {
                 );
                 let (loaded, left) = measure_leaving(|| keys.load(1, &key(1, key_len)).unwrap());
                 let mut deepest = deepest_within(&loaded, &format!("{what}, loading"));
-                assert_holds_none_of(&*left, &key(1, key_len), &format!("{what}, loading"));
+                let key = key(1, key_len);
+                assert_left_none(&*left, spec, &key, &format!("{what}, loading"));
                 for len in [sector_size, 4096, 64 * 1024, 256 * 1024] {
                     for dir in [Direction::Encrypt, Direction::Decrypt] {
                         let mut buf = src[..len].to_vec();
@@ -414,7 +416,7 @@ mod tests {
                         });
                         let case = format!("{what}, {len}-byte request in place, {dir:?}");
                         deepest = deepest.max(deepest_within(&wipes, &case));
-                        assert_holds_none_of(&*left, &key(1, key_len), &case);
+                        assert_left_none(&*left, spec, &key, &case);
                         let (wipes, left) = measure_leaving(|| {
                             keys.with_key(1, |k| k.process_from(&src[..len], &mut buf, 3, dir))
                                 .unwrap()
@@ -422,7 +424,7 @@ mod tests {
                         });
                         let case = format!("{what}, {len}-byte request from a source, {dir:?}");
                         deepest = deepest.max(deepest_within(&wipes, &case));
-                        assert_holds_none_of(&*left, &key(1, key_len), &case);
+                        assert_left_none(&*left, spec, &key, &case);
                     }
                 }
                 eprintln!("{what}: deepest {deepest} bytes");

@@ -841,7 +841,8 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn every_keyed_call_stays_within_the_stack_its_wipe_clears() {
-        use crate::wipe::reach::{assert_holds_none_of, deepest_within, measure_leaving};
+        use crate::wipe::reach::{deepest_within, measure_leaving};
+        use crate::wipe::residue::assert_left_none;
         let backends = [
             Backend::Portable,
             Backend::AesNi,
@@ -898,7 +899,8 @@ mod tests {
                         "{spec} ({key_len}-byte key) on {backend}, {sector_size}-byte sectors"
                     );
                     let mut deepest = deepest_within(&set_up, &format!("{what}, key set-up"));
-                    assert_holds_none_of(&*left, &key[..key_len], &format!("{what}, key set-up"));
+                    let key = &key[..key_len];
+                    assert_left_none(&*left, spec, key, &format!("{what}, key set-up"));
                     for len in [sector_size, 4096, 64 * 1024, 256 * 1024] {
                         for dir in [Direction::Encrypt, Direction::Decrypt] {
                             let mut buf = src[..len].to_vec();
@@ -906,13 +908,13 @@ mod tests {
                                 measure_leaving(|| cipher.process(&mut buf, 3, dir).unwrap());
                             let case = format!("{what}, {len}-byte request in place, {dir:?}");
                             deepest = deepest.max(deepest_within(&wipes, &case));
-                            assert_holds_none_of(&*left, &key[..key_len], &case);
+                            assert_left_none(&*left, spec, key, &case);
                             let (wipes, left) = measure_leaving(|| {
                                 cipher.process_from(&src[..len], &mut buf, 3, dir).unwrap();
                             });
                             let case = format!("{what}, {len}-byte request from a source, {dir:?}");
                             deepest = deepest.max(deepest_within(&wipes, &case));
-                            assert_holds_none_of(&*left, &key[..key_len], &case);
+                            assert_left_none(&*left, spec, key, &case);
                         }
                     }
                     eprintln!("{what}: deepest {deepest} bytes");

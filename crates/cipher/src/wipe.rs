@@ -392,6 +392,47 @@ pub mod reach {
     }
 }
 
+/// What no stack may keep once a keyed call has returned, for the tests' residue checks
+/// ([`reach::assert_holds_none_of`]): the key, and for AES every round key of every AES key in
+/// it (the data key, XTS's tweak key, ESSIV's hash of the key), in both forms the engines keep
+/// them. Only the first one or two round keys are bytes of the key, and any one gives it away.
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(crate) mod residue {
+    use sectorcrypt_testkit::aes_schedule::aes_round_keys;
+    use sha2::{Digest, Sha256};
+
+    /// The key material of `key` under `spec` (a dm-crypt cipher specification).
+    pub(crate) fn key_material(spec: &str, key: &[u8]) -> Vec<Vec<u8>> {
+        let mut all = vec![key.to_vec()];
+        if !spec.starts_with("aes-") {
+            return all;
+        }
+        let mut aes_keys: Vec<Vec<u8>> = if spec.contains("-xts-") {
+            key.chunks(key.len() / 2).map(<[u8]>::to_vec).collect()
+        } else if spec.contains("-lrw-") {
+            vec![key[..key.len() - 16].to_vec()] // and LRW's 16-byte multiplier
+        } else {
+            vec![key.to_vec()]
+        };
+        if spec.contains("essiv:sha256") {
+            let salt = Sha256::digest(key).to_vec();
+            all.push(salt.clone());
+            aes_keys.push(salt);
+        }
+        for aes_key in aes_keys {
+            all.extend(aes_round_keys(&aes_key).iter().map(|k| k.to_vec()));
+        }
+        all
+    }
+
+    /// [`super::reach::assert_holds_none_of`] for each piece of [`key_material`].
+    pub(crate) fn assert_left_none(left: &[u8], spec: &str, key: &[u8], what: &str) {
+        for (i, secret) in key_material(spec, key).iter().enumerate() {
+            super::reach::assert_holds_none_of(left, secret, &format!("{what} (key material {i})"));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

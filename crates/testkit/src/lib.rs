@@ -21,6 +21,7 @@
 //! And what every test file needs: a scratch folder, running a tool and checking it succeeded,
 //! cryptsetup with fast key derivation, data patterns.
 
+pub mod aes_schedule;
 pub mod fault;
 pub mod kernel_oracle;
 pub mod luks2_json;
