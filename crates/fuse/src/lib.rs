@@ -446,7 +446,7 @@ fn unmount_path(path: &Path) -> io::Result<Unmounted> {
 
 /// Run `fusermount3 -u EXTRA PATH` quietly; whether it succeeded.
 fn fusermount(path: &Path, extra: &[&str]) -> io::Result<bool> {
-    let status = Command::new("fusermount3")
+    let status = signals::unblock_in_child(&mut Command::new("fusermount3"))
         .args(["-u", "-q"])
         .args(extra)
         .arg("--")

@@ -15,8 +15,10 @@
 //! `sigwaitinfo`, which saves no registers anywhere. Each one goes to the subscribers of its
 //! number ([`subscribe`], [`channel`]); with none, it does what it would have done without us:
 //! it ends the process, as that signal (or, if it was ignored when the process started, as
-//! under `nohup`, nothing). A child process starts with no signal blocked (`std::process`
-//! clears the mask between `fork` and `exec`).
+//! under `nohup`, nothing). A child process would inherit the mask (`std::process::Command`
+//! keeps it across `fork` and `exec`): one we start gets the three unblocked again first
+//! ([`unblock_in_child`]). `fuser` starts `fusermount3` itself to mount without root; that
+//! helper keeps them blocked for the moment it runs, and acts on none.
 //!
 //! A signal sent to one thread rather than to the process (`tgkill`; strace's fault injection
 //! sends them so) waits blocked on that thread: only it can take it. Loops that check a stop flag
@@ -100,6 +102,24 @@ pub fn take_pending() {
     let signal = unsafe { libc::sigtimedwait(&raw const routed, std::ptr::null_mut(), &now) };
     if signal > 0 {
         hand_on(signal);
+    }
+}
+
+/// Have `cmd`'s process start with [`ROUTED`] unblocked, as it would without [`route`]: a child
+/// inherits its parent's signal mask across `fork` and `exec`, and a program started with SIGINT
+/// blocked ignores the terminal's Ctrl-C.
+pub fn unblock_in_child(cmd: &mut std::process::Command) -> &mut std::process::Command {
+    use std::os::unix::process::CommandExt;
+    let routed = set_of(&ROUTED);
+    // SAFETY: the hook runs in the child between `fork` and `exec` and makes one
+    // async-signal-safe call (`sigprocmask`) on a set copied into it; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::sigprocmask(libc::SIG_UNBLOCK, &raw const routed, std::ptr::null_mut()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        })
     }
 }
 
@@ -287,6 +307,34 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    /// A child inherits the blocked signals unless started through `unblock_in_child`.
+    #[test]
+    fn a_child_started_through_unblock_in_child_has_the_signals_unblocked() {
+        let blocked_in = |unblock: bool| {
+            std::thread::spawn(move || {
+                route().unwrap();
+                let mut cmd = std::process::Command::new("grep");
+                cmd.args(["^SigBlk:", "/proc/self/status"]);
+                if unblock {
+                    unblock_in_child(&mut cmd);
+                }
+                let out = cmd.output().unwrap();
+                let text = String::from_utf8(out.stdout).unwrap();
+                let hex = text.trim().trim_start_matches("SigBlk:").trim().to_owned();
+                u64::from_str_radix(&hex, 16).unwrap()
+            })
+            .join()
+            .unwrap()
+        };
+        let routed = ROUTED.iter().fold(0u64, |m, &s| m | 1 << (s - 1));
+        assert_eq!(
+            blocked_in(false) & routed,
+            routed,
+            "inherited: the reason for the hook"
+        );
+        assert_eq!(blocked_in(true) & routed, 0);
     }
 
     /// `tgkill` to the thread named "signals", found in `/proc/self/task` (it names itself once
