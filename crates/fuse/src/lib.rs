@@ -299,12 +299,6 @@ pub fn mount(
     let volumes: Vec<_> = files.iter().map(|f| Arc::clone(&f.volume)).collect();
     let read_only = volumes.iter().all(|v| v.is_read_only());
     let fs = fs::VolumeFs::new(files, uid, gid);
-    let session = Session::new(fs, &mountpoint, &config(read_only, options)).map_err(|source| {
-        Error::Mount {
-            path: mountpoint.clone(),
-            source,
-        }
-    })?;
     let (tx, events) = mpsc::channel();
     let on_signal = tx.clone();
     // Before the mount, so that a signal cannot end the process while it is mounted.
@@ -312,6 +306,12 @@ pub fn mount(
         let _ = on_signal.send(Event::Signal(signal));
     })
     .map_err(Error::Setup)?;
+    let session = Session::new(fs, &mountpoint, &config(read_only, options)).map_err(|source| {
+        Error::Mount {
+            path: mountpoint.clone(),
+            source,
+        }
+    })?;
     // If this spawn fails, dropping `session` unmounts.
     let session = thread::Builder::new()
         .name("fuse-session".into())
