@@ -24,7 +24,9 @@
 //! 20.1 KiB (`DEEP_STACK`); docs/SECURITY.md has the numbers, and the four overruns the tests
 //! found. A signal handler would save the registers deeper still, by the CPU's register state
 //! size, which no fixed depth can follow: none runs on a thread that makes keyed calls
-//! (`sectorcrypt_secret::signals`).
+//! (`sectorcrypt_secret::signals`) but the storage's, for a mapped page that fails under a
+//! kernel, which notes that it ran; every wipe then also clears what it left
+//! (`signals::clear_after_handlers`).
 
 use std::cell::Cell;
 
@@ -116,6 +118,9 @@ fn stack_and_registers<const N: usize>() {
     reach::after();
     #[cfg(test)]
     tests::STACK_WIPES.with(|w| w.borrow_mut().push(N));
+    // A handler of ours that interrupted the calls (the storage's, for a mapped page that
+    // failed under them) left their registers deeper, or on its alternate stack.
+    sectorcrypt_secret::signals::clear_after_handlers();
 }
 
 /// The stack part of [`stack_and_registers`], as a `memset`.
@@ -504,6 +509,50 @@ mod tests {
             wipes_during(|| after_keyed_call(1)),
             [SHALLOW_STACK],
             "a later call wipes at once"
+        );
+    }
+
+    /// What a handler of ours left on a thread's alternate signal stack during keyed calls (the
+    /// storage's SIGBUS handler notes that it ran) goes with the wipe after the calls, on
+    /// whichever thread they ran, the cipher's workers too; not before a handler ran. The stack
+    /// is filled and read through `/proc/self/mem`.
+    #[test]
+    fn the_wipe_after_keyed_calls_clears_what_a_handler_left_on_the_alternate_stack() {
+        use std::os::unix::fs::FileExt;
+        use std::sync::mpsc;
+        let check = |note: bool| {
+            let (at, len) = sectorcrypt_secret::signals::alt_stack()
+                .expect("Rust gives its threads an alternate signal stack");
+            let mem = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/proc/self/mem")
+                .unwrap();
+            mem.write_all_at(&vec![0xa5; len], at as u64).unwrap();
+            if note {
+                sectorcrypt_secret::signals::note_handler_ran();
+            }
+            once(|| after_keyed_call(1));
+            let mut left = vec![0u8; len];
+            mem.read_exact_at(&mut left, at as u64).unwrap();
+            left
+        };
+        // A new thread each time: a thread clears once for handlers noted before it first looked.
+        let on_a_thread = |note: bool| {
+            let (tx, rx) = mpsc::channel();
+            std::thread::spawn(move || {
+                check(false);
+                tx.send(check(note)).unwrap();
+            });
+            rx.recv().unwrap()
+        };
+        assert!(
+            on_a_thread(false).iter().all(|&b| b == 0xa5),
+            "cleared without a handler"
+        );
+        assert!(
+            on_a_thread(true).iter().all(|&b| b == 0),
+            "a handler's frame is left"
         );
     }
 }

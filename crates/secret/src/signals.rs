@@ -20,6 +20,11 @@
 //! ([`unblock_in_child`]). `fuser` starts `fusermount3` itself to mount without root; that
 //! helper keeps them blocked for the moment it runs, and acts on none.
 //!
+//! One handler of ours can still interrupt a keyed call and return: the storage's, for a mapped
+//! file's page that fails under a cipher kernel. It runs on the thread's alternate stack, where
+//! the saved registers stay; it says so ([`note_handler_ran`]), and the cipher's wipe after the
+//! calls zeroes what it left ([`clear_after_handlers`]).
+//!
 //! A signal sent to one thread rather than to the process (`tgkill`; strace's fault injection
 //! sends them so) waits blocked on that thread: only it can take it. Loops that check a stop flag
 //! anyway (a conversion, at each step) call [`take_pending`] there; `kill`, a terminal and a
@@ -121,6 +126,68 @@ pub fn unblock_in_child(cmd: &mut std::process::Command) -> &mut std::process::C
             Ok(())
         })
     }
+}
+
+/// This thread's alternate signal stack, where a handler installed with `SA_ONSTACK` runs (Rust's
+/// for SIGSEGV and SIGBUS, the storage's SIGBUS handler for mapped files): its address and size,
+/// or `None` when the thread has none or is running on it now.
+pub fn alt_stack() -> Option<(usize, usize)> {
+    let mut now = std::mem::MaybeUninit::<libc::stack_t>::zeroed();
+    // SAFETY: a query only (no new stack); `now` is written by the call.
+    let queried = unsafe { libc::sigaltstack(std::ptr::null(), now.as_mut_ptr()) };
+    // SAFETY: zero-initialised, and filled in by a successful call.
+    let now = unsafe { now.assume_init() };
+    let off = libc::SS_DISABLE | libc::SS_ONSTACK;
+    (queried == 0 && now.ss_flags & off == 0 && !now.ss_sp.is_null())
+        .then_some((now.ss_sp as usize, now.ss_size))
+}
+
+/// Handlers of ours that ran, process-wide: see [`note_handler_ran`].
+static HANDLED: AtomicU64 = AtomicU64::new(0);
+
+std::thread_local! {
+    /// [`HANDLED`] when this thread last cleared what handlers leave.
+    static CLEARED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Called by a signal handler of ours that may interrupt a keyed call (async-signal-safe: one
+/// atomic add). The commands install only one: the storage's, for a mapped file's page that
+/// fails under a request (a file truncated by another process, a disk error), in the middle of
+/// a cipher kernel reading or writing it; the kernel then saves that kernel's registers, round
+/// keys among them, where the handler runs, and leaves them there when it returns.
+pub fn note_handler_ran() {
+    HANDLED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// After keyed work, from a frame above it: if a handler of ours ran anywhere since this thread
+/// last looked ([`note_handler_ran`]), zero what one may have left on this thread: its
+/// alternate signal stack ([`alt_stack`]), and, for a thread without one, 128 KiB of its stack
+/// below the caller, where the saved registers then lie (below the interrupted frames, by the
+/// CPU's register state size: at most 11 KiB with AMX). Otherwise one atomic load: the cipher's
+/// wipe after every request calls it.
+#[inline]
+pub fn clear_after_handlers() {
+    let handled = HANDLED.load(Ordering::Relaxed);
+    if handled != CLEARED.with(std::cell::Cell::get) {
+        CLEARED.with(|c| c.set(handled));
+        clear_handler_frames();
+    }
+}
+
+#[inline(never)]
+#[cold]
+fn clear_handler_frames() {
+    if let Some((at, len)) = alt_stack() {
+        for i in 0..len {
+            // SAFETY: the alternate stack is `len` bytes of writable memory at `at` (the kernel
+            // writes signal frames there), which no handler uses now: this thread is not on it
+            // (`alt_stack`), and a handler interrupting the loop runs to its end before the
+            // loop goes on. Volatile, so that the stores are not dropped as never read; a byte
+            // at a time, as the stack need not be aligned (a rare path: a few microseconds).
+            unsafe { std::ptr::write_volatile((at as *mut u8).add(i), 0) };
+        }
+    }
+    crate::scrub_stack();
 }
 
 /// [`subscribe`], each signal sent on the returned channel.

@@ -23,7 +23,10 @@
 //! count after using the bytes: a fault throws the work away and the caller reads or writes
 //! again through `pread` or `pwrite`, which reports the real error (a write's pages that did
 //! reach the file are written again). A mapping that once faulted is never lent again (its
-//! zero pages no longer show the file).
+//! zero pages no longer show the file). The handler interrupts a cipher kernel, whose registers
+//! (round keys) the kernel saves where the handler runs (the thread's alternate stack) and leaves
+//! there: it notes that it ran, and the cipher's wipe after the calls, or the lend itself,
+//! zeroes that frame (`sectorcrypt_secret::signals::clear_after_handlers`).
 //!
 //! A page evicted between the check and the access but readable is only read back in (the
 //! caller waits, as `pread` would have). Bytes lent while another thread writes the same range
@@ -193,7 +196,14 @@ impl Mapping {
         each(unsafe { self.at.as_ptr().add(start) });
         // The handler counts before it maps the zero page that `each` may have used.
         fence(Ordering::SeqCst);
-        self.slot.faults.load(Ordering::Acquire) == 0
+        let clean = self.slot.faults.load(Ordering::Acquire) == 0;
+        if !clean {
+            // The handler may have run on this thread in the middle of `each`'s cipher call:
+            // the registers the kernel saved for it (round keys) are still where it ran. (The
+            // cipher's wipe does the same on its worker threads.)
+            sectorcrypt_secret::signals::clear_after_handlers();
+        }
+        clean
     }
 
     /// Whether every page of `len` bytes at `start` is in the page cache.
@@ -276,6 +286,8 @@ extern "C" fn on_sigbus(signal: libc::c_int, info: *mut libc::siginfo_t, context
             continue;
         }
         slot.faults.fetch_add(1, Ordering::SeqCst);
+        // Registers saved for this handler may hold a cipher kernel's keys.
+        sectorcrypt_secret::signals::note_handler_ran();
         let at = addr / page * page;
         let prot = if slot.writable.load(Ordering::Relaxed) {
             libc::PROT_READ | libc::PROT_WRITE

@@ -547,3 +547,139 @@ fn reads_decrypt_from_lent_bytes_or_read_again_when_they_are_taken_back() {
         },
     );
 }
+
+/// A file that another process truncates while a request has its bytes lent, past its first
+/// `keep` bytes: the cipher's access to the lost pages faults, and the storage's SIGBUS handler
+/// runs on the request's thread in the middle of the cipher call.
+struct TruncatedUnderLend {
+    file: sectorcrypt_storage::FileStorage,
+    path: std::path::PathBuf,
+    keep: u64,
+}
+
+impl TruncatedUnderLend {
+    fn truncate(&self) {
+        let other = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.path)
+            .unwrap();
+        other.set_len(self.keep).unwrap();
+    }
+}
+
+impl Storage for TruncatedUnderLend {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.file.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.file.write_at(buf, offset)
+    }
+    fn read_lent(&self, offset: u64, len: usize, each: &mut dyn FnMut(&[u8])) -> io::Result<bool> {
+        self.file.read_lent(offset, len, &mut |src| {
+            self.truncate();
+            each(src);
+        })
+    }
+    fn write_lent(
+        &self,
+        offset: u64,
+        len: usize,
+        each: &mut dyn FnMut(&mut [u8]),
+    ) -> io::Result<bool> {
+        self.file.write_lent(offset, len, &mut |dst| {
+            self.truncate();
+            each(dst);
+        })
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.file.sync()
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.file.len()
+    }
+    fn name(&self) -> String {
+        "a file truncated under a lend".into()
+    }
+}
+
+/// The first 16-byte piece of `pieces` found in `bytes`, and where.
+fn find_piece(bytes: &[u8], pieces: &[[u8; 16]]) -> Option<(usize, usize)> {
+    let set: std::collections::HashMap<[u8; 16], usize> =
+        pieces.iter().enumerate().map(|(i, p)| (*p, i)).collect();
+    bytes.windows(16).enumerate().find_map(|(at, w)| {
+        let w: [u8; 16] = w.try_into().unwrap();
+        set.get(&w).map(|&i| (i, at))
+    })
+}
+
+/// `len` bytes of this process's memory at `at`, read through `/proc/self/mem`.
+fn own_memory(at: usize, len: usize) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let mem = std::fs::File::open("/proc/self/mem").unwrap();
+    let mut bytes = vec![0u8; len];
+    mem.read_exact_at(&mut bytes, at as u64).unwrap();
+    bytes
+}
+
+/// A page of a lent request that fails under the cipher (the file truncated by someone else)
+/// makes the kernel save the cipher kernel's registers for the storage's SIGBUS handler, on the
+/// thread's alternate signal stack: no round key of either XTS key may be left there, nor in the
+/// stack below the request, once the request has returned. Reads and writes.
+#[test]
+fn a_page_that_fails_under_a_lent_request_leaves_no_round_key_in_the_signal_frame() {
+    let dir = std::env::temp_dir().join(format!("sectorcrypt-vol-sigbus-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("v.img");
+    let size = 256u64 << 10;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(32);
+    let mut key = [0u8; 64];
+    rng.fill_bytes(&mut key);
+    let pieces: Vec<[u8; 16]> = [&key[..32], &key[32..]]
+        .into_iter()
+        .flat_map(sectorcrypt_testkit::aes_schedule::aes_round_keys)
+        .collect();
+    let (alt_at, alt_len) = sectorcrypt_secret::signals::alt_stack()
+        .expect("Rust gives its threads an alternate signal stack");
+    for write in [false, true] {
+        // In the page cache, as a lend needs.
+        std::fs::write(&path, vec![0x5a; (DATA_OFFSET + size) as usize]).unwrap();
+        let storage = Arc::new(TruncatedUnderLend {
+            file: sectorcrypt_storage::FileStorage::open(&path).unwrap(),
+            path: path.clone(),
+            keep: DATA_OFFSET + 8192,
+        });
+        let vol = Volume::with_layout(
+            storage,
+            layout("aes-xts-plain64", 4096, DATA_OFFSET, size),
+            &key,
+            &VolumeOptions::default(),
+        )
+        .unwrap();
+        let mut buf = vec![0u8; 64 << 10];
+        // Either way the request ends: a read finds the data gone, a write is written again.
+        let _ = if write {
+            vol.write(&buf, 0)
+        } else {
+            vol.read(&mut buf, 0)
+        };
+        // The stack the request's frames used (every wipe and scrub reached into it, so it is
+        // mapped even on a main thread, whose stack grows only as it is touched).
+        let here = 0u8;
+        let below = std::hint::black_box(&here) as *const u8 as usize - (100 << 10);
+        for (what, bytes) in [
+            ("the alternate signal stack", own_memory(alt_at, alt_len)),
+            ("the stack below the request", own_memory(below, 96 << 10)),
+        ] {
+            if let Some((piece, at)) = find_piece(&bytes, &pieces) {
+                panic!(
+                    "{} of {} bytes holds round key {piece} (of both keys' schedules) at byte \
+                     {at}, after a {}",
+                    what,
+                    bytes.len(),
+                    if write { "write" } else { "read" }
+                );
+            }
+        }
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
