@@ -1,11 +1,14 @@
-//! What choosing the key per request costs: requests at random offsets of an in-memory store,
-//! each under a key tag drawn at random from a table of N keys, against the same requests under
-//! one key, in the same run.
+//! What choosing the key per request costs: requests at random offsets of a store, each under a
+//! key tag drawn at random from a table of N keys, against the same requests under one key, in
+//! the same run.
 //!
-//! The whole request path is measured (tag lookup, the volume's head/body/tail cut, the store
-//! copy, the cipher), not only the cipher, because what a table of many keys adds is cache
-//! misses on its round keys and lookup structures, which only show among the rest of the
-//! request's work. The store is larger than the last-level cache, as a real store would be.
+//! The whole request path is measured (tag lookup, the volume's head/body/tail cut, the store's
+//! lend of its pages, the cipher), not only the cipher, because what a table of many keys adds
+//! is cache misses on its round keys and lookup structures, which only show among the rest of
+//! the request's work, and which that work can hide. So the store is a file, served as `kpio
+//! serve` serves one (pages lent from the page cache), but one in memory (`memfd`), so that no
+//! disk's writeback runs underneath. It is larger than the last-level cache, as a real store
+//! would be.
 //! Rounds alternate between the key counts, so a slow moment of the machine hits them all alike;
 //! a round during which the hypervisor stole the CPU is taken again ([`crate::steal`]), and the
 //! median round is reported.
@@ -15,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, RngCore, SeedableRng};
 use sectorcrypt_cipher::BackendChoice;
-use sectorcrypt_storage::{MemStorage, Storage};
+use sectorcrypt_storage::{FileStorage, Storage};
 use sectorcrypt_volume::kpio::KeyTable;
 use sectorcrypt_volume::{Error, Layout, VolumeOptions};
 use serde::Serialize;
@@ -106,9 +109,13 @@ pub fn measure(case: &KpioCase) -> Result<Vec<KpioSample>, Error> {
         return Err(Error::Refused("key counts must be at least 1".into()));
     }
     let mut rng = rand::rngs::StdRng::from_entropy();
-    let mut store = vec![0u8; STORE];
-    rng.fill_bytes(&mut store);
-    let storage: Arc<dyn Storage> = Arc::new(MemStorage::new(store));
+    let storage: Arc<dyn Storage> =
+        Arc::new(FileStorage::in_memory("kpio-benchmark", STORE as u64)?);
+    let mut chunk = vec![0u8; 1 << 20];
+    for at in (0..STORE).step_by(chunk.len()) {
+        rng.fill_bytes(&mut chunk);
+        storage.write_at(&chunk, at as u64)?;
+    }
     let layout = Layout {
         offset: 0,
         size: STORE as u64,

@@ -358,6 +358,26 @@ impl FileStorage {
         })
     }
 
+    /// A file of `len` zero bytes that lives in memory only (`memfd_create`), served as any file
+    /// is (its pages lent from the page cache, mapped): for measuring the request path that a
+    /// file takes without a disk's writeback underneath. `name` is for messages.
+    pub fn in_memory(name: &str, len: u64) -> io::Result<Self> {
+        let file = File::from(rustix::fs::memfd_create(
+            name,
+            rustix::fs::MemfdFlags::CLOEXEC,
+        )?);
+        file.set_len(len)?;
+        Ok(FileStorage {
+            file,
+            path: PathBuf::from(format!("memfd:{name}")),
+            writable: true,
+            lock: None,
+            known_len: AtomicU64::new(0),
+            direct: OnceLock::new(),
+            mapped: OnceLock::new(),
+        })
+    }
+
     /// This file opened again, for writes with `O_DIRECT` (through `/proc/self/fd`: the same file
     /// even if its path was renamed or replaced since).
     fn reopen_direct(&self) -> Option<File> {
@@ -701,6 +721,26 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600, "headers are private");
         assert!(!path.join("h.img.new").exists(), "no temporary left");
         std::fs::remove_dir_all(path).unwrap();
+    }
+
+    #[test]
+    fn a_file_in_memory_is_served_as_a_file() {
+        let f = FileStorage::in_memory("test", 1 << 20).unwrap();
+        assert_eq!(f.len().unwrap(), 1 << 20);
+        assert_eq!(f.name(), "memfd:test");
+        let mut buf = vec![0xffu8; 8192];
+        f.read_at(&mut buf, 4096).unwrap();
+        assert!(buf.iter().all(|&b| b == 0), "a new file reads as zeros");
+        let data: Vec<u8> = (0..8192u32).map(|i| (i * 13 + 5) as u8).collect();
+        f.write_at(&data, 4096).unwrap();
+        f.read_at(&mut buf, 4096).unwrap();
+        assert_eq!(buf, data);
+        // Its pages are in memory, so it lends them, as a cached file does.
+        assert!(f.write_lent(8192, 4096, &mut |b| b.fill(0x5a)).unwrap());
+        f.read_at(&mut buf, 4096).unwrap();
+        assert_eq!(buf[..4096], data[..4096]);
+        assert!(buf[4096..].iter().all(|&b| b == 0x5a));
+        assert!(f.write_at(&data, (1 << 20) - 4096).is_err(), "past the end");
     }
 
     #[test]

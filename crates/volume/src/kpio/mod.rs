@@ -10,20 +10,24 @@
 //!   the slot its tag indexes, in secret memory. A table of 65,536 keys is far larger than the
 //!   caches: a key per request must cost one fetch of adjacent lines, not a chain of dependent
 //!   misses through per-key objects.
-//! - A read takes its key only once its ciphertext is in ([`TaggedKey`]), with the key's slot
-//!   prefetched when the read starts, so that the slot's miss overlaps the storage read. Taking a
-//!   key updates the slot's state atomically, and on x86 that waits for the slot's line before
-//!   any later load: taken first, the miss and the read ran one after the other. A write needs
-//!   its key before anything else and takes it first.
+//! - A request takes its key for each cipher call ([`TaggedKey`]), with the key's slot prefetched
+//!   when the request starts, so that the slot's miss overlaps the request's work before its
+//!   cipher: a read's storage read, a write's lend of the page cache (its residency check, a
+//!   system call). Taking a key updates the slot's state atomically, and on x86 that waits for
+//!   the slot's line before any later load: taken first, the miss and that work ran one after
+//!   the other.
 //! - Keys are expanded once, when loaded, as a drive keeps its key cache: switching keys per
 //!   request never runs a key schedule.
-//! - The table holds a key until it is evicted. A write keeps its key until it ends; a read holds
-//!   it while it decrypts (each piece, for a read long enough to be decrypted in pieces), so a
-//!   read whose key is evicted while its data is on the way fails. [`KeyTable::evict`] takes the
-//!   key out of the table (its slot is zeroized when the last request using it ends);
-//!   [`KeyTable::destroy`] also waits for that moment, so that when it returns no copy of the key
-//!   is left in the process: the sectors written under it are crypto-erased unless the host kept
-//!   the key.
+//! - The table holds a key until it is evicted. A request holds it while it encrypts or
+//!   decrypts (each piece, for a request long enough to be done in pieces), so a request whose
+//!   key is evicted before its cipher runs fails: a read while its data is on the way, a write
+//!   before it has stored anything (a write whose key goes between two of its pieces fails with
+//!   part of its range written, as a failed write leaves its range undefined on any device).
+//!   [`KeyTable::evict`] takes the key out of the table (its slot is zeroized when the last
+//!   cipher call using it ends); [`KeyTable::destroy`] also waits for that moment, so that when
+//!   it returns no copy of the key is left in the process: the sectors written under it are
+//!   crypto-erased unless the host kept the key. (A write that encrypted before may still store
+//!   its ciphertext after: it is under the destroyed key.)
 //! - As on a KPIO drive, nothing records which key wrote which sector: a read with another key than
 //!   the one that wrote returns noise, not an error. Overlapping writes under different tags have
 //!   no order, as overlapping writes never do.
@@ -216,22 +220,30 @@ impl KeyTable {
         TaggedKey { keys: self, tag }
     }
 
-    /// Write `data` at `offset`, encrypted with the key under `tag`.
+    /// Write `data` at `offset`, encrypted with the key under `tag` (taken when it encrypts: see
+    /// the module docs).
     pub fn write(&self, tag: u32, data: &[u8], offset: u64) -> Result<(), Error> {
         self.write_in_place(tag, &mut data.to_vec(), offset)
     }
 
     /// [`KeyTable::write`], encrypting `data` in place (it is scrambled afterwards).
     pub fn write_in_place(&self, tag: u32, data: &mut [u8], offset: u64) -> Result<(), Error> {
-        self.with_key(tag, |key| self.path.write_in_place_with(key, data, offset))
+        if data.is_empty() {
+            return self.with_key(tag, |_| Ok(()));
+        }
+        self.keys.prefetch(tag);
+        self.path
+            .write_in_place_with(&self.tagged(tag), data, offset)
     }
 
     /// Make `len` bytes at `offset` read back as zeros under the key of `tag`.
     pub fn write_zeroes(&self, tag: u32, offset: u64, len: u64) -> Result<(), Error> {
-        self.with_key(tag, |key| {
-            self.path.zeroes(offset, len, &mut |zeros, at| {
-                self.path.write_in_place_with(key, zeros, at)
-            })
+        if len == 0 {
+            return self.with_key(tag, |_| Ok(()));
+        }
+        let key = self.tagged(tag);
+        self.path.zeroes(offset, len, &mut |zeros, at| {
+            self.path.write_in_place_with(&key, zeros, at)
         })
     }
 
@@ -256,9 +268,10 @@ impl KeyTable {
     }
 }
 
-/// The key under a tag, taken from the table for each cipher call: what a read decrypts with.
-/// Its first call comes after the storage read, so the slot prefetched before it is in cache by
-/// then. A call that finds the key gone fails with [`Error::KeyNotLoaded`].
+/// The key under a tag, taken from the table for each cipher call: what a request encrypts or
+/// decrypts with. Its first call comes after the request's storage work (a read's storage read,
+/// a write's lend), so the slot prefetched before that is in cache by then. A call that finds the
+/// key gone fails with [`Error::KeyNotLoaded`].
 struct TaggedKey<'a> {
     keys: &'a KeyTable,
     tag: u32,
@@ -475,6 +488,21 @@ mod tests {
             self.pass();
             self.data.write_at(buf, offset)
         }
+        /// Lends a copy of the stored bytes, then stores it, as a page cache lends its pages:
+        /// held before the lend, a write is held before it encrypts.
+        fn write_lent(
+            &self,
+            offset: u64,
+            len: usize,
+            each: &mut dyn FnMut(&mut [u8]),
+        ) -> std::io::Result<bool> {
+            self.pass();
+            let mut lent = vec![0u8; len];
+            self.data.read_at(&mut lent, offset)?;
+            each(&mut lent);
+            self.data.write_at(&lent, offset)?;
+            Ok(true)
+        }
         fn sync(&self) -> std::io::Result<()> {
             Ok(())
         }
@@ -515,38 +543,36 @@ mod tests {
         running
     }
 
-    /// A write keeps its key: evicted or destroyed meanwhile, the write ends with the key, and
-    /// `destroy` returns only after it ended.
+    /// A write takes its key when it encrypts (so that the key's slot comes from memory during
+    /// the storage's lend, not before it): a write held before its cipher holds no key, `destroy`
+    /// does not wait for it, and the write then fails with nothing stored.
     #[test]
-    fn destroy_waits_for_writes_in_flight() {
+    fn a_write_takes_its_key_when_it_encrypts() {
         use std::sync::atomic::Ordering::SeqCst;
-        let (t, storage, _) = gated_table();
-        let data = vec![0xc3u8; 4096];
+        let (t, storage, data) = gated_table();
         let writer = held(&storage, {
-            let (t, data) = (Arc::clone(&t), data.clone());
-            move || t.write(3, &data, 0)
+            let t = Arc::clone(&t);
+            move || t.write(3, &[0xc3u8; 4096], 0)
         });
         let destroyer = {
             let t = Arc::clone(&t);
             std::thread::spawn(move || t.destroy(3).unwrap())
         };
-        // The key is out of the table at once, but destroy waits for the write in flight.
-        while t.contains(3) {
-            std::thread::yield_now();
+        let start = std::time::Instant::now();
+        while !destroyer.is_finished() && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
         }
-        std::thread::sleep(Duration::from_millis(20));
         assert!(
-            !destroyer.is_finished(),
-            "destroy returned while a write used the key"
+            destroyer.is_finished(),
+            "destroy waited for a write that had not yet taken its key"
         );
-        storage.hold.store(false, SeqCst);
-        writer.join().unwrap().unwrap();
         assert!(destroyer.join().unwrap());
+        storage.hold.store(false, SeqCst);
         assert!(matches!(
-            t.read(3, &mut [0; 16], 0),
+            writer.join().unwrap(),
             Err(Error::KeyNotLoaded(3))
         ));
-        // The write ran with its key: loaded again, the key reads it back.
+        // Nothing was stored: loaded again, the key reads the data written before.
         t.load(3, &key(3)).unwrap();
         let mut back = vec![0u8; 4096];
         t.read(3, &mut back, 0).unwrap();
