@@ -577,8 +577,9 @@ def kpio_section(res, d):
          "per command) as the way to make the cost of encryption vanish. `sectorcrypt kpio serve` "
          "does it in software: a table of keys over one store, one NBD export per key tag. What "
          "choosing the key per request costs is measured in process (`sectorcrypt kpio "
-         "benchmark`: AES-XTS-512, random offsets in a 256 MiB store, the tag drawn at random per "
-         "request, medians of 5 rounds that alternate between table sizes):\n",
+         "benchmark`: AES-XTS-512, random offsets in a 256 MiB store, a file in memory served as "
+         "`kpio serve` serves a file, the tag drawn at random per request, medians of 5 rounds "
+         "that alternate between table sizes):\n",
          "![kpio](kpio.svg)\n",
          "| keys | " + " | ".join(f"{label(*s)}: requests/s (vs one key)" for s in series)
          + " | table memory per key |", "|---" * (len(series) + 2) + "|"]
