@@ -367,11 +367,14 @@ impl FileStorage {
             rustix::fs::MemfdFlags::CLOEXEC,
         )?);
         file.set_len(len)?;
+        // Nobody else can name it, but every device written takes its lock: one rule.
+        let path = PathBuf::from(format!("memfd:{name}"));
+        let lock = lock::lock(&file, &path, Access::Exclusive)?;
         Ok(FileStorage {
             file,
-            path: PathBuf::from(format!("memfd:{name}")),
+            path,
             writable: true,
-            lock: None,
+            lock,
             known_len: AtomicU64::new(0),
             direct: OnceLock::new(),
             mapped: OnceLock::new(),
@@ -728,6 +731,7 @@ mod tests {
         let f = FileStorage::in_memory("test", 1 << 20).unwrap();
         assert_eq!(f.len().unwrap(), 1 << 20);
         assert_eq!(f.name(), "memfd:test");
+        assert!(f.lock().is_some(), "written, so locked");
         let mut buf = vec![0xffu8; 8192];
         f.read_at(&mut buf, 4096).unwrap();
         assert!(buf.iter().all(|&b| b == 0), "a new file reads as zeros");
